@@ -1,0 +1,59 @@
+"""Where the data lives: the real-space and k-space shardings of a mesh.
+
+These are the only two places that decide which global axis each mesh axis splits; the
+planner, the loaders and the frequency helpers all ask here.
+"""
+from __future__ import annotations
+
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+__all__ = ["real_space_spec", "k_space_spec", "real_space_sharding", "k_space_sharding", "LAYOUTS"]
+
+LAYOUTS = ("transposed", "natural")
+
+
+def _mesh_axes(mesh) -> tuple[str, str | None]:
+    """The (first, second) mesh axis names; the second is None on a 1-axis mesh."""
+    names = tuple(mesh.axis_names)
+    if len(names) == 1:
+        return names[0], None
+    if len(names) == 2:
+        return names[0], names[1]
+    raise ValueError(
+        f"`mesh` must have 1 axis (slab) or 2 axes (pencil); got {len(names)} axes {names} "
+        f"with shape {tuple(mesh.axis_sizes)}"
+    )
+
+
+def real_space_spec(mesh, ndim: int = 3) -> P:
+    """PartitionSpec of a real-space array of `ndim` global dimensions (..., X, Y, Z).
+
+    X is split by the first mesh axis, Y by the second (if any); Z and batch axes are whole.
+    """
+    a, b = _mesh_axes(mesh)
+    return P(*([None] * (ndim - 3)), a, b, None)
+
+
+def k_space_spec(mesh, layout: str = "transposed", ndim: int = 3) -> P:
+    """PartitionSpec of a k-space array in `layout`.
+
+    transposed: global order (..., Y, Z, X); Y split by the first mesh axis, Z by the second.
+    natural:    global order (..., X, Y, Z); the same split of Y and Z, X whole.
+    """
+    a, b = _mesh_axes(mesh)
+    batch = [None] * (ndim - 3)
+    if layout == "transposed":
+        return P(*batch, a, b, None)
+    if layout == "natural":
+        return P(*batch, None, a, b)
+    raise ValueError(f"`layout` must be one of {LAYOUTS}; got {layout!r}")
+
+
+def real_space_sharding(mesh: Mesh, ndim: int = 3) -> NamedSharding:
+    """NamedSharding of a real-space array (global shape (..., X, Y, Z)) on `mesh`."""
+    return NamedSharding(mesh, real_space_spec(mesh, ndim))
+
+
+def k_space_sharding(mesh: Mesh, layout: str = "transposed", ndim: int = 3) -> NamedSharding:
+    """NamedSharding of the k-space array that pfft3d returns on `mesh` in `layout`."""
+    return NamedSharding(mesh, k_space_spec(mesh, layout, ndim))
