@@ -1,11 +1,24 @@
 """pencilfft: distributed slab and pencil 3D FFTs for JAX."""
 from ._distributed import initialize
+from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
+from ._io import gather, load, save, scatter
+from ._freq import fftfreq3d, rfftfreq3d
 from ._sharding import k_space_sharding, real_space_sharding
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "fftfreq3d",
+    "gather",
     "initialize",
+    "load",
     "k_space_sharding",
+    "pfft3d",
+    "pifft3d",
+    "pirfft3d",
+    "prfft3d",
     "real_space_sharding",
+    "rfftfreq3d",
+    "save",
+    "scatter",
 ]

@@ -1,7 +1,270 @@
-"""Multi-controller start-up (placeholder: a no-op in a single process)."""
+"""Multi-controller start-up: one call that works under mpirun/mpiexec, srun and plain python.
+
+`initialize()` looks at the environment the launcher left behind and starts `jax.distributed`
+with the right process count, process id, coordinator and local devices:
+
+* MPI (MPICH/Hydra, Open MPI, Intel MPI, srun with a PMI plug-in): the MPI ranks are the jax
+  process ids, so that `pencilfft.scatter`/`gather` can map jax processes to MPI ranks; rank 0
+  picks a free port for the coordinator and broadcasts it.
+* SLURM without MPI (`srun python ...`): jax's own SLURM detection, with the local devices
+  fixed for the case of one task driving several GPUs.
+* anything else: nothing happens (one process sees all its devices).
+"""
 from __future__ import annotations
 
+import os
+import re
+import socket
+from collections.abc import Mapping, Sequence
 
-def initialize(**overrides) -> None:
-    """Start jax.distributed when launched by mpirun/srun; do nothing in a plain process."""
+import jax
+
+__all__ = ["initialize"]
+
+# Variables that MPI launchers set in every rank's environment (MPICH/Hydra and Intel MPI: PMI_*,
+# MPI_LOCALNRANKS; Open MPI: OMPI_COMM_WORLD_*; PMIx launchers incl. srun --mpi=pmix: PMIX_RANK).
+_MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_MPI_MARKER_VARS = _MPI_SIZE_VARS + (
+    "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALNRANKS"
+)
+# What jax's SLURM detection needs (jax/_src/clusters/slurm_cluster.py).
+_SLURM_VARS = (
+    "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"
+)
+# Which accelerators the launcher left visible to this process.
+_VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def initialize(*, verbose: bool = False, **overrides) -> None:
+    """Start `jax.distributed` if this process was started by mpirun/mpiexec or srun.
+
+    Call it once at the top of the program, before anything that touches jax devices (jax
+    refuses to start the distributed runtime after its backend exists).  In a plain
+    `python` process, under `mpirun -np 1` or in a 1-task SLURM step it does nothing; called
+    again after a successful start it returns at once.
+
+    Args:
+      verbose: print one line per process saying what was detected and started.
+      **overrides: passed on to `jax.distributed.initialize` and taking precedence over what
+        was detected (e.g. `coordinator_address`, `local_device_ids`,
+        `initialization_timeout`).  Without a launcher, jax is started only when a
+        coordinator is given (`coordinator_address=` or JAX_COORDINATOR_ADDRESS; set
+        `num_processes` and `process_id` too): a hand-made multi-process set-up.
+    """
+    if jax.distributed.is_initialized():
+        _say(verbose, "jax.distributed is already initialized; nothing to do")
+        return
+    env = os.environ
+    if "cluster_detection_method" in overrides:
+        # The caller chose jax's own detection explicitly: do not second-guess it.
+        _start(verbose, "explicit cluster_detection_method", overrides)
+        return
+
+    if _launched_by_mpi(env):
+        kwargs = _mpi_arguments(env, overrides)
+        if kwargs is not None:
+            _start(verbose, "MPI", kwargs)
+            return
+    if all(v in env for v in _SLURM_VARS) and int(env["SLURM_NTASKS"]) > 1:
+        _start(verbose, "SLURM", _slurm_arguments(env, overrides))
+        return
+    if "coordinator_address" in overrides or "JAX_COORDINATOR_ADDRESS" in env:
+        # No launcher, but a coordinator: each process was set up by hand.
+        _start(verbose, "manual (coordinator given)", overrides)
+        return
+    _say(verbose, "single process (no mpirun/srun detected); jax.distributed not started")
+
+
+def _say(verbose: bool, message: str) -> None:
+    if verbose:
+        print(f"pencilfft.initialize: {message}", flush=True)
+
+
+def _start(verbose: bool, launcher: str, kwargs: dict) -> None:
+    """Call jax.distributed.initialize, making sure CPU devices get cross-process collectives."""
+    _use_gloo_on_cpu()
+    shown = {k: v for k, v in kwargs.items() if k != "cluster_detection_method" or v}
+    _say(verbose, f"launcher {launcher}; jax.distributed.initialize({shown})")
+    jax.distributed.initialize(**kwargs)
+    _say(verbose, f"process {jax.process_index()} of {jax.process_count()}")
+
+
+def _use_gloo_on_cpu() -> None:
+    """Select gloo for cross-process collectives of CPU devices unless a choice was made.
+
+    jax >= 0.4.36 defaults to gloo; older versions default to none, with which multi-process
+    CPU computations fail.  An explicit user choice (e.g. "mpi") is kept.  The option only
+    affects the CPU client, so setting it on GPU machines is harmless.
+    """
+    try:
+        current = jax.config.jax_cpu_collectives_implementation
+    except AttributeError:  # a jax without the option
+        return
+    if current in (None, "none"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
+# --------------------------------------------------------------------------------------- MPI
+
+
+def _launched_by_mpi(env: Mapping[str, str]) -> bool:
+    return any(v in env for v in _MPI_MARKER_VARS)
+
+
+def _mpi_arguments(env: Mapping[str, str], overrides: dict) -> dict | None:
+    """Arguments for jax.distributed.initialize from MPI, or None for a 1-rank job.
+
+    Explicit values instead of `cluster_detection_method="mpi4py"`: the same ranks, but
+    the coordinator port is a free one chosen by rank 0 (mpi4py detection hashes the host
+    name, so two jobs on one node can pick the same port), and local devices follow
+    `_choose_local_device_ids`.
+    """
+    sizes = [env[v] for v in _MPI_SIZE_VARS if v in env]
+    if sizes and all(s.strip() == "1" for s in sizes):
+        return None  # mpirun -np 1: a plain single process; do not even start MPI
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ImportError(
+            f"this process was started by an MPI launcher but mpi4py cannot be imported ({e}); "
+            "install mpi4py built for that MPI library, or pass coordinator_address, "
+            "num_processes and process_id to pencilfft.initialize"
+        ) from e
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() == 1:
+        # The MPI library did not join the launcher's job: srun with a PMI plug-in this MPI
+        # does not speak (then SLURM detection takes over), or mpi4py built against another
+        # MPI than the mpirun used (then every process would silently run alone).
+        if sizes and not all(v in env for v in _SLURM_VARS):
+            raise RuntimeError(
+                f"the launcher started {sizes[0]} processes but MPI.COMM_WORLD has size 1 in "
+                "this one: mpirun and mpi4py belong to different MPI libraries (mpi4py uses "
+                f"{MPI.Get_library_version().splitlines()[0].strip()!r}); launch with the "
+                "mpirun/mpiexec of that library"
+            )
+        return None
+    kwargs = dict(overrides)
+    kwargs.setdefault("num_processes", comm.Get_size())
+    kwargs.setdefault("process_id", comm.Get_rank())
+    if "coordinator_address" not in kwargs and "JAX_COORDINATOR_ADDRESS" not in env:
+        address = None
+        if comm.Get_rank() == 0:
+            port = env.get("JAX_COORDINATOR_PORT") or str(_free_port())
+            address = f"{socket.gethostname()}:{port}"
+        kwargs["coordinator_address"] = comm.bcast(address, root=0)
+    # Node-local rank and size; collective, so every rank computes it even if overridden.
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        visible = _visible_devices(env)
+        shared = len({tuple(v) if v is not None else None for v in local.allgather(visible)}) == 1
+        ids = _choose_local_device_ids(local.Get_rank(), local.Get_size(), visible, shared)
+    finally:
+        local.Free()
+    if "local_device_ids" not in kwargs and "JAX_LOCAL_DEVICE_IDS" not in env:
+        kwargs["local_device_ids"] = ids
+    return kwargs
+
+
+def _free_port() -> int:
+    """A TCP port that is free now (the coordinator binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------- SLURM
+
+
+def _slurm_arguments(env: Mapping[str, str], overrides: dict) -> dict:
+    """Arguments for jax.distributed.initialize under srun (jax's SLURM detection + devices).
+
+    jax's SLURM detection restricts every process to device [SLURM_LOCALID]: right for one
+    task per GPU with all GPUs visible, wrong for one task per node driving several GPUs
+    (it would use one) and for tasks bound to their own GPUs (--gpus-per-task: the index
+    may not exist).  See `_choose_local_device_ids`.
+    """
+    kwargs = dict(overrides)
+    kwargs["cluster_detection_method"] = "slurm"
+    if "local_device_ids" not in kwargs and "JAX_LOCAL_DEVICE_IDS" not in env:
+        local_size = _slurm_tasks_on_this_node(env)
+        if local_size is not None:
+            visible = _visible_devices(env)
+            shared = None
+            if visible is not None and env.get("SLURM_GPUS_ON_NODE", "").isdigit():
+                # All GPUs of the node visible to each task -> shared; fewer -> bound per task.
+                shared = len(visible) >= int(env["SLURM_GPUS_ON_NODE"])
+            kwargs["local_device_ids"] = _choose_local_device_ids(
+                int(env["SLURM_LOCALID"]), local_size, visible, shared
+            )
+    return kwargs
+
+
+def _slurm_tasks_on_this_node(env: Mapping[str, str]) -> int | None:
+    """Number of tasks of this job step on this node, or None when SLURM does not say.
+
+    SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE look like "4(x2),2": 4 tasks on each of
+    the first two nodes, 2 on the third; SLURM_NODEID is this node's position in that list.
+    """
+    node = int(env.get("SLURM_NODEID", "0"))
+    for var in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        counts = _expand_tasks_per_node(env.get(var, ""))
+        if counts and node < len(counts):
+            return counts[node]
+    per_node = env.get("SLURM_NTASKS_PER_NODE", "")
+    return int(per_node) if per_node.isdigit() else None
+
+
+def _expand_tasks_per_node(value: str) -> list[int]:
+    """"4(x2),2" -> [4, 4, 2]; [] if the value is empty or not in that format."""
+    counts: list[int] = []
+    for item in filter(None, value.split(",")):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if m is None:
+            return []
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+# ----------------------------------------------------------------------------------- devices
+
+
+def _visible_devices(env: Mapping[str, str]) -> list[str] | None:
+    """The accelerator ids the launcher made visible to this process, or None if unrestricted."""
+    for var in _VISIBLE_VARS:
+        if var in env:
+            return [d for d in env[var].split(",") if d.strip()]
     return None
+
+
+def _choose_local_device_ids(
+    local_rank: int, local_size: int, visible: Sequence[str] | None, shared: bool | None
+) -> list[int]:
+    """Which of the visible accelerators this process drives (indices into the visible ones).
+
+    Args:
+      local_rank, local_size: this process's index among the processes on its node, and
+        their number.
+      visible: the accelerator ids the launcher made visible (CUDA_VISIBLE_DEVICES ...), or
+        None when it did not restrict them.
+      shared: True if all processes of the node see the same accelerators, False if each was
+        given its own, None if unknown.
+
+    Returns:
+      A list for `jax.distributed.initialize(local_device_ids=...)`; the empty list means
+      "all visible devices" (jax restricts visibility only for a non-empty list).  The result
+      only matters on GPUs: CPU devices ignore it.
+    """
+    if local_size <= 1:
+        return []  # one process per node: it drives every device of the node
+    if visible is None:
+        return [local_rank]  # nothing known: one device per process, jax's convention
+    if shared is False:
+        return []  # the launcher already gave this process its own devices
+    n = len(visible)
+    if n < local_size:
+        # Fewer devices than processes: either bound per process (shared unknown) or
+        # oversubscribed (several processes share a device).
+        return [] if shared is None else [local_rank % n]
+    per_process = n // local_size  # leftover devices, if any, stay unused
+    return list(range(local_rank * per_process, (local_rank + 1) * per_process))

@@ -1,18 +1,43 @@
 #!/usr/bin/env bash
 # The whole test suite: once in one process with 8 simulated CPU devices, then under
 # mpirun -np 2 (4 devices per process) and -np 4 (2 per process): 8 devices in every run.
-# Every step has a timeout, so a stuck rank fails the run instead of hanging it.
-set -euo pipefail
+#
+# Every step has a timeout, and every test a hard one (PENCILFFT_TEST_TIMEOUT, default 300 s,
+# tests/mp/pencilfft_mpi_plugin.py), so a stuck rank fails the run instead of hanging it.
+# Under mpirun rank 0 prints the usual pytest report; the other ranks write theirs to a log
+# that is printed when that rank failed.  Any failing rank fails the run.
+# Extra arguments go to pytest, e.g.  bash tests/run.sh -k io
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 BIN=$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")
 MPIRUN=${MPIRUN:-$BIN/mpirun}
+export PYTHONPATH="$PWD/tests/mp${PYTHONPATH:+:$PYTHONPATH}"
+# -p no:cacheprovider: ranks must not race on .pytest_cache, nor reorder tests from it.
+PYTEST=("$PY" -m pytest -q -p pencilfft_mpi_plugin -p no:cacheprovider)
+LOGS=$(mktemp -d)
+trap 'rm -rf "$LOGS"' EXIT
+status=0
 
 echo "== single process, 8 devices"
-PENCILFFT_TEST_DEVICES=8 timeout 1200 "$PY" -m pytest -q "$@"
+PENCILFFT_TEST_DEVICES=8 timeout -k 30 1200 "${PYTEST[@]}" "$@" || status=1
 
 for np in 2 4; do
   echo "== mpirun -np $np, $((8 / np)) devices per process"
-  PENCILFFT_TEST_DEVICES=$((8 / np)) timeout 900 "$MPIRUN" -np "$np" \
-    "$PY" -m pytest -q -p no:cacheprovider "$@"
+  rm -f "$LOGS"/rank*
+  rc=0
+  PENCILFFT_LOG_DIR=$LOGS PENCILFFT_TEST_DEVICES=$((8 / np)) timeout -k 30 900 \
+    "$MPIRUN" -np "$np" "${PYTEST[@]}" "$@" || rc=$?
+  if [ "$rc" = 124 ]; then echo "== mpirun -np $np timed out"; fi
+  for ((r = 1; r < np; r++)); do
+    rank_rc=$(cat "$LOGS/rank$r.rc" 2>/dev/null || echo "none (killed)")
+    if [ "$rank_rc" != 0 ]; then
+      echo "== rank $r of mpirun -np $np failed (pytest exit status: $rank_rc); its output:"
+      tail -n 300 "$LOGS/rank$r.log" 2>/dev/null || echo "(no log)"
+      if [ "$rc" = 0 ]; then rc=1; fi
+    fi
+  done
+  if [ "$rc" != 0 ]; then status=1; fi
 done
+
+exit $status

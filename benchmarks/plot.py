@@ -1,0 +1,260 @@
+"""Figures from benchmark results: strong scaling, parallel efficiency, weak scaling, bar charts.
+
+    python -m benchmarks.plot results/*.jsonl --outdir plots/
+
+Only records with status "ok" are drawn.  A *series* is one implementation (and layout, for
+those that have two); each figure has one panel per direction (forward, inverse).  Where a
+device count was measured on several meshes (e.g. 4x2, 2x4, 8x1 for 8 devices) the series shows
+the fastest, and the bar charts show them all.
+
+* strong_<grid>_<dtype>.png: median time vs number of devices at a fixed global grid, log-log,
+  with each series' ideal (t0 * n0 / n from its smallest device count, dashed);
+* efficiency_<grid>_<dtype>.png: strong-scaling parallel efficiency t0 * n0 / (t * n);
+* weak_<points per device>ppd_<dtype>.png: time and efficiency t0 / t vs number of devices at a
+  fixed number of points per device (needs at least two grid sizes), ideal flat;
+* bars_<grid>_<dtype>.png: every mesh of a grid side by side (the one-machine view).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .fft import DIRECTIONS, IMPLS, LAYOUT_FREE, ONE_LAYOUT, fmt_dims, load_records
+
+Record = dict[str, Any]
+
+
+def series_label(r: Record) -> str:
+    """'pencilfft [natural]' for implementations with two layouts, else the implementation."""
+    if r["impl"] in LAYOUT_FREE or r["impl"] in ONE_LAYOUT:
+        return r["impl"]
+    return f"{r['impl']} [{r['layout']}]"
+
+
+def _series_order(label: str) -> tuple[int, str]:
+    impl = label.split(" ")[0]
+    return (list(IMPLS).index(impl) if impl in IMPLS else len(IMPLS), label)
+
+
+def best_by_devices(records: Sequence[Record]) -> dict[str, dict[int, Record]]:
+    """label -> {n_devices: fastest record}; the fastest mesh stands for its device count."""
+    out: dict[str, dict[int, Record]] = defaultdict(dict)
+    for r in records:
+        pts = out[series_label(r)]
+        n = r["n_devices"]
+        if n not in pts or r["median_s"] < pts[n]["median_s"]:
+            pts[n] = r
+    return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
+
+
+def _pow2_label(n: float) -> str:
+    e = math.log2(n)
+    return f"2^{e:.0f}" if e.is_integer() else f"{n:.3g}"
+
+
+def _figure(ncols: int, nrows: int = 1):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4.2 * nrows), squeeze=False)
+    return fig, axes
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # "tight": keeps the outside legend
+    plt.close(fig)
+    return path
+
+
+def _device_axis(ax, ns: Sequence[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(set(ns)))
+    ax.set_xticklabels([str(n) for n in sorted(set(ns))])
+    ax.set_xlabel("devices")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _legend(ax, last: bool) -> None:
+    """One legend per figure row, outside the last panel, so that it hides no data."""
+    if last and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
+def _directions(records: Sequence[Record]) -> list[str]:
+    return [d for d in DIRECTIONS if any(r["direction"] == d for r in records)]
+
+
+def _groups(records: Sequence[Record], key) -> dict[Any, list[Record]]:
+    out: dict[Any, list[Record]] = defaultdict(list)
+    for r in records:
+        out[key(r)].append(r)
+    return out
+
+
+def plot_strong(records: Sequence[Record], outdir: Path) -> list[Path]:
+    """Time and efficiency vs devices, one figure pair per (grid, dtype)."""
+    written = []
+    for (shape, dtype), recs in _groups(records, lambda r: (tuple(r["shape"]), r["dtype"])).items():
+        dirs = _directions(recs)
+        fig_t, ax_t = _figure(len(dirs))
+        fig_e, ax_e = _figure(len(dirs))
+        any_eff = False
+        for j, d in enumerate(dirs):
+            series = best_by_devices([r for r in recs if r["direction"] == d])
+            ns_all: list[int] = []
+            for label, pts in series.items():
+                ns = sorted(pts)
+                ns_all += ns
+                t = [pts[n]["median_s"] for n in ns]
+                (line,) = ax_t[0, j].plot(ns, t, "o-", label=label)
+                if len(ns) > 1:
+                    n0, t0 = ns[0], t[0]
+                    ax_t[0, j].plot(ns, [t0 * n0 / n for n in ns], "--", color=line.get_color(), alpha=0.4)
+                    ax_e[0, j].plot(ns, [t0 * n0 / (tt * n) for tt, n in zip(t, ns)], "o-",
+                                    color=line.get_color(), label=label)
+                    any_eff = True
+            for ax in (ax_t[0, j], ax_e[0, j]):
+                _device_axis(ax, ns_all or [1])
+            ax_t[0, j].set_yscale("log")
+            ax_t[0, j].set_ylabel("median time per transform [s]")
+            ax_t[0, j].set_title(f"strong scaling {fmt_dims(shape)} {dtype}, {d}\n(dashed: ideal)")
+            _legend(ax_t[0, j], j == len(dirs) - 1)
+            ax_e[0, j].axhline(1.0, color="k", lw=0.8, ls="--")
+            ax_e[0, j].set_ylim(bottom=0)
+            ax_e[0, j].set_ylabel("parallel efficiency t0·n0 / (t·n)")
+            ax_e[0, j].set_title(f"efficiency {fmt_dims(shape)} {dtype}, {d}")
+            _legend(ax_e[0, j], j == len(dirs) - 1)
+        tag = f"{fmt_dims(shape)}_{dtype}"
+        written.append(_save(fig_t, outdir / f"strong_{tag}.png"))
+        if any_eff:
+            written.append(_save(fig_e, outdir / f"efficiency_{tag}.png"))
+        else:
+            import matplotlib.pyplot as plt
+
+            plt.close(fig_e)
+    return written
+
+
+def plot_weak(records: Sequence[Record], outdir: Path) -> list[Path]:
+    """Time and weak efficiency vs devices at fixed points per device (needs >= 2 grids)."""
+    written = []
+
+    def key(r: Record):
+        return (r["n_points"] / r["n_devices"], r["dtype"])
+
+    for (ppd, dtype), recs in _groups(records, key).items():
+        if len({tuple(r["shape"]) for r in recs}) < 2:
+            continue  # one grid only: that is strong scaling, not weak
+        dirs = _directions(recs)
+        fig, axes = _figure(len(dirs), 2)
+        for j, d in enumerate(dirs):
+            series = best_by_devices([r for r in recs if r["direction"] == d])
+            ns_all: list[int] = []
+            for label, pts in series.items():
+                ns = sorted(pts)
+                ns_all += ns
+                t = [pts[n]["median_s"] for n in ns]
+                (line,) = axes[0, j].plot(ns, t, "o-", label=label)
+                axes[0, j].axhline(t[0], color=line.get_color(), ls="--", alpha=0.4)
+                axes[1, j].plot(ns, [t[0] / tt for tt in t], "o-", color=line.get_color(), label=label)
+            for ax in axes[:, j]:
+                _device_axis(ax, ns_all)
+            axes[0, j].set_yscale("log")
+            axes[0, j].set_ylabel("median time per transform [s]")
+            axes[0, j].set_title(f"weak scaling, {_pow2_label(ppd)} points/device, {dtype}, {d}\n"
+                                 "(dashed: ideal, constant time)")
+            _legend(axes[0, j], j == len(dirs) - 1)
+            axes[1, j].axhline(1.0, color="k", lw=0.8, ls="--")
+            axes[1, j].set_ylim(bottom=0)
+            axes[1, j].set_ylabel("weak efficiency t0 / t")
+        written.append(_save(fig, outdir / f"weak_{int(ppd)}ppd_{dtype}.png"))
+    return written
+
+
+def plot_bars(records: Sequence[Record], outdir: Path) -> list[Path]:
+    """Median time of every series on every mesh of one grid (one machine, several meshes)."""
+    import numpy as np
+
+    written = []
+    for (shape, dtype), recs in _groups(records, lambda r: (tuple(r["shape"]), r["dtype"])).items():
+        dirs = _directions(recs)
+        fig, axes = _figure(len(dirs))
+        for j, d in enumerate(dirs):
+            rs = [r for r in recs if r["direction"] == d]
+            meshes = sorted({tuple(r["pdims"]) for r in rs}, key=lambda p: (math.prod(p), p))
+            labels = sorted({series_label(r) for r in rs}, key=_series_order)
+            width = 0.8 / max(len(labels), 1)
+            ax = axes[0, j]
+            for i, label in enumerate(labels):
+                vals = []
+                for m in meshes:
+                    hit = [r["median_s"] for r in rs if tuple(r["pdims"]) == m and series_label(r) == label]
+                    vals.append(min(hit) * 1e3 if hit else np.nan)
+                ax.bar(np.arange(len(meshes)) + (i - (len(labels) - 1) / 2) * width, vals, width, label=label)
+            ax.set_xticks(np.arange(len(meshes)))
+            ax.set_xticklabels([fmt_dims(m) for m in meshes])
+            ax.set_xlabel("mesh (pdims)")
+            ax.set_ylabel("median time [ms]")
+            ax.set_yscale("log")
+            ax.set_title(f"{fmt_dims(shape)} {dtype}, {d}")
+            ax.grid(True, axis="y", which="both", alpha=0.3)
+            _legend(ax, j == len(dirs) - 1)
+        written.append(_save(fig, outdir / f"bars_{fmt_dims(shape)}_{dtype}.png"))
+    return written
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.plot",
+        description="Make PNG figures (strong scaling with ideal line, parallel efficiency, weak "
+                    "scaling, per-mesh bars) from result files of `python -m benchmarks.fft`.",
+        epilog=__doc__.split("\n\n", 2)[2] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("files", nargs="+", type=Path, help="JSON-lines results (benchmarks.fft --out)")
+    p.add_argument("--outdir", type=Path, default=Path("plots"), help="where the PNGs go (default: plots/)")
+    p.add_argument("--impls", nargs="+", default=None, metavar="IMPL", help="only these implementations")
+    p.add_argument("--dtypes", nargs="+", default=None, metavar="DTYPE", help="only these dtypes")
+    p.add_argument("--tag", default=None, help="only records with this --tag")
+    p.add_argument("--kinds", nargs="+", choices=["strong", "weak", "bars"], default=["strong", "weak", "bars"],
+                   help="which figures (default: all; efficiency comes with strong)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: works on login and compute nodes without a display
+    records = [r for r in load_records(args.files) if r.get("status") == "ok" and r.get("median_s")]
+    if args.impls:
+        records = [r for r in records if r["impl"] in args.impls]
+    if args.dtypes:
+        records = [r for r in records if r["dtype"] in args.dtypes]
+    if args.tag is not None:
+        records = [r for r in records if r.get("tag") == args.tag]
+    if not records:
+        print("error: no successful measurements in " + " ".join(map(str, args.files)), file=sys.stderr)
+        return 1
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if "strong" in args.kinds:
+        written += plot_strong(records, args.outdir)
+    if "weak" in args.kinds:
+        written += plot_weak(records, args.outdir)
+    if "bars" in args.kinds:
+        written += plot_bars(records, args.outdir)
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""The distributed transforms: shard_map bodies that alternate local FFTs and exchanges.
+
+Data path of the forward pencil transform on a mesh (a, b) of sizes (Pa, Pb), per device, with
+B the flattened batch and lower-case sizes the local ones (x = X/Pa, y = Y/Pb, z = Zp/Pb,
+y' = Yp/Pa):
+
+    (B, x, y, Z)  --FFT Z-->  pad Z  --exchange over b-->  (B, x, z, Y)
+                  --FFT Y-->  pad Y  --exchange over a-->  (B, y', z, X)  --FFT X-->  transposed
+                                                          (B, X, y', z)   natural (one more move)
+
+Every FFT runs over the last, contiguous axis.  A slab (Pb == 1) does one 2-D FFT over (Y, Z)
+and a single exchange.  The backward transform runs the same path in reverse.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+
+from ._plan import Plan, _is_tracer, plan_backward, plan_forward
+from ._transpose import exchange
+
+__all__ = ["pfft3d", "pifft3d", "prfft3d", "pirfft3d"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-device bodies (traced inside shard_map; all shapes here are local blocks)
+
+
+def _pad_last(k: jax.Array, n: int) -> jax.Array:
+    extra = n - k.shape[-1]
+    return k if extra == 0 else jnp.pad(k, [(0, 0)] * (k.ndim - 1) + [(0, extra)])
+
+
+def _pad_axis(k: jax.Array, axis: int, n: int) -> jax.Array:
+    extra = n - k.shape[axis]
+    if extra == 0:
+        return k
+    widths = [(0, 0)] * k.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(k, widths)
+
+
+def _crop(k: jax.Array, axis: int, n: int) -> jax.Array:
+    return k if k.shape[axis] == n else jax.lax.slice_in_dim(k, 0, n, axis=axis)
+
+
+def _forward_block(plan: Plan, x: jax.Array) -> jax.Array:
+    """Real-space block (..., x, y, Z) -> k-space block in plan.layout."""
+    (a, b), (pa, pb) = plan.axes, plan.pdims
+    X, Y, Z = plan.real_shape
+    batch = x.shape[:-3]
+    x = x.reshape((-1,) + x.shape[-3:])
+    norm = plan.norm
+    if pa == pb == 1:  # one device: nothing to exchange, let the library do the 3-D transform
+        fftn = jnp.fft.rfftn if plan.real else jnp.fft.fftn
+        k = fftn(x, axes=(1, 2, 3), norm=norm)
+        k = jnp.moveaxis(k, 1, 3) if plan.layout == "transposed" else k
+        return k.reshape(batch + k.shape[1:])
+    if pb == 1:  # slab over X: one 2-D FFT over the whole local (Y, Z) planes
+        fft2 = jnp.fft.rfftn if plan.real else jnp.fft.fftn
+        k = fft2(x, axes=(2, 3), norm=norm)
+        k = _pad_axis(k, 2, plan.yp)
+        k = exchange(k, a, pa, split=2, gather=1, order=(0, 2, 3, 1))  # (B, y', Zc, X)
+    else:
+        k = (jnp.fft.rfft if plan.real else jnp.fft.fft)(x, axis=-1, norm=norm)
+        k = _pad_last(k, plan.zp)
+        k = exchange(k, b, pb, split=3, gather=2, order=(0, 1, 3, 2))  # (B, x, z, Y)
+        k = jnp.fft.fft(k, axis=-1, norm=norm)
+        k = _pad_last(k, plan.yp)
+        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 2, 1))  # (B, y', z, X)
+    k = jnp.fft.fft(k, axis=-1, norm=norm)
+    if plan.layout == "natural":
+        k = jnp.moveaxis(k, 3, 1)  # (B, X, y', z)
+    return k.reshape(batch + k.shape[1:])
+
+
+def _backward_block(plan: Plan, k: jax.Array) -> jax.Array:
+    """k-space block in plan.layout -> real-space block (..., x, y, Z)."""
+    (a, b), (pa, pb) = plan.axes, plan.pdims
+    X, Y, Z = plan.real_shape
+    batch = k.shape[:-3]
+    k = k.reshape((-1,) + k.shape[-3:])
+    norm = plan.norm
+    if pa == pb == 1:
+        if plan.layout == "transposed":
+            k = jnp.moveaxis(k, 3, 1)
+        k = _crop(_crop(k, 2, Y), 3, plan.zc)
+        if plan.real:
+            x = jnp.fft.irfftn(k, s=(X, Y, Z), axes=(1, 2, 3), norm=norm)
+        else:
+            x = jnp.fft.ifftn(k, axes=(1, 2, 3), norm=norm)
+        return x.reshape(batch + x.shape[1:])
+    if plan.layout == "natural":
+        k = jnp.moveaxis(k, 1, 3)  # (B, y', z, X)
+    k = jnp.fft.ifft(k, axis=-1, norm=norm)
+    if pb == 1:
+        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 1, 2))  # (B, x, Yp, Zc)
+        k = _crop(k, 2, Y)
+        if plan.real:
+            x = jnp.fft.irfftn(k, s=(Y, Z), axes=(2, 3), norm=norm)
+        else:
+            x = jnp.fft.ifftn(k, axes=(2, 3), norm=norm)
+    else:
+        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 2, 1))  # (B, x, z, Yp)
+        k = jnp.fft.ifft(_crop(k, 3, Y), axis=-1, norm=norm)
+        k = exchange(k, b, pb, split=3, gather=2, order=(0, 1, 3, 2))  # (B, x, y, Zp)
+        k = _crop(k, 3, plan.zc)
+        if plan.real:
+            x = jnp.fft.irfft(k, n=Z, axis=-1, norm=norm)
+        else:
+            x = jnp.fft.ifft(k, axis=-1, norm=norm)
+    return x.reshape(batch + x.shape[1:])
+
+
+# ----------------------------------------------------------------------------------------------
+# Global wrappers
+
+
+def _has_explicit_axes(mesh) -> bool:
+    return any(t == AxisType.Explicit for t in mesh.axis_types)
+
+
+def _place(x, plan: Plan, spec):
+    """Put x (a global array, numpy or jax, concrete or traced) into sharding `spec`."""
+    target = NamedSharding(plan.mesh, spec)
+    if not _is_tracer(x):
+        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(target, x.ndim):
+            return x
+        return jax.device_put(x, target)
+    if _has_explicit_axes(plan.mesh):
+        return jax.sharding.reshard(x, target)
+    return jax.lax.with_sharding_constraint(x, target)
+
+
+def _run(plan: Plan, block_fn, x, in_spec, out_spec):
+    if plan.mesh is None:
+        return _local(jnp.asarray(x), plan=plan, block_fn=block_fn)
+    return _distributed(_place(x, plan, in_spec), plan=plan, block_fn=block_fn,
+                        in_spec=in_spec, out_spec=out_spec)
+
+
+# jit with the plan static: jax's own cache then compiles each (plan, direction) once, instead of
+# retracing a fresh shard_map closure on every eager call.
+@functools.partial(jax.jit, static_argnames=("plan", "block_fn"))
+def _local(x, *, plan, block_fn):
+    return block_fn(plan, x)
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "block_fn", "in_spec", "out_spec"))
+def _distributed(x, *, plan, block_fn, in_spec, out_spec):
+    f = jax.shard_map(functools.partial(block_fn, plan), mesh=plan.mesh,
+                      in_specs=in_spec, out_specs=out_spec)
+    return f(x)
+
+
+def _cast(x, dtype):
+    return x.astype(dtype) if isinstance(x, jax.Array) or _is_tracer(x) else np.asarray(x, dtype)
+
+
+def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh=None) -> jax.Array:
+    """Distributed 3D FFT of the last three axes of `x`.
+
+    Args:
+      x: global array of shape (..., X, Y, Z), split P(a, b) over (X, Y) on a mesh (a, b) or
+        P(a) on a 1-axis mesh; leading axes are an unsharded batch.  Any other placement is
+        resharded first.  X must be divisible by Pa and Y by Pb.
+      norm: "backward" (default), "ortho" or "forward", as in numpy.
+      layout: "transposed" (default): global k-space order (..., Y, Z, X), as jaxdecomp;
+        "natural": (..., X, Y, Z).  Either way Y is split by a and Z by b.
+      mesh: the mesh; by default x's sharding, x's type under jit, then the ambient mesh.
+
+    Returns:
+      The k-space array, global shape (..., Y', Z', X) or (..., X, Y', Z') where Y' = Y and
+      Z' = Z unless the mesh does not divide them: then they are zero-padded at their end to
+      the next multiple of Pa (Y) and Pb (Z), and slicing them back gives exactly `fftn(x)`.
+    """
+    plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, real=False)
+    return _run(plan, _forward_block, _cast(x, plan.real_dtype), plan.real_spec, plan.k_spec)
+
+
+def prfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh=None) -> jax.Array:
+    """Distributed real-to-complex 3D FFT: the half spectrum Z//2+1 along Z.
+
+    As `pfft3d`, for real `x`; the halved Z axis has length Z//2+1, zero-padded at its end to a
+    multiple of Pb where needed.  Slicing it to Z//2+1 gives exactly `jnp.fft.rfftn(x)`
+    (transposed to (..., Y, Z//2+1, X) in the transposed layout).
+    """
+    plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, real=True)
+    return _run(plan, _forward_block, _cast(x, plan.real_dtype), plan.real_spec, plan.k_spec)
+
+
+def _backward(k, s, norm, layout, mesh, real):
+    plan = plan_backward(k, s, norm=norm, layout=layout, mesh=mesh, real=real)
+    k = _cast(k, plan.k_dtype)
+    if tuple(np.shape(k)[-3:]) != plan.k_shape:  # an exact (unpadded) spectrum: pad it here
+        pads = [(0, 0)] * (np.ndim(k) - 3) + [(0, p - n) for p, n in zip(plan.k_shape, np.shape(k)[-3:])]
+        k = jnp.pad(jnp.asarray(k), pads)
+    return _run(plan, _backward_block, k, plan.k_spec, plan.real_spec)
+
+
+def pifft3d(k, norm: str | None = "backward", *, s=None, layout: str = "transposed",
+            mesh=None) -> jax.Array:
+    """Inverse of `pfft3d`: k-space array in `layout` -> real-space (..., X, Y, Z).
+
+    Args:
+      k: global k-space array, (..., Y, Z, X) for "transposed" or (..., X, Y, Z) for "natural",
+        in any sharding (resharded to pencilfft's k-space sharding first).
+      s: the real-space shape (X, Y, Z).  Required when `k` is zero-padded (see `pfft3d`);
+        None means `k` is the exact spectrum.
+    Returns a complex array of global shape (..., X, Y, Z) split P(a, b) over (X, Y).
+    """
+    return _backward(k, s, norm, layout, mesh, real=False)
+
+
+def pirfft3d(k, s, norm: str | None = "backward", *, layout: str = "transposed",
+             mesh=None) -> jax.Array:
+    """Inverse of `prfft3d`: half spectrum -> real array of global shape (..., X, Y, Z) = s.
+
+    `s` (required) is the real-space shape (X, Y, Z): Z cannot be recovered from Z//2+1.
+    Padded entries of `k` are ignored.
+    """
+    return _backward(k, s, norm, layout, mesh, real=True)

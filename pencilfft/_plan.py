@@ -1,0 +1,305 @@
+"""Static planning: which mesh, which axes are split at each stage, padding, shapes and specs.
+
+Nothing here traces jax code: a `Plan` is built from shapes, dtypes and the mesh alone, and the
+traced transform (`_fft.py`) only follows it.  All user-input validation lives here so that bad
+input fails at the call with a message naming the argument, never inside XLA.
+
+Naming: a real-space array has global shape (..., X, Y, Z) and is split P(a, b) over (X, Y)
+for a mesh with axes (a, b) (b absent on a 1-axis mesh).  The k-space array is split over
+(Y, Z) by the same (a, b): global order (..., Y, Z, X) in the "transposed" layout and
+(..., X, Y, Z) in the "natural" one.  Z (or Z//2+1 for real transforms) is padded at its end to a
+multiple of Pb and Y to a multiple of Pa where they do not divide.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from ._sharding import LAYOUTS, k_space_spec, real_space_spec
+
+NORMS = ("backward", "ortho", "forward")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything static about one distributed 3D transform (both directions share it).
+
+    Global shapes: `real_shape` = (X, Y, Z) of the real-space array (last three axes),
+    `k_shape` = the k-space array's last three axes in `layout` order, padded.
+    """
+
+    mesh: Any  # Mesh or AbstractMesh, or None for a purely local transform
+    axes: tuple[str | None, str | None]  # mesh axis names splitting (X, Y) in real space
+    pdims: tuple[int, int]  # (Pa, Pb): sizes of those axes (1 where absent)
+    batch: tuple[int, ...]  # leading unsharded axes
+    real_shape: tuple[int, int, int]  # (X, Y, Z)
+    real: bool  # real-to-complex (Z halved to Z//2+1)
+    layout: str
+    norm: str
+    real_dtype: Any  # dtype in real space (complex for c2c, float for r2c)
+    k_dtype: Any  # complex dtype in k space
+
+    @property
+    def zc(self) -> int:
+        """Length of the k-space Z axis before padding."""
+        z = self.real_shape[2]
+        return z // 2 + 1 if self.real else z
+
+    @property
+    def zp(self) -> int:
+        """Length of the k-space Z axis, padded to a multiple of Pb."""
+        return _round_up(self.zc, self.pdims[1])
+
+    @property
+    def yp(self) -> int:
+        """Length of the k-space Y axis, padded to a multiple of Pa."""
+        return _round_up(self.real_shape[1], self.pdims[0])
+
+    @property
+    def padded(self) -> bool:
+        return self.yp != self.real_shape[1] or self.zp != self.zc
+
+    @property
+    def k_shape(self) -> tuple[int, int, int]:
+        x = self.real_shape[0]
+        if self.layout == "transposed":
+            return (self.yp, self.zp, x)
+        return (x, self.yp, self.zp)
+
+    @property
+    def exact_k_shape(self) -> tuple[int, int, int]:
+        """The k-space shape without padding, in `layout` order."""
+        x, y, _ = self.real_shape
+        return (y, self.zc, x) if self.layout == "transposed" else (x, y, self.zc)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.batch) + 3
+
+    @property
+    def real_spec(self) -> P:
+        return _spec_for(self, real_space_spec)
+
+    @property
+    def k_spec(self) -> P:
+        return _spec_for(self, lambda m, n: k_space_spec(m, self.layout, n))
+
+    def sharding(self, spec: P):
+        return None if self.mesh is None else NamedSharding(self.mesh, spec)
+
+
+def _spec_for(plan: Plan, make) -> P:
+    if plan.mesh is None:
+        return P()
+    return make(plan.mesh, plan.ndim)
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+# ----------------------------------------------------------------------------------------------
+# Mesh discovery
+
+
+def _is_tracer(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def find_mesh(x, mesh, argname: str = "x"):
+    """The mesh to run on, in order: `mesh`, x's NamedSharding, x's type (Explicit axes under
+    jit), the ambient mesh (`jax.set_mesh`).  None when there is none (a local transform)."""
+    if mesh is not None:
+        if not isinstance(mesh, (Mesh, jax.sharding.AbstractMesh)):
+            raise TypeError(f"`mesh` must be a jax.sharding.Mesh; got {type(mesh).__name__}")
+        return _check_mesh(mesh)
+    if not _is_tracer(x):
+        sharding = getattr(x, "sharding", None)
+        if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
+            return _check_mesh(sharding.mesh)
+    else:
+        sharding = getattr(jax.typeof(x), "sharding", None)
+        if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
+            if any(sharding.mesh._name_to_type[n] == AxisType.Explicit for n in sharding.mesh.axis_names):
+                return _check_mesh(sharding.mesh)
+    ambient = jax.sharding.get_abstract_mesh()
+    if ambient is not None and not ambient.empty:
+        return _check_mesh(ambient)
+    legacy = _legacy_mesh()
+    if legacy is not None:
+        return _check_mesh(legacy)
+    return None
+
+
+def _legacy_mesh():
+    """The mesh of an enclosing `with mesh:` block (the pre-`jax.set_mesh` idiom many codes use)."""
+    try:
+        from jax._src.mesh import thread_resources
+    except ImportError:  # a jax without it: nothing to find
+        return None
+    mesh = thread_resources.env.physical_mesh
+    return None if mesh.empty else mesh
+
+
+def _check_mesh(mesh):
+    if len(mesh.axis_names) not in (1, 2):
+        raise ValueError(
+            f"`mesh` must have 1 axis (slab) or 2 axes (pencil); got {len(mesh.axis_names)} axes "
+            f"{tuple(mesh.axis_names)} of sizes {tuple(mesh.axis_sizes)}"
+        )
+    return mesh
+
+
+def _current_spec(x):
+    """x's PartitionSpec if known statically (concrete array or Explicit type), else None."""
+    if not _is_tracer(x):
+        sharding = getattr(x, "sharding", None)
+    else:
+        sharding = getattr(jax.typeof(x), "sharding", None)
+    if isinstance(sharding, NamedSharding):
+        return tuple(sharding.spec) + (None,) * (np.ndim(x) - len(sharding.spec))
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation and plan construction
+
+
+def check_norm_layout(norm: str, layout: str) -> None:
+    if norm is None:
+        norm = "backward"
+    if norm not in NORMS:
+        raise ValueError(f"`norm` must be one of {NORMS}; got {norm!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"`layout` must be one of {LAYOUTS}; got {layout!r}")
+
+
+def _fft_dtype(dtype, argname: str):
+    """The complex dtype jnp.fft.fftn would return for this input dtype."""
+    dtype = np.dtype(dtype)
+    if not (np.issubdtype(dtype, np.number) or dtype == jnp.bfloat16) or dtype == np.bool_:
+        raise TypeError(f"`{argname}` must have a numeric dtype; got {dtype}")
+    return jax.eval_shape(lambda a: jnp.fft.fft(a), jax.ShapeDtypeStruct((2,), dtype)).dtype
+
+
+def _float_dtype(cdtype):
+    return np.dtype(np.float64 if np.dtype(cdtype) == np.complex128 else np.float32)
+
+
+def _mesh_axes(mesh):
+    if mesh is None:
+        return (None, None), (1, 1)
+    names = tuple(mesh.axis_names)
+    sizes = dict(zip(names, mesh.axis_sizes))
+    a = names[0]
+    b = names[1] if len(names) == 2 else None
+    return (a, b), (sizes[a], sizes[b] if b else 1)
+
+
+def _check_real_input(x, shape, mesh, axes, pdims, argname: str) -> None:
+    """The real-space array must split X over the first mesh axis and Y over the second."""
+    X, Y, _ = shape[-3:]
+    spec = _current_spec(x) if mesh is not None else None
+    if spec is not None and spec[-1] is not None:
+        raise ValueError(
+            f"`{argname}` is sharded along Z (its last axis, spec {P(*spec)}); in real space only "
+            f"X and Y may be split: expected {real_space_spec(mesh, len(shape))}"
+        )
+    for axis, (size, name, n, label) in enumerate(zip((X, Y), axes, pdims, ("X", "Y"))):
+        if name is not None and size % n:
+            raise ValueError(
+                f"`{argname}.shape[{len(shape) - 3 + axis}]` ({label}={size}) must be divisible by "
+                f"mesh axis {name!r} (={n}), which splits {label} in real space"
+            )
+
+
+def _check_ndim(shape, argname):
+    if len(shape) < 3:
+        raise ValueError(
+            f"`{argname}` must have at least 3 dimensions (..., X, Y, Z); got shape {tuple(shape)}"
+        )
+
+
+def plan_forward(x, *, norm, layout, mesh, real: bool, argname: str = "x") -> Plan:
+    """Plan for pfft3d/prfft3d of x (global shape (..., X, Y, Z))."""
+    check_norm_layout(norm, layout)
+    shape = tuple(np.shape(x))
+    _check_ndim(shape, argname)
+    dtype = np.result_type(x) if not hasattr(x, "dtype") else x.dtype
+    if real:
+        if np.issubdtype(dtype, np.complexfloating):
+            raise TypeError(
+                f"`{argname}` must be real for a real-to-complex transform; got dtype {dtype} "
+                f"(use pfft3d for complex input)"
+            )
+        k_dtype = _fft_dtype(dtype, argname)
+        real_dtype = _float_dtype(k_dtype)
+    else:
+        k_dtype = real_dtype = _fft_dtype(dtype, argname)
+    mesh = find_mesh(x, mesh, argname)
+    axes, pdims = _mesh_axes(mesh)
+    _check_real_input(x, shape, mesh, axes, pdims, argname)
+    return Plan(mesh, axes, pdims, shape[:-3], shape[-3:], real, layout, norm or "backward",
+                real_dtype, k_dtype)
+
+
+def plan_backward(k, s, *, norm, layout, mesh, real: bool, argname: str = "k") -> Plan:
+    """Plan for pifft3d/pirfft3d of k (k-space, global last axes in `layout` order).
+
+    `s` is the real-space (X, Y, Z); None means k is not padded (complex transforms only).
+    """
+    check_norm_layout(norm, layout)
+    shape = tuple(np.shape(k))
+    _check_ndim(shape, argname)
+    dtype = np.result_type(k) if not hasattr(k, "dtype") else k.dtype
+    k_dtype = _fft_dtype(dtype, argname)
+    mesh = find_mesh(k, mesh, argname)
+    axes, pdims = _mesh_axes(mesh)
+    kx, ky, kz = _xyz(shape[-3:], layout)
+    if s is None:
+        if real:
+            raise ValueError("`s` (the real-space shape (X, Y, Z)) is required for pirfft3d")
+        s = (kx, ky, kz)
+    else:
+        s = _check_s(s)
+    plan = Plan(mesh, axes, pdims, shape[:-3], s, real, layout, norm or "backward",
+                _float_dtype(k_dtype) if real else k_dtype, k_dtype)
+    X, Y, Z = s
+    if (kx, ky, kz) not in {_xyz(plan.k_shape, layout), _xyz(plan.exact_k_shape, layout)}:
+        raise ValueError(
+            f"`{argname}.shape[-3:]` = {shape[-3:]} does not fit the real-space shape `s` = {s} "
+            f"on this mesh: expected {plan.exact_k_shape} (exact) or {plan.k_shape} (padded) in "
+            f"the {layout} layout"
+        )
+    for size, name, n, label in zip((X, Y), axes, pdims, ("X", "Y")):
+        if name is not None and size % n:
+            raise ValueError(
+                f"the real-space {label} (={size}) must be divisible by mesh axis {name!r} (={n}), "
+                f"which splits {label} in real space"
+                + ("" if s is None else f"; `s` = {s}")
+            )
+    return plan
+
+
+def _xyz(k_last3, layout):
+    """(X, Y, Z) sizes of a k-space shape given in `layout` order."""
+    if layout == "transposed":
+        y, z, x = k_last3
+        return x, y, z
+    return tuple(k_last3)
+
+
+def _check_s(s) -> tuple[int, int, int]:
+    try:
+        s = tuple(int(n) for n in s)
+    except TypeError:
+        raise TypeError(f"`s` must be a sequence of 3 ints (X, Y, Z); got {s!r}") from None
+    if len(s) != 3 or any(n < 1 for n in s):
+        raise ValueError(f"`s` must be 3 positive ints (X, Y, Z); got {s}")
+    return s

@@ -1,0 +1,141 @@
+# Shared definitions for the Jean Zay (IDRIS) scripts; sourced, not run.
+#
+# The one place that knows the partitions: GPUs per node, CPUs per task, constraint, account
+# suffix, QoS names, modules.  Edit here when IDRIS changes them (check `idr_compuse`,
+# `sinfo -s`, `module avail` and http://www.idris.fr/eng/jean-zay/ ).
+# shellcheck shell=bash
+
+# pencilfft_arch ARCH: set the partition variables for v100 | a100 | h100.
+#   GPUS_PER_NODE  GPUs in one node = tasks per node (one task per GPU)
+#   CPUS_PER_TASK  the node's cores / GPUs: Slurm on Jean Zay gives memory in proportion
+#   CONSTRAINT     -C value that selects the partition (V100 gpu_p13 is the default partition)
+#   ACCOUNT_SUFFIX the hours a job is charged to: <project>@<suffix>
+#   QOS_PREFIX     QoS family: <prefix>-dev (2 h), -t3 (20 h, default), -t4 (100 h)
+#   ARCH_MODULE    module to load before any other on that partition ("" for V100)
+pencilfft_arch() {
+  case "${1:-}" in
+    v100)
+      GPUS_PER_NODE=4 CPUS_PER_TASK=10 CONSTRAINT=v100-32g ACCOUNT_SUFFIX=v100
+      QOS_PREFIX=qos_gpu ARCH_MODULE="" ;;
+    a100)
+      GPUS_PER_NODE=8 CPUS_PER_TASK=8 CONSTRAINT=a100 ACCOUNT_SUFFIX=a100
+      QOS_PREFIX=qos_gpu_a100 ARCH_MODULE=arch/a100 ;;
+    h100)
+      GPUS_PER_NODE=4 CPUS_PER_TASK=24 CONSTRAINT=h100 ACCOUNT_SUFFIX=h100
+      QOS_PREFIX=qos_gpu_h100 ARCH_MODULE=arch/h100 ;;
+    *)
+      echo "error: unknown architecture '${1:-}' (expected v100, a100 or h100)" >&2
+      return 2 ;;
+  esac
+}
+
+# Modules loaded after `module purge` (and the arch/ module).  The versions on Jean Zay change:
+# override with PENCILFFT_MODULES="cuda/12.x nccl/... openmpi/...-cuda python/3.x" after
+# checking `module avail cuda nccl openmpi python` (take the CUDA-aware "-cuda" openmpi).
+PENCILFFT_DEFAULT_MODULES="cuda nccl openmpi python"
+
+# pencilfft_qos ARCH QOS: the QoS name; QOS is dev | t3 | t4 or a full qos_... name.
+pencilfft_qos() {
+  pencilfft_arch "$1" || return
+  case "$2" in
+    qos_*) echo "$2" ;;
+    dev | t3 | t4) echo "${QOS_PREFIX}-$2" ;;
+    *) echo "error: QoS '$2': expected dev, t3, t4 or a full qos_... name" >&2; return 2 ;;
+  esac
+}
+
+# pencilfft_account ARCH: <project>@<suffix> from PENCILFFT_ACCOUNT (a value with '@' is kept).
+pencilfft_account() {
+  pencilfft_arch "$1" || return
+  local acc=${PENCILFFT_ACCOUNT:-}
+  if [[ -z $acc ]]; then
+    if [[ ${DRY_RUN:-0} == 1 ]]; then
+      acc=PROJECT  # placeholder so that --dry-run works without an account
+    else
+      echo "error: set PENCILFFT_ACCOUNT to your project (e.g. export PENCILFFT_ACCOUNT=abc; see idr_compuse)" >&2
+      return 2
+    fi
+  fi
+  [[ $acc == *@* ]] && echo "$acc" || echo "${acc}@${ACCOUNT_SUFFIX}"
+}
+
+# square_pdims N: the most square PxQ with P*Q = N and P <= Q (as benchmarks.fft.square_pdims).
+square_pdims() {
+  local n=$1 p
+  p=$(awk -v n="$n" 'BEGIN { printf "%d", sqrt(n) + 1e-9 }')
+  while (( n % p )); do p=$((p - 1)); done
+  echo "${p}x$((n / p))"
+}
+
+# gpus_to_nodes ARCH N: set NODES and TASKS_PER_NODE for N GPUs, one task per GPU.  Fewer GPUs
+# than a node: one partial node; more: whole nodes only.
+gpus_to_nodes() {
+  pencilfft_arch "$1" || return
+  local n=$2
+  if (( n < 1 )); then
+    echo "error: need at least one GPU, got $n" >&2; return 2
+  elif (( n <= GPUS_PER_NODE )); then
+    NODES=1 TASKS_PER_NODE=$n
+  elif (( n % GPUS_PER_NODE == 0 )); then
+    NODES=$((n / GPUS_PER_NODE)) TASKS_PER_NODE=$GPUS_PER_NODE
+  else
+    echo "error: $n GPUs is not a whole number of $1 nodes ($GPUS_PER_NODE GPUs each)" >&2; return 2
+  fi
+}
+
+# weak_shape BASE N: a grid of N * BASE^3 points for N = 2^k GPUs, doubling X, Y, Z in turn,
+# so that the points per GPU stay BASE^3.
+weak_shape() {
+  local base=$1 n=$2 i=0
+  local -a d=("$base" "$base" "$base")
+  if (( n < 1 || (n & (n - 1)) != 0 )); then
+    echo "error: weak scaling needs a power-of-two GPU count, got $n" >&2; return 2
+  fi
+  while (( n > 1 )); do d[i % 3]=$((d[i % 3] * 2)); n=$((n / 2)); i=$((i + 1)); done
+  echo "${d[0]}x${d[1]}x${d[2]}"
+}
+
+# quote_cmd ARGS...: the command as one shell-quoted line (what --dry-run prints).
+quote_cmd() {
+  local out="" a
+  for a in "$@"; do out+="$(printf '%q' "$a") "; done
+  echo "${out% }"
+}
+
+# pencilfft_load_env ARCH: modules and python environment inside a job.
+#   PENCILFFT_MODULES  modules to load (default: PENCILFFT_DEFAULT_MODULES)
+#   PENCILFFT_VENV     a virtualenv to activate afterwards (pip install -e ".[bench]" into it)
+# With DRY_RUN=1 the commands are printed instead.
+pencilfft_load_env() {
+  pencilfft_arch "$1" || return
+  local mods=${PENCILFFT_MODULES:-$PENCILFFT_DEFAULT_MODULES}
+  run_or_print module purge
+  # IDRIS: on gpu_p5/gpu_p6 the arch/ module must come first, it selects the matching software stack.
+  if [[ -n $ARCH_MODULE ]]; then run_or_print module load "$ARCH_MODULE"; fi
+  # shellcheck disable=SC2086  # word splitting of the module list is intended
+  run_or_print module load $mods
+  if [[ -n ${PENCILFFT_VENV:-} ]]; then
+    if [[ ${DRY_RUN:-0} == 1 ]]; then echo "source $PENCILFFT_VENV/bin/activate"
+    else
+      # shellcheck disable=SC1091
+      source "$PENCILFFT_VENV/bin/activate"
+    fi
+  fi
+}
+
+# run_or_print CMD...: run it, or print it when DRY_RUN=1.
+run_or_print() {
+  if [[ ${DRY_RUN:-0} == 1 ]]; then quote_cmd "$@"; else "$@"; fi
+}
+
+# pencilfft_sbatch_opts ARCH GPUS QOS TIME: fill the array SBATCH_OPTS with the partition,
+# account, QoS and one-task-per-GPU options of a job on GPUS GPUs.
+pencilfft_sbatch_opts() {
+  local arch=$1 gpus=$2 qos_short=$3 time=$4 account qos
+  gpus_to_nodes "$arch" "$gpus" || return
+  account=$(pencilfft_account "$arch") || return
+  qos=$(pencilfft_qos "$arch" "$qos_short") || return
+  SBATCH_OPTS=(--account="$account" --qos="$qos" -C "$CONSTRAINT"
+    --nodes="$NODES" --ntasks-per-node="$TASKS_PER_NODE" --gres=gpu:"$TASKS_PER_NODE"
+    --cpus-per-task="$CPUS_PER_TASK" --hint=nomultithread --time="$time")
+}

@@ -1,0 +1,275 @@
+"""pencilfft.initialize(): plain process, mpirun, a simulated SLURM job step, device choice."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import pytest
+from conftest import MULTI_PROCESS
+
+from pencilfft import _distributed
+from pencilfft import initialize
+
+# Launcher variables that must not leak from this (maybe mpirun-started) process into children.
+_LAUNCHER_PREFIXES = (
+    "PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYD", "SLURM_", "JAX_COORDINATOR", "JAX_LOCAL"
+)
+
+# A child that calls initialize() and reports what jax sees, as one JSON line on stdout.
+_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import jax, numpy as np
+    import pencilfft
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    pencilfft.initialize(verbose=sys.argv[1] == "verbose")
+    pencilfft.initialize()  # a second call must be harmless
+    report = dict(
+        count=jax.process_count(),
+        index=jax.process_index(),
+        initialized=jax.distributed.is_initialized(),
+        devices=len(jax.devices()),
+        local_devices=len(jax.local_devices()),
+        cuda_visible=jax.config.read("jax_cuda_visible_devices"),
+        collectives=jax.config.jax_cpu_collectives_implementation,
+        mpi4py_imported="mpi4py" in sys.modules,
+    )
+    if sys.argv[2] == "sum":  # a cross-process computation: needs working CPU collectives
+        mesh = jax.make_mesh((len(jax.devices()),), ("x",))
+        n = len(jax.devices())
+        x = jax.make_array_from_callback((n,), NamedSharding(mesh, P("x")), lambda i: np.arange(float(n))[i])
+        total = jax.jit(lambda a: a.sum(), out_shardings=NamedSharding(mesh, P()))(x)
+        report["sum"] = float(total.addressable_data(0))
+    print(json.dumps(report), flush=True)
+    """
+)
+
+
+def _clean_env(devices: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    env.update(
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        JAX_PLATFORMS="cpu",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
+def _run_children(argvs, envs, timeout: float = 120) -> list[tuple[str, str]]:
+    """Start all children at once (they may wait for each other), collect (stdout, stderr).
+
+    Kills them all and fails, rather than hangs, if any is still running after `timeout`.
+    """
+    procs = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for argv, env in zip(argvs, envs)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=timeout))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        details = "\n".join(f"child {i}: {p.communicate()}" for i, p in enumerate(procs))
+        pytest.fail(f"children still running after {timeout} s:\n{details}")
+    for i, (p, (out, err)) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"child {i} failed ({p.returncode}):\n{out}\n{err}"
+    return outputs
+
+
+def _report(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------- in this test process
+
+
+def test_initialize_again_is_harmless():
+    """conftest already called initialize(); another call changes nothing, prints nothing."""
+    before = (jax.process_count(), jax.process_index(), jax.distributed.is_initialized())
+    initialize()
+    initialize(initialization_timeout=5)  # options alone do not start anything
+    assert (jax.process_count(), jax.process_index(), jax.distributed.is_initialized()) == before
+    assert jax.distributed.is_initialized() == MULTI_PROCESS
+
+
+@pytest.mark.skipif(not MULTI_PROCESS, reason="needs mpirun")
+def test_mpi_ranks_are_jax_processes():
+    from mpi4py import MPI
+
+    assert jax.process_count() == MPI.COMM_WORLD.Get_size()
+    assert jax.process_index() == MPI.COMM_WORLD.Get_rank()
+    assert jax.config.jax_cpu_collectives_implementation == "gloo"
+    assert len(jax.devices()) == 8
+
+
+# -------------------------------------------------------------------------- in children
+
+
+@pytest.mark.single_process
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_plain_process_is_a_no_op(verbose):
+    ((out, err),) = _run_children(
+        [[sys.executable, "-c", _CHILD, "verbose" if verbose else "quiet", "none"]], [_clean_env(3)]
+    )
+    report = _report(out)
+    assert report["count"] == 1 and report["index"] == 0 and not report["initialized"]
+    assert report["devices"] == 3 and not report["mpi4py_imported"]
+    lines = out.strip().splitlines()
+    if verbose:
+        assert lines[:-1] == [
+            "pencilfft.initialize: single process (no mpirun/srun detected); jax.distributed not started"
+        ]
+    else:
+        assert len(lines) == 1  # nothing printed but the report
+
+
+@pytest.mark.single_process
+def test_mpirun_np_1_is_a_no_op():
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip(f"no mpirun next to {sys.executable}")
+    ((out, _),) = _run_children(
+        [[str(mpirun), "-np", "1", sys.executable, "-c", _CHILD, "quiet", "none"]], [_clean_env(2)]
+    )
+    report = _report(out)
+    assert (report["count"], report["initialized"], report["devices"]) == (1, False, 2)
+    assert not report["mpi4py_imported"]  # MPI was not even started
+    assert len(out.strip().splitlines()) == 1
+
+
+@pytest.mark.single_process
+@pytest.mark.parametrize(
+    "layout", ["task-per-device", "task-per-node"], ids=lambda s: s
+)
+def test_slurm_step_is_detected(layout):
+    """Two fake srun tasks on this machine start jax.distributed and compute together."""
+    port = str(_free_port())
+    envs = []
+    for task in range(2):
+        slurm = dict(
+            SLURM_JOB_ID="4242",
+            SLURM_STEP_ID="0",
+            SLURM_NTASKS="2",
+            SLURM_PROCID=str(task),
+            JAX_COORDINATOR_PORT=port,  # the default (job id % 4096 + 61440) might be taken
+        )
+        if layout == "task-per-device":
+            slurm.update(SLURM_STEP_NODELIST="localhost", SLURM_STEP_TASKS_PER_NODE="2",
+                         SLURM_NODEID="0", SLURM_LOCALID=str(task))
+        else:
+            slurm.update(SLURM_STEP_NODELIST="localhost,localhost", SLURM_STEP_TASKS_PER_NODE="1(x2)",
+                         SLURM_NODEID=str(task), SLURM_LOCALID="0")
+        envs.append(_clean_env(2, **slurm))
+    outputs = _run_children([[sys.executable, "-c", _CHILD, "quiet", "sum"]] * 2, envs)
+    for task, (out, err) in enumerate(outputs):
+        report = _report(out)
+        # Quiet: nothing but the report (and gloo's own connection messages).
+        lines = [ln for ln in out.strip().splitlines() if not ln.startswith("[Gloo]")]
+        assert lines == [out.strip().splitlines()[-1]], out
+        assert (report["count"], report["index"], report["initialized"]) == (2, task, True)
+        assert (report["devices"], report["local_devices"]) == (4, 2)
+        assert report["collectives"] == "gloo"
+        assert report["sum"] == 6.0  # 0+1+2+3 over the devices of both processes
+        # One task per device uses device [SLURM_LOCALID]; one per node uses all of them.
+        assert report["cuda_visible"] == (str(task) if layout == "task-per-device" else "all")
+
+
+# ------------------------------------------------------------- device choice (pure logic)
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [("4(x2),2", [4, 4, 2]), ("2", [2]), ("1(x3)", [1, 1, 1]), ("", []), ("2(x", [])],
+)
+def test_expand_tasks_per_node(value, expected):
+    assert _distributed._expand_tasks_per_node(value) == expected
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),2", "SLURM_NODEID": "2"}, 2),
+        ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),2", "SLURM_NODEID": "1"}, 4),
+        ({"SLURM_TASKS_PER_NODE": "3", "SLURM_NODEID": "0"}, 3),
+        ({"SLURM_NTASKS_PER_NODE": "8"}, 8),
+        ({}, None),
+    ],
+)
+def test_slurm_tasks_on_this_node(env, expected):
+    assert _distributed._slurm_tasks_on_this_node(env) == expected
+
+
+@pytest.mark.parametrize(
+    "local_rank,local_size,visible,shared,expected",
+    [
+        (0, 1, None, None, []),  # one process per node: all its devices
+        (0, 1, ["0", "1", "2", "3"], True, []),
+        (3, 4, None, None, [3]),  # nothing known: one device each
+        (1, 4, ["0", "1", "2", "3"], True, [1]),  # node's GPUs shared: one each
+        (1, 2, ["0", "1", "2", "3"], True, [2, 3]),  # two each
+        (1, 4, ["5"], False, []),  # bound per task (--gpus-per-task=1): its own one
+        (1, 2, ["2", "3"], False, []),  # bound per task, two each
+        (1, 4, ["5"], None, []),  # fewer visible than tasks, unknown: bound
+        (5, 8, ["0", "1", "2", "3"], True, [1]),  # oversubscribed: share
+    ],
+)
+def test_choose_local_device_ids(local_rank, local_size, visible, shared, expected):
+    assert _distributed._choose_local_device_ids(local_rank, local_size, visible, shared) == expected
+
+
+_SLURM = dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="n[01-02]", SLURM_NTASKS="8", SLURM_PROCID="5")
+
+
+@pytest.mark.parametrize(
+    "env,overrides,expected_ids",
+    [
+        # srun -N2 --ntasks-per-node=4 --gpus-per-node=4: all GPUs visible to each task
+        (dict(SLURM_LOCALID="1", SLURM_STEP_TASKS_PER_NODE="4(x2)", SLURM_NODEID="1",
+              SLURM_GPUS_ON_NODE="4", CUDA_VISIBLE_DEVICES="0,1,2,3"), {}, [1]),
+        # srun -N2 --ntasks-per-node=4 --gpus-per-task=1: each task sees its own GPU only
+        (dict(SLURM_LOCALID="1", SLURM_STEP_TASKS_PER_NODE="4(x2)", SLURM_NODEID="1",
+              SLURM_GPUS_ON_NODE="4", CUDA_VISIBLE_DEVICES="1"), {}, []),
+        # srun -N8 --ntasks-per-node=1 --gpus-per-node=4: one task drives 4 GPUs
+        (dict(SLURM_LOCALID="0", SLURM_STEP_TASKS_PER_NODE="1(x8)", SLURM_NODEID="5",
+              SLURM_GPUS_ON_NODE="4", CUDA_VISIBLE_DEVICES="0,1,2,3"), {}, []),
+        # an explicit choice wins
+        (dict(SLURM_LOCALID="1", SLURM_STEP_TASKS_PER_NODE="4(x2)", SLURM_NODEID="1"),
+         {"local_device_ids": [0, 1]}, [0, 1]),
+        # tasks per node unknown: jax's default ([SLURM_LOCALID]) applies
+        (dict(SLURM_LOCALID="1"), {}, None),
+    ],
+)
+def test_slurm_arguments(env, overrides, expected_ids):
+    kwargs = _distributed._slurm_arguments({**_SLURM, **env}, overrides)
+    assert kwargs["cluster_detection_method"] == "slurm"
+    assert kwargs.get("local_device_ids") == expected_ids
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({"PMI_RANK": "0", "PMI_SIZE": "2"}, True),  # MPICH / Intel MPI (Hydra)
+        ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}, True),  # Open MPI
+        ({"PMIX_RANK": "0"}, True),  # PMIx (Open MPI 5, srun --mpi=pmix)
+        ({"SLURM_PROCID": "0"}, False),
+        ({}, False),
+    ],
+)
+def test_launched_by_mpi(env, expected):
+    assert _distributed._launched_by_mpi(env) is expected

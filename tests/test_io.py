@@ -1,0 +1,398 @@
+"""scatter / gather / save / load, in one process and under mpirun.
+
+Every rank builds the same data from a seed, so each rank can check its own blocks; only the
+root passes it to `scatter`.  Bad input must raise the same exception on every rank: each
+`pytest.raises` below runs on all ranks.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+
+import jax
+import numpy as np
+import pytest
+from conftest import MULTI_PROCESS, make_mesh, put_global, rel_err, to_numpy, tol
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import pencilfft
+from pencilfft import _io
+from pencilfft import gather, load, save, scatter
+from pencilfft._sharding import k_space_sharding, real_space_sharding
+
+RANK = jax.process_index()  # pencilfft.initialize() makes it the MPI rank
+LAST = jax.process_count() - 1
+
+# (global shape, dtype): a batch axis, odd Z, integers (accepted, as the transforms promote them).
+CASES = [
+    ((8, 8, 4), np.float64),
+    ((16, 8, 5), np.complex128),
+    ((3, 8, 16, 2), np.float32),
+    ((8, 16, 3), np.int32),
+]
+CASE_IDS = ["x".join(map(str, s)) + "-" + np.dtype(d).name for s, d in CASES]
+
+
+def _data(shape, dtype, seed: int = 0) -> np.ndarray:
+    """The same array on every rank."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        return rng.integers(-1000 if dtype.kind == "i" else 0, 1000, size=shape).astype(dtype)
+    x = rng.standard_normal(shape)
+    if dtype.kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+def _root_only(data: np.ndarray, root: int = 0):
+    return data if RANK == root else None
+
+
+def _barrier() -> None:
+    if MULTI_PROCESS:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()
+
+
+@pytest.fixture
+def shared_dir():
+    """One temporary directory for all ranks (pytest's tmp_path differs between processes)."""
+    path = tempfile.mkdtemp(prefix="pencilfft-io-") if RANK == 0 else None
+    if MULTI_PROCESS:
+        from mpi4py import MPI
+
+        path = MPI.COMM_WORLD.bcast(path, root=0)
+    yield path
+    _barrier()
+    if RANK == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _assert_blocks(x: jax.Array, data: np.ndarray, sharding) -> None:
+    """Every local device holds exactly its block of `data` (bit for bit)."""
+    assert x.shape == data.shape and x.dtype == data.dtype
+    assert x.sharding.is_equivalent_to(sharding, data.ndim)
+    index_map = sharding.addressable_devices_indices_map(data.shape)
+    assert {s.device for s in x.addressable_shards} == set(index_map)
+    for shard in x.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), data[index_map[shard.device]])
+
+
+def _assert_gathered(got, data: np.ndarray, root: int = 0) -> None:
+    if RANK == root:
+        assert isinstance(got, np.ndarray) and got.dtype == data.dtype
+        np.testing.assert_array_equal(got, data)
+    else:
+        assert got is None
+
+
+# ------------------------------------------------------------------------ scatter / gather
+
+
+@pytest.mark.parametrize("shape,dtype", CASES, ids=CASE_IDS)
+def test_scatter_gather_roundtrip(pdims, shape, dtype):
+    mesh = make_mesh(pdims)
+    data = _data(shape, dtype)
+    x = scatter(_root_only(data), mesh)
+    _assert_blocks(x, data, real_space_sharding(mesh, len(shape)))
+    _assert_gathered(gather(x), data)
+
+
+@pytest.mark.parametrize("pdims", [(4, 2), (8,)], ids=["4x2", "8"])
+def test_scatter_gather_other_root(pdims):
+    mesh = make_mesh(pdims)
+    data = _data((8, 8, 4), np.complex64)
+    x = scatter(_root_only(data, LAST), mesh, root=LAST)
+    _assert_blocks(x, data, real_space_sharding(mesh))
+    _assert_gathered(gather(x, root=LAST), data, root=LAST)
+
+
+def test_scatter_auto_mesh():
+    mesh = make_mesh((2, 4), "auto")
+    data = _data((4, 8, 2), np.float64)
+    x = scatter(_root_only(data), mesh)
+    _assert_blocks(x, data, real_space_sharding(mesh))
+
+
+def test_scatter_receives_exactly_own_blocks(pdims, monkeypatch):
+    """A non-root rank receives its distinct blocks, each once, and nothing else."""
+    mesh = make_mesh(pdims)
+    data = _data((8, 16, 4), np.float64)
+    received = []
+    real_recv = _io._recv
+
+    def recording_recv(comm, buf, source):
+        received.append(buf.shape)
+        real_recv(comm, buf, source)
+
+    monkeypatch.setattr(_io, "_recv", recording_recv)
+    x = scatter(_root_only(data), mesh)
+    _assert_blocks(x, data, real_space_sharding(mesh))
+    index_map = real_space_sharding(mesh).addressable_devices_indices_map(data.shape)
+    own = {_io._key(index, data.shape) for index in index_map.values()}
+    expected = [] if RANK == 0 else sorted(_io._block_shape(k) for k in own)
+    assert sorted(received) == expected
+
+
+@pytest.mark.parametrize("limit", [7, 100], ids=["7B", "100B"])
+def test_scatter_gather_chunked_messages(monkeypatch, limit):
+    """Blocks larger than MAX_MESSAGE_BYTES go in several messages (odd sizes split items)."""
+    monkeypatch.setattr(_io, "MAX_MESSAGE_BYTES", limit)
+    mesh = make_mesh((2, 4))
+    data = _data((4, 8, 3), np.complex128)
+    x = scatter(_root_only(data), mesh)
+    _assert_blocks(x, data, real_space_sharding(mesh))
+    _assert_gathered(gather(x), data)
+
+
+class _RecordingComm:
+    """Stands in for a communicator: records what _send sends, replays it to _recv."""
+
+    def __init__(self):
+        self.messages: list[bytes] = []
+
+    def Send(self, buf, dest, tag):
+        self.messages.append(bytes(buf))
+
+    def Recv(self, buf, source, tag):
+        msg = self.messages.pop(0)
+        assert len(msg) == buf.nbytes
+        buf[...] = np.frombuffer(msg, np.uint8)
+
+
+@pytest.mark.parametrize("limit,n_messages", [(1 << 30, 1), (160, 1), (100, 2), (64, 3), (7, 23)])
+def test_chunking_logic(monkeypatch, limit, n_messages):
+    monkeypatch.setattr(_io, "MAX_MESSAGE_BYTES", limit)
+    block = _data((2, 4, 5), np.float64)[:, 1:3]  # 2*2*5*8 = 160 bytes, not contiguous
+    block = np.ascontiguousarray(block)
+    comm = _RecordingComm()
+    _io._send(comm, block, dest=1)
+    assert [len(m) for m in comm.messages][:-1] == [limit] * (n_messages - 1)
+    assert len(comm.messages) == n_messages and sum(map(len, comm.messages)) == block.nbytes
+    out = np.empty_like(block)
+    _io._recv(comm, out, source=0)
+    np.testing.assert_array_equal(out, block)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "natural"])
+def test_gather_k_space(pdims, layout):
+    mesh = make_mesh(pdims)
+    data = _data((2, 8, 8, 8), np.complex128)
+    _assert_gathered(gather(put_global(data, k_space_sharding(mesh, layout, 4))), data)
+
+
+@pytest.mark.parametrize(
+    "spec", [P(), P(None, "y", None), P("y", None, None)], ids=["replicated", "y-only", "x-by-y"]
+)
+def test_gather_replicated_blocks(spec):
+    """Blocks held by several devices (maybe on several processes) arrive once and right."""
+    mesh = make_mesh((2, 4))
+    data = _data((8, 8, 2), np.float32)
+    x = put_global(data, NamedSharding(mesh, spec))
+    _assert_gathered(gather(x), data)
+    _assert_gathered(gather(x, root=LAST), data, root=LAST)
+
+
+@pytest.mark.parametrize("pdims", [(4, 2), (8,)], ids=["4x2", "8"])
+@pytest.mark.parametrize("layout", ["transposed", "natural"])
+def test_fft_roundtrip_from_scatter_to_gather(pdims, layout):
+    """scatter -> pfft3d -> pifft3d -> gather, and the gathered spectrum against numpy."""
+    pfft3d, pifft3d = pencilfft.pfft3d, pencilfft.pifft3d
+    mesh = make_mesh(pdims)
+    data = _data((8, 8, 8), np.complex128)
+    k = pfft3d(scatter(_root_only(data), mesh), layout=layout, mesh=mesh)
+    spectrum = gather(k)
+    back = gather(pifft3d(k, layout=layout, mesh=mesh))
+    if RANK == 0:
+        ref = np.fft.fftn(data)
+        if layout == "transposed":
+            ref = np.transpose(ref, (1, 2, 0))  # k-space global order (Y, Z, X)
+        assert rel_err(spectrum, ref) < tol(np.complex128)
+        assert rel_err(back, data) < tol(np.complex128)
+    else:
+        assert spectrum is None and back is None
+
+
+# ------------------------------------------------------------------------------ save / load
+
+
+@pytest.mark.parametrize("shape,dtype", CASES[:3], ids=CASE_IDS[:3])
+def test_save_load_roundtrip(pdims, shape, dtype, shared_dir):
+    mesh = make_mesh(pdims)
+    data = _data(shape, dtype)
+    path = os.path.join(shared_dir, "x.npy")
+    save(path, put_global(data, real_space_sharding(mesh, len(shape))))
+    if RANK == 0:
+        np.testing.assert_array_equal(np.load(path), data)  # a standard .npy file
+    y = load(path, mesh)
+    _assert_blocks(y, data, real_space_sharding(mesh, len(shape)))
+
+
+@pytest.mark.parametrize(
+    "sharding", ["k-transposed", "k-natural", "replicated-y"], ids=lambda s: s
+)
+def test_save_any_sharding(sharding, shared_dir):
+    """k-space arrays and blocks held by several devices: each block written once, right."""
+    mesh = make_mesh((2, 4))
+    sharding = {
+        "k-transposed": k_space_sharding(mesh, "transposed"),
+        "k-natural": k_space_sharding(mesh, "natural"),
+        "replicated-y": NamedSharding(mesh, P(None, "x")),
+    }[sharding]
+    data = _data((8, 8, 8), np.complex64)
+    path = os.path.join(shared_dir, "k.npy")
+    save(path, put_global(data, sharding))
+    if RANK == 0:
+        np.testing.assert_array_equal(np.load(path), data)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_load_file_written_by_numpy(order, shared_dir):
+    mesh = make_mesh((4, 2))
+    data = _data((8, 4, 3), np.float64)
+    path = os.path.join(shared_dir, "np.npy")
+    if RANK == 0:
+        np.save(path, np.asfortranarray(data) if order == "F" else data)
+    _barrier()
+    y = load(path, mesh)
+    _assert_blocks(y, data, real_space_sharding(mesh))
+    np.testing.assert_array_equal(to_numpy(y), data)
+
+
+# ------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "pdims,shape,message",
+    [
+        ((4, 2), (6, 8, 4), r"axis 0 \(X\) has size 6, which is not divisible by mesh axis 'x' of size 4"),
+        ((2, 4), (8, 6, 4), r"axis 1 \(Y\) has size 6, which is not divisible by mesh axis 'y' of size 4"),
+        ((8,), (2, 4, 8, 8), r"axis 1 \(X\) has size 4, which is not divisible by mesh axis 'x' of size 8"),
+        ((4, 2), (8, 8), r"at least 3 dimensions \(\.\.\., X, Y, Z\); got shape \(8, 8\)"),
+    ],
+)
+def test_scatter_rejects_shape(pdims, shape, message):
+    with pytest.raises(ValueError, match=message):
+        scatter(_root_only(np.zeros(shape)), make_mesh(pdims))
+
+
+@pytest.mark.parametrize("dtype", [bool, object, "U3", "datetime64[s]"])
+def test_scatter_rejects_dtype(dtype):
+    data = np.zeros((8, 8, 2), dtype=dtype)
+    message = "`data` must have an integer, float or complex dtype; got dtype " + str(np.dtype(dtype))
+    with pytest.raises(TypeError, match=re.escape(message)):
+        scatter(_root_only(data), make_mesh((4, 2)))
+
+
+def test_scatter_rejects_missing_data_on_root():
+    with pytest.raises(ValueError, match=r"`data` must be a numpy array on the root rank 0; got None"):
+        scatter(None, make_mesh((4, 2)))
+
+
+@pytest.mark.skipif(not MULTI_PROCESS, reason="needs several ranks")
+def test_scatter_rejects_data_on_other_ranks():
+    data = np.zeros((8, 8, 2))
+    message = (
+        "`data` must be None on every rank but the root rank 0; rank 1 passed an array "
+        "(numpy.ndarray) of shape (8, 8, 2) and dtype float64"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        scatter(data if RANK in (0, 1) else None, make_mesh((4, 2)))
+
+
+@pytest.mark.parametrize("what", ["mesh", "root", "comm"])
+def test_scatter_rejects_arguments(what):
+    data = _root_only(np.zeros((8, 8, 2)))
+    if what == "mesh":
+        with pytest.raises(TypeError, match=r"`mesh` must be a jax.sharding.Mesh; got tuple"):
+            scatter(data, (4, 2))
+    elif what == "root":
+        message = f"`root` must be a rank in [0, {LAST + 1}); got {LAST + 1}"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            scatter(data, make_mesh((4, 2)), root=LAST + 1)
+    else:
+        with pytest.raises(TypeError, match=r"`comm` must be an mpi4py communicator; got str"):
+            scatter(data, make_mesh((4, 2)), comm="world")
+
+
+@pytest.mark.skipif(not MULTI_PROCESS, reason="needs several ranks")
+def test_comm_must_match_jax_processes():
+    from mpi4py import MPI
+
+    message = "`comm` must have one rank per jax process: it has 1 ranks but jax runs"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        gather(put_global(np.zeros((8, 8, 2)), real_space_sharding(make_mesh((4, 2)))), comm=MPI.COMM_SELF)
+
+
+def test_gather_rejects_numpy():
+    message = "`x` must be a jax.Array; got an array (numpy.ndarray) of shape (8, 8, 2)"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        gather(np.zeros((8, 8, 2)))
+
+
+def test_save_rejects_missing_directory(shared_dir):
+    x = put_global(np.zeros((8, 8, 2)), real_space_sharding(make_mesh((4, 2))))
+    with pytest.raises(FileNotFoundError, match=r"no-such-dir"):
+        save(os.path.join(shared_dir, "no-such-dir", "x.npy"), x)
+
+
+def _write_bad_file(path: str, kind: str) -> None:
+    if kind == "garbage":
+        with open(path, "wb") as f:
+            f.write(b"this is not a numpy file\n" * 10)
+    elif kind == "truncated":
+        np.save(path, np.zeros((8, 8, 4)))
+        with open(path, "r+b") as f:
+            f.truncate(300)
+    elif kind == "npz":
+        np.savez(path, a=np.zeros((8, 8, 4)))
+    elif kind == "pickle":
+        np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    elif kind == "bool":
+        np.save(path, np.zeros((8, 8, 4), dtype=bool))
+    elif kind == "shape":
+        np.save(path, np.zeros((8, 6, 4)))
+    elif kind == "2d":
+        np.save(path, np.zeros((8, 8)))
+
+
+@pytest.mark.parametrize(
+    "kind,error,message",
+    [
+        ("missing", FileNotFoundError, r"`path` names no file: '.*bad\.npy'"),
+        ("garbage", ValueError, r"`path` '.*bad\.npy' is not a readable \.npy file"),
+        ("truncated", ValueError, r"`path` '.*bad\.npy' is not a readable \.npy file"),
+        ("npz", ValueError, r"`path` '.*bad\.npy' is not a \.npy file"),
+        ("pickle", ValueError, r"`path` '.*bad\.npy' is not a readable \.npy file"),
+        ("bool", TypeError, r"the array in '.*bad\.npy' must have an integer, float or "
+                            r"complex dtype; got dtype bool"),
+        ("shape", ValueError, r"the array in '.*bad\.npy' has shape \(8, 6, 4\): axis 1 \(Y\) has "
+                              r"size 6, which is not divisible by mesh axis 'y' of size 4"),
+        ("2d", ValueError, r"the array in '.*bad\.npy' must have at least 3 dimensions"),
+    ],
+)
+def test_load_rejects_bad_file(kind, error, message, shared_dir):
+    path = os.path.join(shared_dir, "bad.npy")
+    if RANK == 0 and kind != "missing":
+        _write_bad_file(path, kind)
+        if kind == "npz":
+            os.replace(path + ".npz", path)
+    _barrier()
+    with pytest.raises(error, match=message):
+        load(path, make_mesh((2, 4)))
+
+
+@pytest.mark.skipif(not MULTI_PROCESS, reason="needs several ranks")
+def test_load_error_on_one_rank_reaches_all(shared_dir):
+    """Only the last rank is given a missing file: every rank raises its error, none hangs."""
+    good = os.path.join(shared_dir, "good.npy")
+    if RANK == 0:
+        np.save(good, np.zeros((8, 8, 2)))
+    _barrier()
+    path = os.path.join(shared_dir, "missing.npy") if RANK == LAST else good
+    with pytest.raises(FileNotFoundError, match=r"`path` names no file: '.*missing\.npy'"):
+        load(path, make_mesh((4, 2)))

@@ -1,0 +1,275 @@
+"""The Jean Zay scripts in slurm/: syntax, sbatch options, and the harness arguments they pass.
+
+Nothing is submitted: the scripts' --dry-run prints the sbatch commands, which are parsed here
+and checked against the partition facts below (written independently of slurm/common.sh), and
+every harness argument list is fed to `python -m benchmarks.fft ... --dry-run`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SLURM = ROOT / "slurm"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import fft as bench  # noqa: E402
+
+# IDRIS facts: GPUs per node, CPUs per task (cores / GPUs), constraint, arch module, QoS prefix.
+PARTITIONS = {
+    "v100": dict(gpus=4, cpus=10, constraint="v100-32g", module=None, qos="qos_gpu"),
+    "a100": dict(gpus=8, cpus=8, constraint="a100", module="arch/a100", qos="qos_gpu_a100"),
+    "h100": dict(gpus=4, cpus=24, constraint="h100", module="arch/h100", qos="qos_gpu_h100"),
+}
+SCRIPTS = sorted([*SLURM.glob("*.sh"), *SLURM.glob("*.slurm")])
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def sh(*args: str | Path, env: dict | None = None, ok: bool = True) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PENCILFFT_"))}
+    full_env.update({"PENCILFFT_ACCOUNT": "abc", **(env or {})})
+    proc = subprocess.run([str(a) for a in args], cwd=ROOT, env=full_env, capture_output=True,
+                          text=True, timeout=120)
+    if ok:
+        assert proc.returncode == 0, f"{args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def sbatch_lines(text: str) -> list[list[str]]:
+    return [shlex.split(line) for line in text.splitlines() if line.startswith("sbatch ")]
+
+
+def parse_sbatch(words: list[str]) -> tuple[dict[str, str], str, list[str]]:
+    """(options, job script, script arguments) of one `sbatch ...` command."""
+    assert words[0] == "sbatch"
+    opts: dict[str, str] = {}
+    i = 1
+    while words[i].startswith("-"):
+        if words[i] == "-C":
+            opts["constraint"] = words[i + 1]
+            i += 2
+            continue
+        key, _, value = words[i].lstrip("-").partition("=")
+        opts[key] = value
+        i += 1
+    return opts, words[i], words[i + 1:]
+
+
+def pdims_products(args: list[str]) -> list[int]:
+    """Products of the --pdims values of a harness argument list."""
+    i = args.index("--pdims")
+    out = []
+    for a in args[i + 1:]:
+        if a.startswith("--"):
+            break
+        out.append(math.prod(int(p) for p in a.split("x")))
+    return out
+
+
+def check_job(words: list[str], arch: str, gpus: int | None = None, qos: str = "t3") -> dict:
+    """One benchmark job: partition options, one task per GPU, pdims matching the GPUs."""
+    opts, script, args = parse_sbatch(words)
+    part = PARTITIONS[arch]
+    nodes, tpn = int(opts["nodes"]), int(opts["ntasks-per-node"])
+    assert opts["gres"] == f"gpu:{tpn}"  # one task per GPU
+    assert tpn <= part["gpus"]
+    assert nodes == 1 or tpn == part["gpus"]  # several nodes: whole nodes only
+    assert opts["cpus-per-task"] == str(part["cpus"])
+    assert opts["hint"] == "nomultithread"
+    assert opts["constraint"] == part["constraint"]
+    assert opts["account"] == f"abc@{arch}"
+    assert opts["qos"] == f"{part['qos']}-{qos}"
+    assert "time" in opts and "job-name" in opts and "output" in opts
+    assert f"PENCILFFT_ARCH={arch}" in opts["export"]
+    total = nodes * tpn
+    if gpus is not None:
+        assert total == gpus
+    assert Path(script) == SLURM / "bench.slurm"
+    assert all(p == total for p in pdims_products(args)), (args, total)
+    # The harness accepts the arguments (parsing and case validation, no jax).
+    assert bench.main([*args, "--dry-run"]) == 0
+    return {"nodes": nodes, "gpus": total, "args": args, "opts": opts}
+
+
+def harness_arg(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_bash_syntax(script):
+    sh("bash", "-n", script)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_no_hard_coded_account_or_qos(script):
+    for line in script.read_text().splitlines():
+        if line.startswith("#SBATCH"):
+            assert "--account" not in line and "-A " not in line and "--qos" not in line, line
+    if script.suffix == ".slurm":
+        assert "#SBATCH --hint=nomultithread" in script.read_text()
+
+
+def test_scripts_are_executable():
+    for script in SCRIPTS:
+        if script.name != "common.sh":
+            assert os.access(script, os.X_OK), script
+
+
+@pytest.mark.parametrize("arch", PARTITIONS)
+def test_submit_single_and_multi_node(arch, capsys):
+    gpn = PARTITIONS[arch]["gpus"]
+    for extra, gpus in (([], gpn), (["--gpus", "1"], 1), (["--gpus", str(gpn // 2)], gpn // 2),
+                        (["--nodes", "2"], 2 * gpn), (["--gpus", str(4 * gpn)], 4 * gpn)):
+        out = sh(SLURM / "submit.sh", arch, *extra, "--dry-run").stdout
+        (words,) = sbatch_lines(out)
+        job = check_job(words, arch, gpus)
+        assert job["nodes"] == max(1, gpus // gpn)
+        assert harness_arg(job["args"], "--pdims") == "x".join(map(str, bench.square_pdims(gpus)))
+    # harness arguments after --, the wrapper, QoS and account forms
+    out = sh(SLURM / f"{arch}.sh", "--nodes", "2", "--qos", "dev", "--dry-run", "--",
+             "--shapes", "256", "512", "--pdims", f"{gpn}x2", "--repeats", "3").stdout
+    (words,) = sbatch_lines(out)
+    job = check_job(words, arch, 2 * gpn, qos="dev")
+    assert job["args"][:6] == ["--shapes", "256", "512", "--pdims", f"{gpn}x2", "--repeats"]
+    out = sh(SLURM / "submit.sh", arch, "--qos", "qos_custom", "--dry-run",
+             env={"PENCILFFT_ACCOUNT": "xyz@cpu"}).stdout
+    opts, _, _ = parse_sbatch(sbatch_lines(out)[0])
+    assert opts["qos"] == "qos_custom" and opts["account"] == "xyz@cpu"
+    capsys.readouterr()
+
+
+def test_submit_errors():
+    cases = [
+        (["a100", "--gpus", "12", "--dry-run"], {}, "not a whole number"),
+        (["a300", "--dry-run"], {}, "unknown architecture"),
+        (["v100", "--qos", "t9", "--dry-run"], {}, "QoS"),
+        (["v100", "--bogus"], {}, "unknown option"),
+        (["v100"], {"PENCILFFT_ACCOUNT": ""}, "PENCILFFT_ACCOUNT"),  # no account: nothing submitted
+    ]
+    for args, env, msg in cases:
+        proc = sh(SLURM / "submit.sh", *args, env=env, ok=False)
+        assert proc.returncode != 0 and msg in proc.stderr, (args, proc.stderr)
+        assert "sbatch" not in proc.stdout
+
+
+@pytest.mark.parametrize("arch", PARTITIONS)
+def test_sweep_dry_run(arch, tmp_path, capsys):
+    results = tmp_path / "sweep"
+    out = sh(SLURM / "sweep.sh", arch, "--dry-run", "--results", results, "--", "--repeats", "5").stdout
+    lines = sbatch_lines(out)
+    counts = [2**k for k in range(9)]  # 1 .. 256 GPUs
+    *jobs, plot = lines
+    assert len(jobs) == 2 * len(counts)
+    strong, weak = [], []
+    for words in jobs:
+        job = check_job(words, arch)
+        args = job["args"]
+        assert harness_arg(args, "--repeats") == "5"
+        assert harness_arg(args, "--out").startswith(str(results))
+        series = harness_arg(args, "--tag")
+        (strong if series == "strong" else weak).append(job)
+        assert harness_arg(args, "--out").endswith(f"/{series}/n{job['gpus']}.jsonl")
+    assert [j["gpus"] for j in strong] == counts and [j["gpus"] for j in weak] == counts
+    assert {harness_arg(j["args"], "--shapes") for j in strong} == {"1024"}
+    for j in weak:  # fixed points per GPU
+        shape = bench.parse_shape(harness_arg(j["args"], "--shapes"))
+        assert math.prod(shape) == 512**3 * j["gpus"]
+    # the plot job waits for every benchmark job, on one GPU with the dev QoS
+    opts, script, args = parse_sbatch(plot)
+    assert Path(script) == SLURM / "plot.slurm" and args == [str(results)]
+    assert opts["dependency"].startswith("afterany:")
+    assert len(opts["dependency"].split(":")[1:]) == len(jobs)
+    assert opts["nodes"] == "1" and opts["ntasks-per-node"] == "1" and opts["gres"] == "gpu:1"
+    assert opts["qos"] == f"{PARTITIONS[arch]['qos']}-dev"
+    assert not results.exists()  # a dry run creates nothing
+    capsys.readouterr()
+
+
+def test_sweep_options():
+    out = sh(SLURM / "sweep.sh", "v100", "--dry-run", "--min-gpus", "4", "--max-gpus", "16",
+             "--no-weak", "--strong-grid", "512", "--time", "01:00:00", "--qos", "dev").stdout
+    *jobs, _plot = sbatch_lines(out)
+    got = [check_job(w, "v100", qos="dev") for w in jobs]
+    assert [j["gpus"] for j in got] == [4, 8, 16]
+    assert [j["nodes"] for j in got] == [1, 2, 4]
+    assert all(j["opts"]["time"] == "01:00:00" for j in got)
+    assert all(harness_arg(j["args"], "--shapes") == "512" for j in got)
+    for args, msg in ((["--min-gpus", "5", "--max-gpus", "7"], "no power of two"),
+                      (["--no-strong", "--no-weak"], "nothing to submit"),
+                      (["--bogus"], "unknown option")):
+        bad = sh(SLURM / "sweep.sh", "a100", "--dry-run", *args, ok=False)
+        assert bad.returncode != 0 and msg in bad.stderr, (args, bad.stderr)
+        assert sbatch_lines(bad.stdout) == []
+
+
+@pytest.mark.parametrize("arch", PARTITIONS)
+def test_bench_slurm_runs_the_harness(arch):
+    """The job script itself (dry run, fake Slurm environment): modules, then srun python -m ..."""
+    gpus = 2 * PARTITIONS[arch]["gpus"]
+    env = {"PENCILFFT_DRY_RUN": "1", "SLURM_NTASKS": str(gpus), "SLURM_JOB_NUM_NODES": "2",
+           "SLURM_JOB_CONSTRAINTS": PARTITIONS[arch]["constraint"], "PENCILFFT_ROOT": str(ROOT)}
+    pd = "x".join(map(str, bench.square_pdims(gpus)))
+    proc = sh("bash", SLURM / "bench.slurm", "--shapes", "64", "--pdims", pd, env=env)
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "module purge"
+    module = PARTITIONS[arch]["module"]
+    if module:  # IDRIS: the arch/ module before any other
+        assert lines[1] == f"module load {module}"
+    assert any(ln.startswith("module load cuda") for ln in lines)
+    srun = shlex.split(lines[-1])
+    assert srun[0] == "srun" and srun[srun.index("python"):] == [
+        "python", "-m", "benchmarks.fft", "--shapes", "64", "--pdims", pd]
+    assert bench.main([*srun[srun.index("benchmarks.fft") + 1:], "--dry-run"]) == 0
+    assert "warning" not in proc.stderr
+    # a mesh that does not use every task is reported
+    warn = sh("bash", SLURM / "bench.slurm", "--pdims", "1x2", env=env)
+    assert "uses 2 GPUs but the job has" in warn.stderr
+    # modules and virtualenv from the environment
+    custom = sh("bash", SLURM / "bench.slurm", env={**env, "PENCILFFT_MODULES": "cuda/1 python/2",
+                                                     "PENCILFFT_VENV": "/v"}).stdout
+    assert "module load cuda/1 python/2" in custom and "source /v/bin/activate" in custom
+
+
+def test_plot_slurm_dry_run(tmp_path):
+    out = sh("bash", SLURM / "plot.slurm", tmp_path,
+             env={"PENCILFFT_DRY_RUN": "1", "PENCILFFT_ROOT": str(ROOT)}).stdout
+    assert f"python -m benchmarks.plot {tmp_path}/strong/n1.jsonl --outdir {tmp_path}/plots" in out
+    assert "benchmarks.fft table" in out and f"> {tmp_path}/tables.md" in out
+
+
+def test_shell_helpers_agree_with_python():
+    script = f"""
+        source {SLURM / 'common.sh'}
+        for n in $(seq 1 130); do echo "p $n $(square_pdims $n)"; done
+        for n in 1 2 4 8 16 32 64 128 256; do echo "w $n $(weak_shape 64 $n)"; done
+    """
+    out = sh("bash", "-c", script).stdout.split("\n")
+    for line in filter(None, out):
+        kind, n, value = line.split()
+        n = int(n)
+        if kind == "p":
+            assert value == "x".join(map(str, bench.square_pdims(n))), (n, value)
+        else:
+            shape = bench.parse_shape(value)
+            assert math.prod(shape) == n * 64**3 and max(shape) <= 2 * min(shape), (n, value)
+    bad = sh("bash", "-c", f"source {SLURM / 'common.sh'}; weak_shape 64 6", ok=False)
+    assert bad.returncode != 0 and "power-of-two" in bad.stderr
+
+
+def test_readme_mentions_every_script():
+    readme = (SLURM / "README.md").read_text()
+    for script in SCRIPTS:
+        assert script.name in readme, script.name
+    for env in ("PENCILFFT_ACCOUNT", "PENCILFFT_QOS", "PENCILFFT_MODULES", "PENCILFFT_VENV", "--dry-run"):
+        assert env in readme
