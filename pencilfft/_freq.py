@@ -6,76 +6,77 @@ is purely local.  Padded positions (see `pfft3d`) hold 0.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
-from ._plan import _is_tracer, check_norm_layout, find_mesh, _check_s, _xyz
-from ._sharding import k_space_spec
+from ._plan import plan_backward
 
 __all__ = ["fftfreq3d", "rfftfreq3d"]
 
 
 def _spacings(d) -> tuple[float, float, float]:
-    if isinstance(d, Sequence) or np.ndim(d) == 1:
-        d = tuple(float(v) for v in d)
-        if len(d) != 3:
-            raise ValueError(f"`d` must be a number or 3 numbers (dx, dy, dz); got {d}")
-        return d
-    return (float(d),) * 3
+    """(dx, dy, dz) from one number or three; each finite and non-zero."""
+    values = np.ravel(np.asarray(d, dtype=object))
+    try:
+        spacings = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise TypeError(f"`d` must be a number or 3 numbers (dx, dy, dz); got {d!r}") from None
+    if len(spacings) == 1:
+        spacings *= 3
+    if len(spacings) != 3 or np.ndim(d) > 1:
+        raise ValueError(f"`d` must be a number or 3 numbers (dx, dy, dz); got {d!r}")
+    if not all(np.isfinite(v) and v != 0 for v in spacings):
+        raise ValueError(f"`d` (the sample spacing) must be finite and non-zero; got {d!r}")
+    return spacings
 
 
-def _vectors(k, d, s, layout, mesh, real: bool):
-    check_norm_layout("backward", layout)
-    shape = tuple(np.shape(k))
-    if len(shape) < 3:
-        raise ValueError(f"`k` must have at least 3 dimensions; got shape {shape}")
-    lengths = _xyz(shape[-3:], layout)  # (X, Y, Z) lengths of k, padded or not
-    if s is None:
-        if real:
-            raise ValueError("`s` (the real-space shape (X, Y, Z)) is required for rfftfreq3d")
-        s = lengths
-    s = _check_s(s)
-    n_k = (s[0], s[1], s[2] // 2 + 1 if real else s[2])
-    if any(n > m for n, m in zip(n_k, lengths)) or lengths[0] != s[0]:
-        raise ValueError(
-            f"`k.shape[-3:]` = {shape[-3:]} ({layout} layout) does not fit the real-space shape "
-            f"`s` = {s}: its (X, Y, Z) lengths {lengths} must be (X, >= Y, >= {n_k[2]})"
-        )
-    dtype = getattr(k, "dtype", np.result_type(k))
-    fdtype = np.float64 if dtype in (np.complex128, np.float64) else np.float32
-    dx, dy, dz = _spacings(d)
-    freqs = [np.fft.fftfreq(s[0], dx), np.fft.fftfreq(s[1], dy),
-             (np.fft.rfftfreq if real else np.fft.fftfreq)(s[2], dz)]
-    # The position of X, Y, Z among k's last three axes.
-    where = {"transposed": (2, 0, 1), "natural": (0, 1, 2)}[layout]
-    mesh = find_mesh(k, mesh, "k")
-    spec = tuple(k_space_spec(mesh, layout, 3)) if mesh is not None else (None,) * 3
-    out = []
-    for f, n, pos in zip(freqs, lengths, where):
-        v = np.zeros(n, fdtype)
-        v[: f.size] = 2 * np.pi * f
-        shape3 = [1, 1, 1]
-        shape3[pos] = n
-        v = v.reshape(shape3)
-        if mesh is None:
-            out.append(jax.numpy.asarray(v))
-            continue
-        vspec = [None, None, None]
-        vspec[pos] = spec[pos]
-        sharding = NamedSharding(mesh, P(*vspec))
-        if _is_tracer(k):
-            out.append(jax.sharding.reshard(jax.numpy.asarray(v), sharding)
-                       if _explicit(mesh) else jax.lax.with_sharding_constraint(v, sharding))
-        else:
-            out.append(jax.device_put(v, sharding))
-    return tuple(out)
+def _vectors(k, d, s, layout, mesh, real: bool, caller: str):
+    # The inverse transform's plan validates k against s exactly as pifft3d/pirfft3d would.
+    plan = plan_backward(k, s, norm="backward", layout=layout, mesh=mesh, real=real,
+                         caller=caller)
+    padded = tuple(np.shape(k)[-3:]) == plan.k_shape
+    X, Y, Z = plan.real_shape
+    lengths = (X, plan.yp, plan.zp) if padded else (X, Y, plan.zc)
+    return _make_vectors(plan=plan, lengths=lengths, spacings=_spacings(d))
 
 
-def _explicit(mesh) -> bool:
-    return any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+# Static arguments only: jax caches one compiled program per (plan, lengths, spacings).
+@functools.partial(jax.jit, static_argnames=("plan", "lengths", "spacings"))
+def _make_vectors(*, plan, lengths, spacings):
+    fdtype = jnp.float64 if np.dtype(plan.k_dtype) == np.complex128 else jnp.float32
+    where = {"transposed": (2, 0, 1), "natural": (0, 1, 2)}[plan.layout]  # X, Y, Z positions
+    axis_of = tuple(plan.k_spec)[-3:] if plan.mesh is not None else (None,) * 3
+    sizes = dict(zip(plan.axes, plan.pdims))
+    half = (False, False, plan.real)  # rfftfreq along Z for the real transforms
+    specs = []
+    for pos in where:
+        spec = [None, None, None]
+        spec[pos] = axis_of[pos]
+        specs.append(P(*spec))
+
+    def block():
+        """Each device computes its own slice of each vector: nothing is transferred."""
+        out = []
+        for n_true, n, d, pos, spec, h in zip(plan.real_shape, lengths, spacings, where, specs, half):
+            name = spec[pos]
+            local = n // sizes[name] if name is not None else n
+            start = jax.lax.axis_index(name) * local if name is not None else 0
+            g = start + jnp.arange(local)
+            f = g if h else jnp.where(g < (n_true + 1) // 2, g, g - n_true)
+            n_valid = n_true // 2 + 1 if h else n_true
+            v = jnp.where(g < n_valid, (2 * np.pi / (n_true * d)) * f, 0)
+            shape3 = [1, 1, 1]
+            shape3[pos] = local
+            out.append(v.astype(fdtype).reshape(shape3))
+        return tuple(out)
+
+    if plan.mesh is None:
+        return block()
+    return jax.shard_map(block, mesh=plan.mesh, in_specs=(), out_specs=tuple(specs))()
 
 
 def fftfreq3d(k, d=1.0, *, s=None, layout: str = "transposed", mesh=None):
@@ -90,7 +91,7 @@ def fftfreq3d(k, d=1.0, *, s=None, layout: str = "transposed", mesh=None):
     two of them so they broadcast against `k`; for "transposed" kx is (1, 1, X), ky (Y, 1, 1) and
     kz (1, Z, 1), as `jaxdecomp.fftfreq3d`.  Each is split like the axis of `k` it spans.
     """
-    return _vectors(k, d, s, layout, mesh, real=False)
+    return _vectors(k, d, s, layout, mesh, real=False, caller="fftfreq3d")
 
 
 def rfftfreq3d(k, d=1.0, *, s, layout: str = "transposed", mesh=None):
@@ -98,4 +99,4 @@ def rfftfreq3d(k, d=1.0, *, s, layout: str = "transposed", mesh=None):
 
     `s`, the real-space shape (X, Y, Z), is required.
     """
-    return _vectors(k, d, s, layout, mesh, real=True)
+    return _vectors(k, d, s, layout, mesh, real=True, caller="rfftfreq3d")

@@ -13,7 +13,7 @@ multiple of Pb and Y to a multiple of Pa where they do not divide.
 from __future__ import annotations
 
 import dataclasses
-import math
+import operator
 from typing import Any
 
 import jax
@@ -249,10 +249,12 @@ def plan_forward(x, *, norm, layout, mesh, real: bool, argname: str = "x") -> Pl
                 real_dtype, k_dtype)
 
 
-def plan_backward(k, s, *, norm, layout, mesh, real: bool, argname: str = "k") -> Plan:
+def plan_backward(k, s, *, norm, layout, mesh, real: bool, argname: str = "k",
+                  caller: str = "pirfft3d") -> Plan:
     """Plan for pifft3d/pirfft3d of k (k-space, global last axes in `layout` order).
 
     `s` is the real-space (X, Y, Z); None means k is not padded (complex transforms only).
+    Also validates `s` against k for the frequency helpers.
     """
     check_norm_layout(norm, layout)
     shape = tuple(np.shape(k))
@@ -264,7 +266,7 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool, argname: str = "k") -
     kx, ky, kz = _xyz(shape[-3:], layout)
     if s is None:
         if real:
-            raise ValueError("`s` (the real-space shape (X, Y, Z)) is required for pirfft3d")
+            raise ValueError(f"`s` (the real-space shape (X, Y, Z)) is required for {caller}")
         s = (kx, ky, kz)
     else:
         s = _check_s(s)
@@ -281,8 +283,7 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool, argname: str = "k") -
         if name is not None and size % n:
             raise ValueError(
                 f"the real-space {label} (={size}) must be divisible by mesh axis {name!r} (={n}), "
-                f"which splits {label} in real space"
-                + ("" if s is None else f"; `s` = {s}")
+                f"which splits {label} in real space; `s` = {s}"
             )
     return plan
 
@@ -296,10 +297,14 @@ def _xyz(k_last3, layout):
 
 
 def _check_s(s) -> tuple[int, int, int]:
+    """`s` as 3 positive Python ints; floats, strings and bools are refused, not truncated."""
     try:
-        s = tuple(int(n) for n in s)
+        dims = tuple(operator.index(n) for n in s)
+        bad = any(isinstance(n, (bool, np.bool_)) for n in s)
     except TypeError:
-        raise TypeError(f"`s` must be a sequence of 3 ints (X, Y, Z); got {s!r}") from None
-    if len(s) != 3 or any(n < 1 for n in s):
-        raise ValueError(f"`s` must be 3 positive ints (X, Y, Z); got {s}")
-    return s
+        dims, bad = (), True
+    if bad:
+        raise TypeError(f"`s` must be a sequence of 3 ints (X, Y, Z); got {s!r}")
+    if len(dims) != 3 or any(n < 1 for n in dims):
+        raise ValueError(f"`s` must be 3 positive ints (X, Y, Z); got {dims}")
+    return dims
