@@ -64,14 +64,17 @@ def _forward_block(plan: Plan, x: jax.Array) -> jax.Array:
         fft2 = jnp.fft.rfftn if plan.real else jnp.fft.fftn
         k = fft2(x, axes=(2, 3), norm=norm)
         k = _pad_axis(k, 2, plan.yp)
-        k = exchange(k, a, pa, split=2, gather=1, order=(0, 2, 3, 1))  # (B, y', Zc, X)
+        k = exchange(k, a, pa, split=2, gather=1, order=(0, 2, 3, 1),
+                     algorithm=plan.exchanges[0])  # (B, y', Zc, X)
     else:
         k = (jnp.fft.rfft if plan.real else jnp.fft.fft)(x, axis=-1, norm=norm)
         k = _pad_last(k, plan.zp)
-        k = exchange(k, b, pb, split=3, gather=2, order=(0, 1, 3, 2))  # (B, x, z, Y)
+        k = exchange(k, b, pb, split=3, gather=2, order=(0, 1, 3, 2),
+                     algorithm=plan.exchanges[1])  # (B, x, z, Y)
         k = jnp.fft.fft(k, axis=-1, norm=norm)
         k = _pad_last(k, plan.yp)
-        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 2, 1))  # (B, y', z, X)
+        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 2, 1),
+                     algorithm=plan.exchanges[0])  # (B, y', z, X)
     k = jnp.fft.fft(k, axis=-1, norm=norm)
     if plan.layout == "natural":
         k = jnp.moveaxis(k, 3, 1)  # (B, X, y', z)
@@ -98,16 +101,19 @@ def _backward_block(plan: Plan, k: jax.Array) -> jax.Array:
         k = jnp.moveaxis(k, 1, 3)  # (B, y', z, X)
     k = jnp.fft.ifft(k, axis=-1, norm=norm)
     if pb == 1:
-        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 1, 2))  # (B, x, Yp, Zc)
+        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 1, 2),
+                     algorithm=plan.exchanges[0])  # (B, x, Yp, Zc)
         k = _crop(k, 2, Y)
         if plan.real:
             x = jnp.fft.irfftn(k, s=(Y, Z), axes=(2, 3), norm=norm)
         else:
             x = jnp.fft.ifftn(k, axes=(2, 3), norm=norm)
     else:
-        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 2, 1))  # (B, x, z, Yp)
+        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 2, 1),
+                     algorithm=plan.exchanges[0])  # (B, x, z, Yp)
         k = jnp.fft.ifft(_crop(k, 3, Y), axis=-1, norm=norm)
-        k = exchange(k, b, pb, split=3, gather=2, order=(0, 1, 3, 2))  # (B, x, y, Zp)
+        k = exchange(k, b, pb, split=3, gather=2, order=(0, 1, 3, 2),
+                     algorithm=plan.exchanges[1])  # (B, x, y, Zp)
         k = _crop(k, 3, plan.zc)
         if plan.real:
             x = jnp.fft.irfft(k, n=Z, axis=-1, norm=norm)
@@ -161,7 +167,8 @@ def _cast(x, dtype):
     return x.astype(dtype) if isinstance(x, jax.Array) or _is_tracer(x) else np.asarray(x, dtype)
 
 
-def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh=None) -> jax.Array:
+def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh=None,
+           exchange: str = "auto") -> jax.Array:
     """Distributed 3D FFT of the last three axes of `x`.
 
     Args:
@@ -172,29 +179,32 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
       layout: "transposed" (default): global k-space order (..., Y, Z, X), as jaxdecomp;
         "natural": (..., X, Y, Z).  Either way Y is split by a and Z by b.
       mesh: the mesh; by default x's sharding, x's type under jit, then the ambient mesh.
+      exchange: "auto" (default), "alltoall" or "pairwise": how blocks move between devices
+        (same result; see `_plan._exchanges` for what "auto" picks).
 
     Returns:
       The k-space array, global shape (..., Y', Z', X) or (..., X, Y', Z') where Y' = Y and
       Z' = Z unless the mesh does not divide them: then they are zero-padded at their end to
       the next multiple of Pa (Y) and Pb (Z), and slicing them back gives exactly `fftn(x)`.
     """
-    plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, real=False)
+    plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, real=False, exchange=exchange)
     return _run(plan, _forward_block, _cast(x, plan.real_dtype), plan.real_spec, plan.k_spec)
 
 
-def prfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh=None) -> jax.Array:
+def prfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh=None,
+            exchange: str = "auto") -> jax.Array:
     """Distributed real-to-complex 3D FFT: the half spectrum Z//2+1 along Z.
 
     As `pfft3d`, for real `x`; the halved Z axis has length Z//2+1, zero-padded at its end to a
     multiple of Pb where needed.  Slicing it to Z//2+1 gives exactly `jnp.fft.rfftn(x)`
     (transposed to (..., Y, Z//2+1, X) in the transposed layout).
     """
-    plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, real=True)
+    plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, real=True, exchange=exchange)
     return _run(plan, _forward_block, _cast(x, plan.real_dtype), plan.real_spec, plan.k_spec)
 
 
-def _backward(k, s, norm, layout, mesh, real):
-    plan = plan_backward(k, s, norm=norm, layout=layout, mesh=mesh, real=real)
+def _backward(k, s, norm, layout, mesh, real, exchange):
+    plan = plan_backward(k, s, norm=norm, layout=layout, mesh=mesh, real=real, exchange=exchange)
     k = _cast(k, plan.k_dtype)
     if tuple(np.shape(k)[-3:]) != plan.k_shape:  # an exact (unpadded) spectrum: pad it here
         pads = [(0, 0)] * (np.ndim(k) - 3) + [(0, p - n) for p, n in zip(plan.k_shape, np.shape(k)[-3:])]
@@ -203,7 +213,7 @@ def _backward(k, s, norm, layout, mesh, real):
 
 
 def pifft3d(k, norm: str | None = "backward", *, s=None, layout: str = "transposed",
-            mesh=None) -> jax.Array:
+            mesh=None, exchange: str = "auto") -> jax.Array:
     """Inverse of `pfft3d`: k-space array in `layout` -> real-space (..., X, Y, Z).
 
     Args:
@@ -213,14 +223,14 @@ def pifft3d(k, norm: str | None = "backward", *, s=None, layout: str = "transpos
         None means `k` is the exact spectrum.
     Returns a complex array of global shape (..., X, Y, Z) split P(a, b) over (X, Y).
     """
-    return _backward(k, s, norm, layout, mesh, real=False)
+    return _backward(k, s, norm, layout, mesh, real=False, exchange=exchange)
 
 
 def pirfft3d(k, s, norm: str | None = "backward", *, layout: str = "transposed",
-             mesh=None) -> jax.Array:
+             mesh=None, exchange: str = "auto") -> jax.Array:
     """Inverse of `prfft3d`: half spectrum -> real array of global shape (..., X, Y, Z) = s.
 
     `s` (required) is the real-space shape (X, Y, Z): Z cannot be recovered from Z//2+1.
     Padded entries of `k` are ignored.
     """
-    return _backward(k, s, norm, layout, mesh, real=True)
+    return _backward(k, s, norm, layout, mesh, real=True, exchange=exchange)

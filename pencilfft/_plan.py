@@ -24,6 +24,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from ._sharding import LAYOUTS, k_space_spec, real_space_spec
 
 NORMS = ("backward", "ortho", "forward")
+EXCHANGES = ("auto", "alltoall", "pairwise")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Plan:
     norm: str
     real_dtype: Any  # dtype in real space (complex for c2c, float for r2c)
     k_dtype: Any  # complex dtype in k space
+    exchanges: tuple[str, str] = ("alltoall", "alltoall")  # algorithm over (a, b)
 
     @property
     def zc(self) -> int:
@@ -226,7 +228,31 @@ def _check_ndim(shape, argname):
         )
 
 
-def plan_forward(x, *, norm, layout, mesh, real: bool, argname: str = "x") -> Plan:
+def _exchanges(exchange: str, mesh, pdims) -> tuple[str, str]:
+    """The exchange algorithm for each mesh axis.
+
+    "alltoall": one all_to_all.  "pairwise": n-1 collective permutes, each peer's chunk sent
+    on its own (cuDecomp's pairwise option).  "auto" picks, per axis, what measured faster:
+    on CPUs (XLA's in-process collectives) pairwise for axes of up to 4 devices, whose
+    all_to_all copies every chunk, the device's own one included; all_to_all otherwise and on
+    GPUs, where one grouped collective beats n-1 separate ones.  See benchmarks/RESULTS.md.
+    """
+    if exchange not in EXCHANGES:
+        raise ValueError(f"`exchange` must be one of {EXCHANGES}; got {exchange!r}")
+    if exchange != "auto":
+        return (exchange, exchange)
+    platform = _platform(mesh)
+    return tuple("pairwise" if platform == "cpu" and 1 < n <= 4 else "alltoall" for n in pdims)
+
+
+def _platform(mesh) -> str:
+    if isinstance(mesh, Mesh) and mesh.devices.size:
+        return mesh.devices.flat[0].platform
+    return jax.default_backend()  # an AbstractMesh (from a traced type) names no devices
+
+
+def plan_forward(x, *, norm, layout, mesh, real: bool, exchange: str = "auto",
+                 argname: str = "x") -> Plan:
     """Plan for pfft3d/prfft3d of x (global shape (..., X, Y, Z))."""
     check_norm_layout(norm, layout)
     shape = tuple(np.shape(x))
@@ -246,11 +272,11 @@ def plan_forward(x, *, norm, layout, mesh, real: bool, argname: str = "x") -> Pl
     axes, pdims = _mesh_axes(mesh)
     _check_real_input(x, shape, mesh, axes, pdims, argname)
     return Plan(mesh, axes, pdims, shape[:-3], shape[-3:], real, layout, norm or "backward",
-                real_dtype, k_dtype)
+                real_dtype, k_dtype, _exchanges(exchange, mesh, pdims))
 
 
-def plan_backward(k, s, *, norm, layout, mesh, real: bool, argname: str = "k",
-                  caller: str = "pirfft3d") -> Plan:
+def plan_backward(k, s, *, norm, layout, mesh, real: bool, exchange: str = "auto",
+                  argname: str = "k", caller: str = "pirfft3d") -> Plan:
     """Plan for pifft3d/pirfft3d of k (k-space, global last axes in `layout` order).
 
     `s` is the real-space (X, Y, Z); None means k is not padded (complex transforms only).
@@ -271,7 +297,8 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool, argname: str = "k",
     else:
         s = _check_s(s)
     plan = Plan(mesh, axes, pdims, shape[:-3], s, real, layout, norm or "backward",
-                _float_dtype(k_dtype) if real else k_dtype, k_dtype)
+                _float_dtype(k_dtype) if real else k_dtype, k_dtype,
+                _exchanges(exchange, mesh, pdims))
     X, Y, Z = s
     if (kx, ky, kz) not in {_xyz(plan.k_shape, layout), _xyz(plan.exact_k_shape, layout)}:
         raise ValueError(

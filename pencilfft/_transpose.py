@@ -1,4 +1,4 @@
-"""The pencil-to-pencil exchange: one all_to_all plus the local reordering around it.
+"""The pencil-to-pencil exchange: the communication plus the local reordering around it.
 
 Runs inside shard_map on per-device blocks.  The reordering is chosen so that the axis the next
 FFT transforms comes out last (contiguous): XLA then runs batched FFTs over the minor axis instead
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 
 def exchange(x: jax.Array, axis_name: str | None, n: int, split: int, gather: int,
-             order: tuple[int, ...]) -> jax.Array:
+             order: tuple[int, ...], algorithm: str = "alltoall") -> jax.Array:
     """Split local axis `split` into `n` chunks over mesh axis `axis_name`, gather axis `gather`.
 
     x is a per-device block.  Chunk j of axis `split` goes to peer j; the chunks received are
@@ -19,28 +19,61 @@ def exchange(x: jax.Array, axis_name: str | None, n: int, split: int, gather: in
     n-fold).  The result's axes are then `order` (a permutation of x's axes, numbered as in x).
     With n == 1 (or no mesh axis) this is only the local permutation.
 
-    The chunk axis is made the leading one before the all_to_all, so every message is one
+    The chunk axis is made the leading one before the communication, so every message is one
     contiguous buffer, and the received chunks are interleaved back in the same transpose that
-    applies `order`: two local passes over the data, whatever `order` is.
+    applies `order`: two local passes over the data, whatever `order` is.  `algorithm` is
+    "alltoall" (one all_to_all) or "pairwise" (n-1 collective permutes).
     """
     if n == 1 or axis_name is None:
         return jnp.transpose(x, order)
     shape = x.shape
-    if shape[split] % n:
-        raise ValueError(f"internal: axis {split} of block {shape} does not split into {n}")
-    # Name the axes of the chunked array: 'c' is the chunk index, the others keep x's numbering.
     chunked = list(shape)
     chunked[split] = shape[split] // n
+    y = _chunk_major(x, n, split, order)
+    y = _SEND[algorithm](y, axis_name, n)  # (c, ...) -> (c_src, ...)
+    return _interleave(y, gather, order, chunked, shape[gather] * n)
+
+
+def _alltoall(y: jax.Array, axis_name: str, n: int) -> jax.Array:
+    return jax.lax.all_to_all(y, axis_name, 0, 0, tiled=True)
+
+
+def _pairwise(y: jax.Array, axis_name: str, n: int) -> jax.Array:
+    """At step `shift` every device sends the chunk of peer i - shift and receives its own from
+    peer i + shift; its own chunk never moves (all_to_all copies it too).  The chunks arrive
+    rotated by i, which a dynamic roll undoes inside the pass that interleaves them."""
+    i = jax.lax.axis_index(axis_name)
+    pieces = []
+    for shift in range(n):
+        piece = jax.lax.dynamic_index_in_dim(y, (i - shift) % n, 0, keepdims=True)
+        if shift:
+            piece = jax.lax.ppermute(piece, axis_name, [(j, (j - shift) % n) for j in range(n)])
+        pieces.append(piece)  # came from peer (i + shift) % n
+    return jnp.roll(jnp.concatenate(pieces, 0), i, axis=0)  # in source order
+
+
+_SEND = {"alltoall": _alltoall, "pairwise": _pairwise}
+
+
+def _chunk_major(x: jax.Array, n: int, split: int, order: tuple[int, ...]) -> jax.Array:
+    """(c, *order): axis `split` cut into n chunks, the chunk index leading.
+
+    Each peer's chunk is then one contiguous buffer, and after the exchange only the chunk index
+    has to move next to the gathered axis.
+    """
+    shape = x.shape
+    if shape[split] % n:
+        raise ValueError(f"internal: axis {split} of block {shape} does not split into {n}")
     y = x.reshape(shape[:split] + (n, shape[split] // n) + shape[split + 1:])
     pos = {ax: (ax if ax < split else ax + 1) for ax in range(x.ndim)}  # x axis -> y axis
-    chunk_pos = split
-    # Before the exchange: (c, *order) so each peer's chunk is contiguous and, after it, only the
-    # received chunk index has to move next to `gather`.
-    y = jnp.transpose(y, (chunk_pos, *(pos[ax] for ax in order)))
-    y = jax.lax.all_to_all(y, axis_name, 0, 0, tiled=True)
-    # y is (c_src, *order); put c_src just before `gather` and merge the two.
+    return jnp.transpose(y, (split, *(pos[ax] for ax in order)))
+
+
+def _interleave(y: jax.Array, gather: int, order: tuple[int, ...], chunked: list[int],
+                gathered: int) -> jax.Array:
+    """(c_src, *order) -> *order with c_src merged into `gather` (just before it)."""
     g = order.index(gather)
     y = jnp.moveaxis(y, 0, g)
     out_shape = [chunked[ax] for ax in order]
-    out_shape[g] = shape[gather] * n
+    out_shape[g] = gathered
     return y.reshape(out_shape)

@@ -1,9 +1,10 @@
 """The compiled programs have the structure the design promises (a cheap guard, not a timing).
 
 Per transform: no all-gather (every device holds 1/P of the grid at every step); one
-all-to-all per exchange (2 for pencils, 1 for slabs); every FFT over the contiguous axis (3 FFT
-ops for pencils, 2 for slabs: one of them 2-D); and no stand-alone copy or transpose: each
-exchange's local reordering is fused into the slicing before the all-to-all and one pass after it.
+all-to-all per exchange (2 for pencils, 1 for slabs), or n-1 collective permutes with the
+pairwise exchange; every FFT over the contiguous axis (3 FFT ops for pencils, 2 for slabs: one
+of them 2-D); and no stand-alone copy or transpose: each exchange's local reordering is fused
+into the slicing before the communication and one pass after it.
 """
 from __future__ import annotations
 
@@ -37,38 +38,44 @@ def compiled(fn, arg):
     return entry_ops(jax.jit(fn).lower(arg).compile().as_text())
 
 
-def expected(pdims, layout, real):
-    pa, pb = pdims[0], (pdims[1] if len(pdims) == 2 else 1)
-    slab = pb == 1 or pa == 1
-    n_fft = 2 if pb == 1 else 3
-    n_a2a = 1 if slab else 2
-    # slicing fusions (one per peer) + one after each all-to-all; +1 for a pure local
+def expected(pdims, real, exchange):
+    """(FFT ops, all-to-alls, collective permutes, most fusions) of one transform."""
+    sizes = [n for n in (pdims[0], pdims[1] if len(pdims) == 2 else 1) if n > 1]
+    n_fft = 2 if len(pdims) == 1 or pdims[1] == 1 else 3
+    n_a2a = len(sizes) if exchange == "alltoall" else 0
+    n_permutes = sum(n - 1 for n in sizes) if exchange == "pairwise" else 0
+    # slicing fusions (one per peer) + one after each exchange; +1 for a pure local
     # transpose (slab over Y), +1 for the natural layout's final move, +1 for r2c's padding.
-    fusions = (pa if pa > 1 else 0) + (pb if pb > 1 else 0) + n_a2a + (pa == 1) + 1 + real
-    return n_fft, n_a2a, fusions
+    fusions = sum(sizes) + len(sizes) + (pdims[0] == 1) + 1 + real
+    return n_fft, n_a2a, n_permutes, fusions
 
 
-@pytest.mark.parametrize("real", [False, True], ids=["c2c", "r2c"])
-@pytest.mark.parametrize("layout", ["transposed", "natural"])
-def test_structure_of_compiled_transforms(pdims, layout, real):
+CASES = [(layout, real, "alltoall") for layout in ("transposed", "natural") for real in (0, 1)]
+CASES += [("transposed", 0, "pairwise"), ("natural", 1, "pairwise")]
+
+
+@pytest.mark.parametrize("layout,real,exchange", CASES,
+                         ids=[f"{lay}-{'r2c' if r else 'c2c'}-{e}" for lay, r, e in CASES])
+def test_structure_of_compiled_transforms(pdims, layout, real, exchange):
     mesh = make_mesh(pdims)
     shape = (32, 32, 32)
     x = jax.ShapeDtypeStruct(shape, np.float32 if real else np.complex64,
                              sharding=pencilfft.real_space_sharding(mesh))
+    opts = dict(layout=layout, exchange=exchange)
     if real:
-        fwd = lambda a: pencilfft.prfft3d(a, layout=layout)  # noqa: E731
-        bwd = lambda k: pencilfft.pirfft3d(k, shape, layout=layout)  # noqa: E731
+        fwd = lambda a: pencilfft.prfft3d(a, **opts)  # noqa: E731
+        bwd = lambda k: pencilfft.pirfft3d(k, shape, **opts)  # noqa: E731
     else:
-        fwd = lambda a: pencilfft.pfft3d(a, layout=layout)  # noqa: E731
-        bwd = lambda k: pencilfft.pifft3d(k, layout=layout)  # noqa: E731
+        fwd = lambda a: pencilfft.pfft3d(a, **opts)  # noqa: E731
+        bwd = lambda k: pencilfft.pifft3d(k, **opts)  # noqa: E731
     k = jax.eval_shape(fwd, x)
     k = jax.ShapeDtypeStruct(k.shape, k.dtype, sharding=pencilfft.k_space_sharding(mesh, layout))
-    n_fft, n_a2a, max_fusions = expected(pdims, layout, real)
+    n_fft, n_a2a, n_permutes, max_fusions = expected(pdims, real, exchange)
     for direction, ops in (("forward", compiled(fwd, x)), ("backward", compiled(bwd, k))):
-        where = f"{direction} {pdims} {layout}: {dict(ops)}"
-        for op in ("all-gather", "all-reduce", "collective-permute", "reduce-scatter", "copy",
-                   "transpose"):
+        where = f"{direction} {pdims} {layout} {exchange}: {dict(ops)}"
+        for op in ("all-gather", "all-reduce", "reduce-scatter", "copy", "transpose"):
             assert ops[op] == 0, f"unexpected {op} in {where}"
         assert ops["all-to-all"] == n_a2a, where
+        assert ops["collective-permute"] == n_permutes, where
         assert ops["fft"] == n_fft, where
         assert ops["fusion"] <= max_fusions, where
