@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import inspect
 import json
 import math
@@ -45,7 +46,8 @@ SCHEMA = 1
 
 # Implementation name -> what it runs.  Order = column order in the tables.
 IMPLS: dict[str, str] = {
-    "pencilfft": "pencilfft.pfft3d / pifft3d (complex-to-complex)",
+    "pencilfft": "pencilfft.pfft3d / pifft3d (complex-to-complex), exchange='auto'",
+    "pencilfft-a2a": "the same with exchange='alltoall' on every mesh axis (the first version)",
     "pencilfft-r2c": "pencilfft.prfft3d / pirfft3d (real-to-complex, half spectrum), if present",
     "jaxdecomp": "jaxdecomp.pfft3d / pifft3d, backend='jax' (XLA collectives)",
     "jaxdecomp-cudecomp": "jaxdecomp.pfft3d / pifft3d, backend='cudecomp' (GPU build only)",
@@ -518,7 +520,8 @@ class CaseRunner:
             v.fail("error", e)
         return v
 
-    def _pencilfft_common(self, v: Variant, fwd_name: str, inv_name: str) -> None:
+    def _pencilfft_common(self, v: Variant, fwd_name: str, inv_name: str,
+                          exchange: str = "auto") -> None:
         try:
             import pencilfft
         except Exception as e:  # noqa: BLE001
@@ -527,6 +530,11 @@ class CaseRunner:
             raise Skip(f"pencilfft.{fwd_name}/{inv_name} not available in this version")
         mesh = self.mesh(self.args.axis_type)
         fwd, inv = getattr(pencilfft, fwd_name), getattr(pencilfft, inv_name)
+        if "exchange" in inspect.signature(fwd).parameters:
+            fwd = functools.partial(fwd, exchange=exchange)
+            inv = functools.partial(inv, exchange=exchange)
+        elif exchange != "auto":
+            raise Skip(f"pencilfft.{fwd_name} has no `exchange` option in this version")
         norm, lay, shape = self.args.norm, v.layout, self.case.shape
         x = self.input(pencilfft.real_space_sharding(mesh), v.real_input)
         v.n_devices = mesh.size
@@ -541,6 +549,9 @@ class CaseRunner:
 
     def _build_pencilfft(self, v: Variant) -> None:
         self._pencilfft_common(v, "pfft3d", "pifft3d")
+
+    def _build_pencilfft_a2a(self, v: Variant) -> None:
+        self._pencilfft_common(v, "pfft3d", "pifft3d", exchange="alltoall")
 
     def _build_pencilfft_r2c(self, v: Variant) -> None:
         self._pencilfft_common(v, "prfft3d", "pirfft3d")
