@@ -228,21 +228,33 @@ def _check_ndim(shape, argname):
         )
 
 
-def _exchanges(exchange: str, mesh, pdims) -> tuple[str, str]:
+# Per-device blocks at least this large take the pairwise exchange under "auto" on CPUs.
+PAIRWISE_MIN_BYTES = 8 << 20
+
+
+def _exchanges(exchange: str, mesh, pdims, block_bytes: int) -> tuple[str, str]:
     """The exchange algorithm for each mesh axis.
 
     "alltoall": one all_to_all.  "pairwise": n-1 collective permutes, each peer's chunk sent
-    on its own (cuDecomp's pairwise option).  "auto" picks, per axis, what measured faster:
-    on CPUs (XLA's in-process collectives) pairwise for axes of up to 4 devices, whose
-    all_to_all copies every chunk, the device's own one included; all_to_all otherwise and on
-    GPUs, where one grouped collective beats n-1 separate ones.  See benchmarks/RESULTS.md.
+    on its own (cuDecomp's pairwise option).  "auto" picks what measured faster: on CPUs (XLA's
+    in-process collectives) pairwise for axes of 2 to 4 devices once the per-device block
+    (`block_bytes`) reaches PAIRWISE_MIN_BYTES: all_to_all also copies the device's own chunk,
+    while each permute costs a rendezvous, which dominates for small blocks.  all_to_all
+    otherwise and on GPUs, where one grouped collective beats n-1 separate ones.  The
+    measurements are in benchmarks/RESULTS.md.
     """
     if exchange not in EXCHANGES:
         raise ValueError(f"`exchange` must be one of {EXCHANGES}; got {exchange!r}")
     if exchange != "auto":
         return (exchange, exchange)
-    platform = _platform(mesh)
-    return tuple("pairwise" if platform == "cpu" and 1 < n <= 4 else "alltoall" for n in pdims)
+    pairwise_ok = _platform(mesh) == "cpu" and block_bytes >= PAIRWISE_MIN_BYTES
+    return tuple("pairwise" if pairwise_ok and 1 < n <= 4 else "alltoall" for n in pdims)
+
+
+def _block_bytes(batch, real_shape, pdims, dtype) -> int:
+    """Bytes of one device's k-space block (complex), the larger side of every exchange."""
+    n = int(np.prod(batch, dtype=np.int64)) * int(np.prod(real_shape, dtype=np.int64))
+    return n * np.dtype(dtype).itemsize // (pdims[0] * pdims[1])
 
 
 def _platform(mesh) -> str:
@@ -271,8 +283,9 @@ def plan_forward(x, *, norm, layout, mesh, real: bool, exchange: str = "auto",
     mesh = find_mesh(x, mesh, argname)
     axes, pdims = _mesh_axes(mesh)
     _check_real_input(x, shape, mesh, axes, pdims, argname)
+    block_bytes = _block_bytes(shape[:-3], shape[-3:], pdims, k_dtype)
     return Plan(mesh, axes, pdims, shape[:-3], shape[-3:], real, layout, norm or "backward",
-                real_dtype, k_dtype, _exchanges(exchange, mesh, pdims))
+                real_dtype, k_dtype, _exchanges(exchange, mesh, pdims, block_bytes))
 
 
 def plan_backward(k, s, *, norm, layout, mesh, real: bool, exchange: str = "auto",
@@ -296,9 +309,10 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool, exchange: str = "auto
         s = (kx, ky, kz)
     else:
         s = _check_s(s)
+    block_bytes = _block_bytes(shape[:-3], s, pdims, k_dtype)
     plan = Plan(mesh, axes, pdims, shape[:-3], s, real, layout, norm or "backward",
                 _float_dtype(k_dtype) if real else k_dtype, k_dtype,
-                _exchanges(exchange, mesh, pdims))
+                _exchanges(exchange, mesh, pdims, block_bytes))
     X, Y, Z = s
     if (kx, ky, kz) not in {_xyz(plan.k_shape, layout), _xyz(plan.exact_k_shape, layout)}:
         raise ValueError(
