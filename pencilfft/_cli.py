@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 DEFAULT_DEVICES = 8
 

@@ -18,9 +18,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 
-from ._plan import Plan, _is_tracer, plan_backward, plan_forward
+from ._plan import Plan, _is_tracer, has_explicit_axes, plan_backward, plan_forward
 from ._transpose import exchange
 
 __all__ = ["pfft3d", "pifft3d", "prfft3d", "pirfft3d"]
@@ -51,7 +51,6 @@ def _crop(k: jax.Array, axis: int, n: int) -> jax.Array:
 def _forward_block(plan: Plan, x: jax.Array) -> jax.Array:
     """Real-space block (..., x, y, Z) -> k-space block in plan.layout."""
     (a, b), (pa, pb) = plan.axes, plan.pdims
-    X, Y, Z = plan.real_shape
     batch = x.shape[:-3]
     x = x.reshape((-1,) + x.shape[-3:])
     norm = plan.norm
@@ -126,10 +125,6 @@ def _backward_block(plan: Plan, k: jax.Array) -> jax.Array:
 # Global wrappers
 
 
-def _has_explicit_axes(mesh) -> bool:
-    return any(t == AxisType.Explicit for t in mesh.axis_types)
-
-
 def _place(x, plan: Plan, spec):
     """Put x (a global array, numpy or jax, concrete or traced) into sharding `spec`."""
     target = NamedSharding(plan.mesh, spec)
@@ -137,7 +132,7 @@ def _place(x, plan: Plan, spec):
         if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(target, x.ndim):
             return x
         return jax.device_put(x, target)
-    if _has_explicit_axes(plan.mesh):
+    if has_explicit_axes(plan.mesh):
         return jax.sharding.reshard(x, target)
     return jax.lax.with_sharding_constraint(x, target)
 

@@ -92,9 +92,6 @@ class Plan:
     def k_spec(self) -> P:
         return _spec_for(self, lambda m, n: k_space_spec(m, self.layout, n))
 
-    def sharding(self, spec: P):
-        return None if self.mesh is None else NamedSharding(self.mesh, spec)
-
 
 def _spec_for(plan: Plan, make) -> P:
     if plan.mesh is None:
@@ -114,7 +111,11 @@ def _is_tracer(x) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
-def find_mesh(x, mesh, argname: str = "x"):
+def has_explicit_axes(mesh) -> bool:
+    return any(t == AxisType.Explicit for t in mesh.axis_types)
+
+
+def find_mesh(x, mesh):
     """The mesh to run on, in order: `mesh`, x's NamedSharding, x's type (Explicit axes under
     jit), the ambient mesh (`jax.set_mesh`).  None when there is none (a local transform)."""
     if mesh is not None:
@@ -127,8 +128,9 @@ def find_mesh(x, mesh, argname: str = "x"):
             return _check_mesh(sharding.mesh)
     else:
         sharding = getattr(jax.typeof(x), "sharding", None)
+        # Auto axes leave no trace in a tracer's type; Explicit ones carry the mesh.
         if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
-            if any(sharding.mesh._name_to_type[n] == AxisType.Explicit for n in sharding.mesh.axis_names):
+            if has_explicit_axes(sharding.mesh):
                 return _check_mesh(sharding.mesh)
     ambient = jax.sharding.get_abstract_mesh()
     if ambient is not None and not ambient.empty:
@@ -280,7 +282,7 @@ def plan_forward(x, *, norm, layout, mesh, real: bool, exchange: str = "auto",
         real_dtype = _float_dtype(k_dtype)
     else:
         k_dtype = real_dtype = _fft_dtype(dtype, argname)
-    mesh = find_mesh(x, mesh, argname)
+    mesh = find_mesh(x, mesh)
     axes, pdims = _mesh_axes(mesh)
     _check_real_input(x, shape, mesh, axes, pdims, argname)
     block_bytes = _block_bytes(shape[:-3], shape[-3:], pdims, k_dtype)
@@ -300,7 +302,7 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool, exchange: str = "auto
     _check_ndim(shape, argname)
     dtype = np.result_type(k) if not hasattr(k, "dtype") else k.dtype
     k_dtype = _fft_dtype(dtype, argname)
-    mesh = find_mesh(k, mesh, argname)
+    mesh = find_mesh(k, mesh)
     axes, pdims = _mesh_axes(mesh)
     kx, ky, kz = _xyz(shape[-3:], layout)
     if s is None:
