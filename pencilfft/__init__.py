@@ -1,4 +1,5 @@
 """pencilfft: distributed slab and pencil 3D FFTs for JAX."""
+from ._autotune import Tuning, autotune
 from ._distributed import initialize
 from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
 from ._io import gather, load, save, scatter
@@ -8,6 +9,8 @@ from ._sharding import k_space_sharding, real_space_sharding
 __version__ = "0.1.0"
 
 __all__ = [
+    "Tuning",
+    "autotune",
     "fftfreq3d",
     "gather",
     "initialize",
