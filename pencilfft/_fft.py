@@ -30,11 +30,6 @@ __all__ = ["pfft3d", "pifft3d", "prfft3d", "pirfft3d"]
 # Per-device bodies (traced inside shard_map; all shapes here are local blocks)
 
 
-def _pad_last(k: jax.Array, n: int) -> jax.Array:
-    extra = n - k.shape[-1]
-    return k if extra == 0 else jnp.pad(k, [(0, 0)] * (k.ndim - 1) + [(0, extra)])
-
-
 def _pad_axis(k: jax.Array, axis: int, n: int) -> jax.Array:
     extra = n - k.shape[axis]
     if extra == 0:
@@ -67,11 +62,11 @@ def _forward_block(plan: Plan, x: jax.Array) -> jax.Array:
                      algorithm=plan.exchanges[0])  # (B, y', Zc, X)
     else:
         k = (jnp.fft.rfft if plan.real else jnp.fft.fft)(x, axis=-1, norm=norm)
-        k = _pad_last(k, plan.zp)
+        k = _pad_axis(k, 3, plan.zp)
         k = exchange(k, b, pb, split=3, gather=2, order=(0, 1, 3, 2),
                      algorithm=plan.exchanges[1])  # (B, x, z, Y)
         k = jnp.fft.fft(k, axis=-1, norm=norm)
-        k = _pad_last(k, plan.yp)
+        k = _pad_axis(k, 3, plan.yp)
         k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 2, 1),
                      algorithm=plan.exchanges[0])  # (B, y', z, X)
     k = jnp.fft.fft(k, axis=-1, norm=norm)
