@@ -9,13 +9,12 @@ from ._sharding import k_space_sharding, real_space_sharding
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tuning",
     "autotune",
     "fftfreq3d",
     "gather",
     "initialize",
-    "load",
     "k_space_sharding",
+    "load",
     "pfft3d",
     "pifft3d",
     "pirfft3d",
@@ -24,4 +23,5 @@ __all__ = [
     "rfftfreq3d",
     "save",
     "scatter",
+    "Tuning",
 ]
