@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import datetime
 import functools
+import importlib
 import inspect
 import json
 import math
@@ -49,6 +50,8 @@ IMPLS: dict[str, str] = {
     "pencilfft": "pencilfft.pfft3d / pifft3d (complex-to-complex), exchange='auto'",
     "pencilfft-a2a": "the same with exchange='alltoall' on every mesh axis (the first version)",
     "pencilfft-r2c": "pencilfft.prfft3d / pirfft3d (real-to-complex, half spectrum), if present",
+    "naive-pencil": "plain shard_map pencil: jnp.fft.fft along strided axes 0 and 1, all_to_all "
+                    "without local reordering (natural layout; the 'before' of issue 6)",
     "jaxdecomp": "jaxdecomp.pfft3d / pifft3d, backend='jax' (XLA collectives)",
     "jaxdecomp-cudecomp": "jaxdecomp.pfft3d / pifft3d, backend='cudecomp' (GPU build only)",
     "fftn-sharded": "jnp.fft.fftn / ifftn on the sharded array (XLA gathers the whole array)",
@@ -59,7 +62,7 @@ BASELINE = "fftn-1dev"
 # natural order and they run once per case whatever layouts were asked for.
 LAYOUT_FREE = ("fftn-sharded", "fftn-1dev")
 # Implementations that have a single layout: run only when that layout is asked for.
-ONE_LAYOUT = {"jaxdecomp": "transposed", "jaxdecomp-cudecomp": "transposed"}
+ONE_LAYOUT = {"naive-pencil": "natural", "jaxdecomp": "transposed", "jaxdecomp-cudecomp": "transposed"}
 DIRECTIONS = ("forward", "inverse")
 LAYOUTS = ("transposed", "natural")
 DTYPES = ("complex64", "complex128")
@@ -197,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: auto)")
     g.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS),
                    help="k-space layouts (default: both); jaxdecomp runs only 'transposed', "
-                        "the fftn baselines are layout-free and always run")
+                        "naive-pencil only 'natural', the fftn baselines are layout-free and "
+                        "always run")
     g.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["complex64"],
                    help="k-space precision (default: complex64); complex128 turns on jax x64; "
                         "pencilfft-r2c takes the matching real input")
@@ -209,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: both")
     g.add_argument("--norm", choices=["backward", "ortho", "forward"], default="backward")
     g.add_argument("--axis-type", choices=["explicit", "auto"], default="explicit",
-                   help="axis type of pencilfft's mesh (jaxdecomp and fftn always get an Auto mesh: "
-                        "jaxdecomp 0.3 fails on Explicit axes)")
+                   help="axis type of pencilfft's and naive-pencil's mesh (jaxdecomp and fftn always "
+                        "get an Auto mesh: jaxdecomp 0.3 fails on Explicit axes)")
     t = p.add_argument_group("how")
     t.add_argument("--repeats", type=int, default=10, help="timed runs per variant and direction (default: 10)")
     t.add_argument("--warmup", type=int, default=2, help="untimed runs first (default: 2)")
@@ -556,18 +560,70 @@ class CaseRunner:
     def _build_pencilfft_r2c(self, v: Variant) -> None:
         self._pencilfft_common(v, "prfft3d", "pirfft3d")
 
+    def _require(self, v: Variant, impl: str, module: str, layout: str):
+        """`module`, imported, for an implementation that has one layout and needs a 2-axis mesh.
+
+        Raises Skip (with the reason) when it is not importable, for the other layout, and on a
+        1-axis mesh.
+        """
+        try:
+            mod = importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001
+            raise Skip(f"{module} not importable ({type(e).__name__}: {e})")
+        if v.layout != layout:
+            raise Skip(f"{impl} has only the {layout} layout")
+        if len(self.case.pdims) != 2:
+            n = self.case.pdims[0]
+            raise Skip(f"{impl} needs a 2-axis mesh (e.g. pdims {n}x1 instead of {n})")
+        return mod
+
+    def _build_naive_pencil(self, v: Variant) -> None:
+        """The pencil FFT users write first: jnp.fft.fft along each axis in place, all_to_all.
+
+        Per device, forward: FFT over Z (contiguous), all_to_all over "y" (Z split, Y whole),
+        FFT over Y (strided), all_to_all over "x" (Y split, X whole), FFT over X (strided); no
+        local reordering anywhere.  Natural order out, split P(None, "x", "y") like pencilfft's
+        natural layout.  The inverse is the exact reverse.  Each 1-D transform applies its own
+        norm factor, so the three compose to numpy's 3D `norm`.
+        """
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import PartitionSpec as P
+
+        pencilfft = self._require(v, "naive-pencil", "pencilfft", "natural")
+        (x_, y_, z_), (pa, pb) = self.case.shape, self.case.pdims
+        bad = [f"{name}={n} by {axis} ({p})" for name, n, axis, p in
+               (("X", x_, "x", pa), ("Y", y_, "y", pb), ("Z", z_, "y", pb), ("Y", y_, "x", pa)) if n % p]
+        if bad:
+            raise Skip("naive-pencil needs X, Y split by x and Y, Z split by y exactly; not divisible: "
+                       + ", ".join(bad))
+        mesh = self.mesh(self.args.axis_type)
+        norm = self.args.norm
+
+        def pencil(b, fft, axes, exchanges):
+            """FFT along axes[0]; then per exchange (mesh axis, split, concat) the next axis."""
+            b = fft(b, axis=axes[0], norm=norm)
+            for axis, (name, split, concat) in zip(axes[1:], exchanges):
+                b = jax.lax.all_to_all(b, name, split_axis=split, concat_axis=concat, tiled=True)
+                b = fft(b, axis=axis, norm=norm)
+            return b
+
+        # forward: Z; Y whole (Z split over y); X whole (Y split over x).  inverse: the reverse.
+        fwd_block = functools.partial(pencil, fft=jnp.fft.fft, axes=(2, 1, 0),
+                                      exchanges=(("y", 2, 1), ("x", 1, 0)))
+        inv_block = functools.partial(pencil, fft=jnp.fft.ifft, axes=(0, 1, 2),
+                                      exchanges=(("x", 0, 1), ("y", 1, 2)))
+
+        real_spec, k_spec = P("x", "y", None), P(None, "x", "y")
+        v.n_devices = mesh.size
+        v.fns["forward"] = jax.shard_map(fwd_block, mesh=mesh, in_specs=real_spec, out_specs=k_spec)
+        v.fns["inverse"] = jax.shard_map(inv_block, mesh=mesh, in_specs=k_spec, out_specs=real_spec)
+        v.x = self.input(pencilfft.real_space_sharding(mesh), False)
+
     def _jaxdecomp_common(self, v: Variant, backend: str) -> None:
         from jax.sharding import NamedSharding, PartitionSpec as P
 
-        try:
-            import jaxdecomp
-        except Exception as e:  # noqa: BLE001
-            raise Skip(f"jaxdecomp not importable ({type(e).__name__}: {e})")
-        if v.layout != "transposed":
-            raise Skip("jaxdecomp has only the transposed layout")
-        if len(self.case.pdims) != 2:
-            n = self.case.pdims[0]
-            raise Skip(f"jaxdecomp needs a 2-axis mesh (e.g. pdims {n}x1 instead of {n})")
+        jaxdecomp = self._require(v, "jaxdecomp", "jaxdecomp", "transposed")
         mesh = self.mesh("auto")  # jaxdecomp 0.3.1 fails on Explicit axes
         norm = self.args.norm
         v.n_devices = mesh.size
@@ -837,7 +893,7 @@ def make_record(case: Case, v: Variant, direction: str, times: list[float] | Non
         "input_dtype": REAL_DTYPE[case.dtype] if v.real_input and direction == "forward" else case.dtype,
         "norm": args.norm,
         "pdims": list(case.pdims),
-        "axis_type": args.axis_type if v.impl.startswith("pencilfft") else "auto",
+        "axis_type": args.axis_type if v.impl.startswith(("pencilfft", "naive-pencil")) else "auto",
         "mesh_devices": math.prod(case.pdims),
         "n_devices": v.n_devices or None,
         "repeats": args.repeats,

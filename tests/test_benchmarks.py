@@ -117,6 +117,7 @@ def test_variant_plan_layouts():
     assert plan.count(("fftn-1dev", "natural")) == 1  # layout-free: once per case
     only_nat = bench.variant_plan(["pencilfft", "jaxdecomp", "fftn-1dev"], ["natural"])
     assert only_nat == [("pencilfft", "natural"), ("fftn-1dev", "natural")]
+    assert ("naive-pencil", "natural") in plan and ("naive-pencil", "transposed") not in plan
 
 
 def test_dry_run_prints_plan_and_rejects_bad_cases(capsys):
@@ -272,6 +273,8 @@ def test_smoke_cli_run_then_table_and_plot(tmp_path):
             assert by[("pencilfft", "natural", pd, d)]["max_rel_err"] is not None
     assert status("jaxdecomp", "transposed", (4, 2)) == ("ok", "")
     assert status("jaxdecomp", "transposed", (8,))[0] == "skipped"
+    assert status("naive-pencil", "natural", (4, 2)) == ("ok", "")
+    assert status("naive-pencil", "natural", (8,))[0] == "skipped"  # needs a 2-axis mesh
     assert status("jaxdecomp-cudecomp", "transposed", (4, 2))[0] == "skipped"  # CPU machine
     assert by[("pencilfft-r2c", "transposed", (4, 2), "forward")]["input_dtype"] == "float32"
 
@@ -319,6 +322,54 @@ def test_in_process_run_complex128_inverse_only(tmp_path, capsys):
     else:
         assert base["status"] == "skipped"
         assert all(r["status"] == "ok" for r in records if r["impl"] != "fftn-1dev")
+
+
+@pytest.mark.parametrize("axis_type", ["explicit", "auto"])
+def test_in_process_naive_pencil_natural(tmp_path, axis_type):
+    """The 'before' baseline next to pencilfft: right answer (forward vs numpy, round trip) on
+    pencils both ways, both axis types, a non-default norm.  Collective under mpirun."""
+    out = tmp_path / "r.jsonl"
+    argv = ["--shapes", "16", "--pdims", "4x2", "2x4", "--dtypes", "complex128", "--norm", "ortho",
+            "--axis-type", axis_type, "--repeats", "1", "--warmup", "0", "--out", str(out), "--quiet",
+            "--impls", "naive-pencil", "pencilfft", "fftn-1dev", "--layouts", "natural"]
+    assert bench.main(argv) == 0
+    if jax.process_index() != 0:
+        assert not out.exists()
+        return
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    for r in records:
+        check_record(r)  # needs the one-device baseline's speedups in one process
+    records = [r for r in records if r["impl"] != "fftn-1dev"]
+    assert {(r["impl"], r["layout"], tuple(r["pdims"]), r["direction"]) for r in records} == {
+        (impl, "natural", pd, d) for impl in ("naive-pencil", "pencilfft") for pd in ((4, 2), (2, 4))
+        for d in bench.DIRECTIONS}
+    for r in records:
+        assert r["status"] == "ok", (r["impl"], r["pdims"], r["note"])
+        assert r["norm"] == "ortho" and r["axis_type"] == axis_type
+        assert r["max_rel_err"] is not None and r["max_rel_err"] < 1e-10
+
+
+def test_naive_pencil_only_natural_and_skips_clearly():
+    """Like jaxdecomp in the natural layout: not planned in the transposed one; meshes it cannot
+    run on are recorded as skipped with the reason (no jax computation here)."""
+    assert bench.variant_plan(["naive-pencil", "pencilfft"], ["transposed"]) == [("pencilfft", "transposed")]
+    assert bench.variant_plan(["naive-pencil"], ["transposed"]) == []
+    assert bench.variant_plan(["naive-pencil"], ["natural", "transposed"]) == [("naive-pencil", "natural")]
+    assert list(bench.IMPLS).index("naive-pencil") == list(bench.IMPLS).index("pencilfft-r2c") + 1
+    args = bench.build_parser().parse_args(["--impls", "naive-pencil"])
+
+    def build(shape, pdims, layout="natural"):
+        runner = bench.CaseRunner(bench.Case(shape, "complex64", pdims), args, ["naive-pencil"])
+        v = runner.build("naive-pencil", layout)
+        return v.status, v.note
+
+    assert build((16, 16, 16), (4, 2), "transposed") == ("skipped", "naive-pencil has only the natural layout")
+    status, note = build((16, 16, 16), (8,))
+    assert status == "skipped" and "2-axis mesh" in note
+    status, note = build((16, 16, 6), (2, 4))  # Z split by y (4)
+    assert status == "skipped" and "Z=6 by y (4)" in note
+    status, note = build((16, 4, 16), (8, 1))  # Y split by x (8) after the first exchange
+    assert status == "skipped" and "Y=4 by x (8)" in note
 
 
 def test_make_input_is_blockwise_and_reproducible():

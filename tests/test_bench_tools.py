@@ -1,0 +1,117 @@
+"""The measurement tools benchmarks/steps.py (per-step costs) and benchmarks/memory.py (per-device
+memory), run in process on small grids.
+
+Single process only: the one-device reference of steps.py needs the whole array on one device,
+and both tools refuse to run under several processes.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from conftest import rel_err, tol
+
+import pencilfft
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `benchmarks` is not installed: import it from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import memory, steps
+
+pytestmark = pytest.mark.single_process
+
+PENCIL_PREFIXES = ["FFT Z", "+ exchange over y", "+ FFT Y", "+ exchange over x", "+ FFT X"]
+SLAB_PREFIXES = ["FFT Y,Z (2-D)", "+ exchange over x", "+ FFT X"]
+
+
+def expected_programs(pdims: tuple[int, ...]) -> list[str]:
+    """Every row steps.py prints for a mesh, in order."""
+    names = ("x", "y")[: len(pdims)]
+    slab = len(pdims) == 1 or pdims[1] == 1
+    bare = [f"bare {alg} over {name}" for name, n in zip(names, pdims) if n > 1
+            for alg in ("all_to_all", "pairwise")]
+    return (["fftn-1dev", "pfft3d"] + (SLAB_PREFIXES if slab else PENCIL_PREFIXES)
+            + ["3 local FFTs"] + bare + ["local copy"])
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_steps_cli_rows_and_floor(tmp_path, capsys):
+    out = tmp_path / "steps.jsonl"
+    argv = ["--shape", "16", "--pdims", "4x2", "8x1", "--repeats", "2", "--warmup", "1",
+            "--exchange", "alltoall", "--out", str(out)]
+    assert steps.main(argv) == 0
+    printed = capsys.readouterr().out
+    records = read_jsonl(out)
+    for pdims in ((4, 2), (8, 1)):
+        rows = [r for r in records if tuple(r["pdims"]) == pdims]
+        assert [r["program"] for r in rows] == expected_programs(pdims)
+        for r in rows:
+            assert r["median_s"] > 0 and len(r["times_s"]) == 2, r
+            assert r["ratio_to_fftn_1dev"] == pytest.approx(r["median_s"] / rows[0]["median_s"])
+            assert r["exchanges"] == {n: "alltoall" for n, p in zip("xy", pdims) if p > 1}
+            assert (r["step_s"] is not None) == (r["kind"] == "prefix")
+            assert f"| {r['program']} |" in printed
+        prefixes = [r for r in rows if r["kind"] == "prefix"]
+        # The step costs add up to the last prefix, the whole pipeline.
+        assert sum(r["step_s"] for r in prefixes) == pytest.approx(prefixes[-1]["median_s"])
+    assert printed.count("floor (3 local FFTs + bare exchanges) = ") == 2
+    assert "x of one-device fftn" in printed
+
+
+@pytest.mark.parametrize("pdims,exchange,shape", [
+    ((4, 2), "alltoall", (16, 8, 16)), ((2, 4), "pairwise", (16, 8, 16)),
+    ((8, 1), "auto", (16, 8, 16)), ((8,), "pairwise", (16, 8, 16)),
+    ((4, 2), "alltoall", (8, 6, 12)),  # Y padded to 8 in k-space
+], ids=["4x2-alltoall", "2x4-pairwise", "8x1-auto", "8-pairwise", "4x2-padded"])
+def test_last_prefix_is_the_transform(pdims, exchange, shape):
+    """The "+ FFT X" program computes pfft3d (transposed layout), and both bare exchanges of an
+    axis move the same chunks."""
+    programs, plan = steps.build_programs(shape, pdims, "complex128", exchange, seed=1)
+    by = {p.name: p for p in programs}
+    if exchange != "auto":
+        assert plan.exchanges == (exchange, exchange)
+    x = by["+ FFT X"].arg
+    got = np.asarray(jax.jit(by["+ FFT X"].fn)(x))
+    want = np.asarray(pencilfft.pfft3d(x, exchange=exchange))
+    assert got.shape == want.shape == plan.k_shape
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+    ref = np.fft.fftn(np.asarray(x)).transpose(1, 2, 0)  # (Y, Z, X)
+    assert rel_err(got[: shape[1]], ref) < tol(np.complex128)
+    a2a, pairwise = (np.asarray(jax.jit(by[f"bare {alg} over x"].fn)(x))
+                     for alg in ("all_to_all", "pairwise"))
+    np.testing.assert_array_equal(a2a, pairwise)
+
+
+def test_memory_cli_every_combination(tmp_path, capsys):
+    out = tmp_path / "memory.jsonl"
+    argv = ["--shape", "16", "--pdims", "4x2", "8x1", "--exchange", "alltoall", "--out", str(out)]
+    assert memory.main(argv) == 0
+    printed = capsys.readouterr().out
+    records = read_jsonl(out)
+    keys = [(tuple(r["pdims"]), r["layout"], r["transform"], r["direction"], r["donate"])
+            for r in records]
+    combos = itertools.product([(4, 2), (8, 1)], ["transposed", "natural"], ["c2c", "r2c"],
+                               ["forward", "inverse"], [False, True])
+    assert sorted(keys) == sorted(combos)
+    by = dict(zip(keys, records))
+    for key, r in by.items():
+        assert r["arg_blocks"] == 1.0, r  # the argument is exactly one local input block
+        assert r["out_bytes"] > 0 and r["temp_bytes"] >= 0
+        assert r["peak_bytes"] == r["arg_bytes"] + r["out_bytes"] + r["temp_bytes"] - r["alias_bytes"]
+        if r["donate"]:
+            plain = by[key[:-1] + (False,)]
+            assert r["peak_bytes"] <= plain["peak_bytes"], (key, r["peak_bytes"], plain["peak_bytes"])
+        else:
+            assert r["alias_bytes"] == 0
+    # The c2c forward's output has the input's size and sharding: donation lets XLA reuse it.
+    assert by[((4, 2), "transposed", "c2c", "forward", True)]["alias_blocks"] == 1.0
+    assert printed.count("| 4x2 |") == printed.count("| 8x1 |") == 16
