@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from ._plan import Plan, _is_tracer, has_explicit_axes, plan_backward, plan_forward
+from ._partitioned import Transform, apply
 from ._transpose import exchange
 
 __all__ = ["pfft3d", "pifft3d", "prfft3d", "pirfft3d"]
@@ -132,8 +133,12 @@ def _place(x, plan: Plan, spec):
     return jax.lax.with_sharding_constraint(x, target)
 
 
-def _run(plan: Plan, block_fn, x, in_spec, out_spec):
+def _run(plan: Plan, block_fn, x, in_spec, out_spec, exchange: str):
     if plan.mesh is None:
+        if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
+            t = Transform(plan, block_fn, block_fn is _forward_block, exchange, tuple(x.shape))
+            return apply(t, x)
+        _check_one_device(x)
         return _local(jnp.asarray(x), plan=plan, block_fn=block_fn)
     return _distributed(_place(x, plan, in_spec), plan=plan, block_fn=block_fn,
                         in_spec=in_spec, out_spec=out_spec)
@@ -151,6 +156,16 @@ def _distributed(x, *, plan, block_fn, in_spec, out_spec):
     f = jax.shard_map(functools.partial(block_fn, plan), mesh=plan.mesh,
                       in_specs=in_spec, out_specs=out_spec)
     return f(x)
+
+
+def _check_one_device(x) -> None:
+    """A concrete array on several devices with no mesh to read is refused, never gathered."""
+    sharding = getattr(x, "sharding", None)
+    if sharding is not None and len(sharding.device_set) > 1:
+        raise ValueError(
+            f"`x` is spread over {len(sharding.device_set)} devices by a {type(sharding).__name__} "
+            "that names no mesh; pass `mesh=` or place it with a NamedSharding"
+        )
 
 
 def _cast(x, dtype):
@@ -178,7 +193,8 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
       the next multiple of Pa (Y) and Pb (Z), and slicing them back gives exactly `fftn(x)`.
     """
     plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, real=False, exchange=exchange)
-    return _run(plan, _forward_block, _cast(x, plan.real_dtype), plan.real_spec, plan.k_spec)
+    return _run(plan, _forward_block, _cast(x, plan.real_dtype), plan.real_spec, plan.k_spec,
+                exchange)
 
 
 def prfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh=None,
@@ -190,7 +206,8 @@ def prfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mes
     (transposed to (..., Y, Z//2+1, X) in the transposed layout).
     """
     plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, real=True, exchange=exchange)
-    return _run(plan, _forward_block, _cast(x, plan.real_dtype), plan.real_spec, plan.k_spec)
+    return _run(plan, _forward_block, _cast(x, plan.real_dtype), plan.real_spec, plan.k_spec,
+                exchange)
 
 
 def _backward(k, s, norm, layout, mesh, real, exchange):
@@ -199,7 +216,7 @@ def _backward(k, s, norm, layout, mesh, real, exchange):
     if tuple(np.shape(k)[-3:]) != plan.k_shape:  # an exact (unpadded) spectrum: pad it here
         pads = [(0, 0)] * (np.ndim(k) - 3) + [(0, p - n) for p, n in zip(plan.k_shape, np.shape(k)[-3:])]
         k = jnp.pad(jnp.asarray(k), pads)
-    return _run(plan, _backward_block, k, plan.k_spec, plan.real_spec)
+    return _run(plan, _backward_block, k, plan.k_spec, plan.real_spec, exchange)
 
 
 def pifft3d(k, norm: str | None = "backward", *, s=None, layout: str = "transposed",

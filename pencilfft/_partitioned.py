@@ -1,0 +1,258 @@
+"""Transforms whose mesh is decided by the compiler (jit on Auto meshes, no mesh in scope).
+
+Under `jax.jit`, an array sharded over a mesh with `AxisType.Auto` axes carries no mesh in its
+traced type, so the planner (`_plan.find_mesh`) finds none.  Tracing the one-device transform
+would then let XLA's partitioner gather the whole grid onto every device.  Instead the transform
+is staged out as one primitive whose lowering is a `custom_partitioning` call: when XLA
+partitions the program it hands us the input's sharding (and so the mesh), and we return the
+per-device body of the same slab/pencil algorithm that `shard_map` runs when the mesh is known.
+When the program runs on one device the lowering uses the one-device transform itself.
+
+The primitive is linear, so its JVP is itself and its transpose is the same op marked
+`transposed`: both the one-device function and the per-device body are transposed by
+`jax.linear_transpose` (all_to_all and collective permutes transpose into their reverses).
+vmap adds a leading unsharded batch axis, which the planner supports.
+
+What the compiler path cannot know at trace time is the mesh, so neither can it know the
+zero-padding a mesh that does not divide Y or Z (or Z//2+1) needs: its k-space arrays have the
+exact global shape, and the per-device blocks are the padded ones (XLA's uneven tiling: every
+block is ceil(n / P) long, the last one padded), which is exactly the padded pencil layout.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ._plan import Plan, plan_backward, plan_forward
+
+__all__ = ["LinearOp", "Transform", "apply"]
+
+
+class LinearOp:
+    """A linear map of one global array whose mesh the partitioner decides.
+
+    Subclasses are frozen dataclasses (hashable: they are static primitive parameters) whose
+    last field is `transposed: bool = False`, and that define the primal direction:
+    `primal_in` / `primal_out` (global avals), `primal_local(x)` (the whole map on one device),
+    `primal_on_mesh(mesh)` -> (per-device body, input spec, output spec), `primal_rule()` ->
+    (input, output) factor strings of the Shardy rule without batch axes, `batched(n)`.
+    The transposed direction is derived here, by `jax.linear_transpose`.
+    """
+
+    transposed: bool
+
+    @property
+    def out_aval(self) -> jax.ShapeDtypeStruct:
+        return self.primal_in if self.transposed else self.primal_out
+
+    @property
+    def T(self):
+        return dataclasses.replace(self, transposed=not self.transposed)
+
+    def local(self, x: jax.Array) -> jax.Array:
+        """The whole map on one device (global arrays)."""
+        if self.transposed:
+            return jax.linear_transpose(self.primal_local, self.primal_in)(x)[0]
+        return self.primal_local(x)
+
+    def on_mesh(self, mesh) -> tuple[Callable, NamedSharding, NamedSharding]:
+        """(per-device body, input sharding, output sharding) on `mesh`; validates the sizes."""
+        body, in_spec, out_spec = self.primal_on_mesh(mesh)
+        in_sharding, out_sharding = NamedSharding(mesh, in_spec), NamedSharding(mesh, out_spec)
+        if self.transposed:
+            block = jax.ShapeDtypeStruct(_tile(self.primal_in.shape, in_spec, mesh),
+                                         self.primal_in.dtype)
+            body = _transposed(body, block)
+            in_sharding, out_sharding = out_sharding, in_sharding
+        return body, in_sharding, out_sharding
+
+    def sharding_rule(self) -> str:
+        """Shardy's einsum-like rule: which input dimension's sharding each output one takes
+        (letters shared by an input and an output dimension carry it across; sizes may differ).
+        Leading axes beyond the rule's are a batch that keeps its sharding."""
+        src, dst = self.primal_rule()
+        if self.transposed:
+            src, dst = dst, src
+        n_batch = len(self.primal_in.shape) - len(src.split())
+        batch = " ".join(f"b{i}" for i in range(n_batch))
+        return f"{batch} {src} -> {batch} {dst}".strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform(LinearOp):
+    """One distributed 3D transform (forward or backward) with its mesh left open.
+
+    `plan` is the one-device plan (mesh None); `in_shape` the global input shape (a spectrum
+    may be exact or padded for some mesh).
+    """
+
+    plan: Plan
+    block_fn: Callable  # _fft._forward_block or _fft._backward_block
+    forward: bool
+    exchange: str
+    in_shape: tuple[int, ...]
+    transposed: bool = False
+
+    @property
+    def primal_in(self) -> jax.ShapeDtypeStruct:
+        dtype = self.plan.real_dtype if self.forward else self.plan.k_dtype
+        return jax.ShapeDtypeStruct(self.in_shape, dtype)
+
+    @property
+    def primal_out(self) -> jax.ShapeDtypeStruct:
+        if self.forward:
+            return jax.ShapeDtypeStruct(self.plan.batch + self.plan.exact_k_shape, self.plan.k_dtype)
+        return jax.ShapeDtypeStruct(self.plan.batch + self.plan.real_shape, self.plan.real_dtype)
+
+    def batched(self, n: int) -> Transform:
+        plan = dataclasses.replace(self.plan, batch=(n,) + self.plan.batch)
+        return dataclasses.replace(self, plan=plan, in_shape=(n,) + self.in_shape)
+
+    def primal_local(self, x: jax.Array) -> jax.Array:
+        return self.block_fn(self.plan, x)
+
+    def primal_on_mesh(self, mesh):
+        common = dict(norm=self.plan.norm, layout=self.plan.layout, mesh=mesh,
+                      real=self.plan.real, exchange=self.exchange)
+        if self.forward:
+            plan = plan_forward(self.primal_in, **common)
+            in_spec, out_spec = plan.real_spec, plan.k_spec
+        else:
+            plan = plan_backward(self.primal_in, self.plan.real_shape, **common)
+            in_spec, out_spec = plan.k_spec, plan.real_spec
+        return functools.partial(self.block_fn, plan), in_spec, out_spec
+
+    def primal_rule(self) -> tuple[str, str]:
+        # Real space (X, Y, Z) is split (a, b, -); k space (Y, Z, X) also (a, b, -) in the
+        # transposed layout, (X, Y, Z) as (-, a, b) in the natural one.
+        real, k = "i j k", ("i j k" if self.plan.layout == "transposed" else "l i j")
+        return (real, k) if self.forward else (k, real)
+
+
+def _transposed(f: Callable, primal: jax.ShapeDtypeStruct) -> Callable:
+    return lambda ct: jax.linear_transpose(f, primal)(ct)[0]
+
+
+def _tile(shape, spec, mesh) -> tuple[int, ...]:
+    """Per-device block shape of a global shape under `spec` (ceil, as XLA tiles uneven axes)."""
+    spec = tuple(spec) + (None,) * (len(shape) - len(spec))
+    return tuple(-(-n // (mesh.shape[name] if name is not None else 1))
+                 for n, name in zip(shape, spec))
+
+
+# ----------------------------------------------------------------------------------------------
+# custom_partitioning: what XLA's partitioner calls back
+
+
+def _mesh_of(mesh, arg_infos) -> Mesh:
+    sharding = getattr(arg_infos[0], "sharding", None)
+    if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
+        mesh = sharding.mesh
+    if mesh is None or getattr(mesh, "empty", True):
+        raise ValueError(
+            "pencilfft could not tell the device mesh of this jit-compiled transform (its "
+            f"input's sharding is {sharding}); pass `mesh=` to the transform or call it under "
+            "`jax.set_mesh(mesh)`"
+        )
+    return mesh
+
+
+def _partition(t: LinearOp, mesh, arg_infos, result_infos):
+    del result_infos  # we say what the output sharding is; XLA reshards downstream if it must
+    mesh = _mesh_of(mesh, arg_infos)
+    body, in_sharding, out_sharding = t.on_mesh(mesh)
+    return mesh, body, out_sharding, (in_sharding,)
+
+
+def _infer_sharding(t: LinearOp, mesh, arg_infos, result_infos):
+    del result_infos  # GSPMD (jax_use_shardy_partitioner=False) asks this instead of the rule
+    return t.on_mesh(_mesh_of(mesh, arg_infos))[2]
+
+
+def _rule(t: LinearOp, mesh, value_types, result_types) -> str:
+    del mesh, value_types, result_types
+    return t.sharding_rule()
+
+
+def _local_call(x, t: LinearOp):
+    return t.local(x)
+
+
+_partitioned = custom_partitioning(_local_call, static_argnums=(1,))
+_partitioned.def_partition(partition=_partition, infer_sharding_from_operands=_infer_sharding,
+                           sharding_rule=_rule)
+
+
+# ----------------------------------------------------------------------------------------------
+# The primitive: what jit, grad, vmap and scan see
+
+
+transform_p = Primitive("pencilfft_linear")
+
+
+def _abstract_eval(x, *, t: LinearOp):
+    aval = t.out_aval
+    return jax.core.ShapedArray(aval.shape, aval.dtype)
+
+
+def _impl(x, *, t: LinearOp):
+    # Reached only eagerly under a transformation (vmap or grad of a concrete array).
+    return jax.jit(functools.partial(transform_p.bind, t=t))(x)
+
+
+def _jvp(primals, tangents, *, t: LinearOp):
+    (x,), (dx,) = primals, tangents
+    y = transform_p.bind(x, t=t)
+    if type(dx) is ad.Zero:
+        return y, ad.Zero.from_primal_value(y)
+    return y, transform_p.bind(dx, t=t)
+
+
+def _transpose(ct, x, *, t: LinearOp):
+    if type(ct) is ad.Zero:
+        return (ad.Zero(x.aval),)
+    return (transform_p.bind(ct, t=t.T),)
+
+
+def _batch(args, dims, *, t: LinearOp):
+    (x,), (d,) = args, dims
+    x = jnp.moveaxis(x, d, 0)
+    return transform_p.bind(x, t=t.batched(x.shape[0])), 0
+
+
+def _lower(x, *, t: LinearOp):
+    return _partitioned(x, t)
+
+
+transform_p.def_abstract_eval(_abstract_eval)
+transform_p.def_impl(_impl)
+ad.primitive_jvps[transform_p] = _jvp
+ad.primitive_transposes[transform_p] = _transpose
+batching.primitive_batchers[transform_p] = _batch
+mlir.register_lowering(transform_p, mlir.lower_fun(_lower, multiple_results=False))
+
+
+def _needs_devices_when_lowered(prim) -> None:
+    """jit only hands the device assignment to lowering rules of primitives in this set, and
+    custom_partitioning's lowering needs it.  A private jax name (jaxdecomp relies on it too)."""
+    from jax._src import dispatch
+
+    dispatch.prim_requires_devices_during_lowering.add(prim)
+
+
+_needs_devices_when_lowered(transform_p)
+
+
+def apply(t: LinearOp, x: Any) -> jax.Array:
+    """Apply `t` to the global array x (usually a tracer whose mesh is unknown)."""
+    return transform_p.bind(x, t=t)
