@@ -48,6 +48,9 @@ SCHEMA = 1
 # Implementation name -> what it runs.  Order = column order in the tables.
 IMPLS: dict[str, str] = {
     "pencilfft": "pencilfft.pfft3d / pifft3d (complex-to-complex), exchange='auto'",
+    "pencilfft-jit": "pencilfft.pfft3d / pifft3d called as jaxdecomp's users do: jax.jit on an "
+                     "array sharded over an Auto mesh, no mesh= and no mesh in scope (the "
+                     "compiler-partitioned path)",
     "pencilfft-a2a": "the same with exchange='alltoall' on every mesh axis (the first version)",
     "pencilfft-r2c": "pencilfft.prfft3d / pirfft3d (real-to-complex, half spectrum), if present",
     "naive-pencil": "plain shard_map pencil: jnp.fft.fft along strided axes 0 and 1, all_to_all "
@@ -553,6 +556,18 @@ class CaseRunner:
 
     def _build_pencilfft(self, v: Variant) -> None:
         self._pencilfft_common(v, "pfft3d", "pifft3d")
+
+    def _build_pencilfft_jit(self, v: Variant) -> None:
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        import pencilfft
+
+        mesh = self.mesh("auto")
+        norm, lay = self.args.norm, v.layout
+        v.n_devices = mesh.size
+        v.fns["forward"] = lambda a: pencilfft.pfft3d(a, norm, layout=lay)
+        v.fns["inverse"] = lambda k: pencilfft.pifft3d(k, norm, layout=lay)
+        v.x = self.input(NamedSharding(mesh, P(*mesh.axis_names)), False)
 
     def _build_pencilfft_a2a(self, v: Variant) -> None:
         self._pencilfft_common(v, "pfft3d", "pifft3d", exchange="alltoall")

@@ -41,7 +41,15 @@ def _vectors(k, d, s, layout, mesh, real: bool, caller: str):
     padded = tuple(np.shape(k)[-3:]) == plan.k_shape
     X, Y, Z = plan.real_shape
     lengths = (X, plan.yp, plan.zp) if padded else (X, Y, plan.zc)
-    return _make_vectors(plan=plan, lengths=lengths, spacings=_spacings(d))
+    spacings = _spacings(d)
+    if plan.mesh is None and isinstance(k, jax.core.Tracer):
+        # Under jit with the mesh left to the partitioner: constants (small: X + Y + Z values),
+        # which every device slices as its use needs; traced iotas would be sharded by
+        # propagation and then gathered.
+        with jax.ensure_compile_time_eval():
+            vectors = _make_vectors(plan=plan, lengths=lengths, spacings=spacings)
+        return tuple(jnp.asarray(np.asarray(v)) for v in vectors)
+    return _make_vectors(plan=plan, lengths=lengths, spacings=spacings)
 
 
 # Static arguments only: jax caches one compiled program per (plan, lengths, spacings).

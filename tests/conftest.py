@@ -52,6 +52,15 @@ def to_numpy(x: jax.Array) -> np.ndarray:
     return np.asarray(x)
 
 
+def random_field(shape, dtype, seed=0) -> np.ndarray:
+    """Standard normal data (complex when `dtype` is), the same on every process."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    if np.issubdtype(np.dtype(dtype), np.complexfloating):
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
 def rel_err(got, ref) -> float:
     got = np.asarray(got)
     ref = np.asarray(ref)
