@@ -4,7 +4,9 @@ from ._distributed import initialize
 from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
 from ._io import gather, load, save, scatter
 from ._freq import fftfreq3d, rfftfreq3d
+from ._halo import halo_exchange
 from ._sharding import k_space_sharding, real_space_sharding
+from .compat import get_fft_output_sharding
 
 __version__ = "0.1.0"
 
@@ -12,6 +14,8 @@ __all__ = [
     "autotune",
     "fftfreq3d",
     "gather",
+    "get_fft_output_sharding",
+    "halo_exchange",
     "initialize",
     "k_space_sharding",
     "load",

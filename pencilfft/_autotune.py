@@ -7,6 +7,9 @@ and an inverse transform a few times and the fastest median wins.
 from __future__ import annotations
 
 import dataclasses
+import math
+import operator
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -17,7 +20,8 @@ import numpy as np
 from jax.sharding import AxisType
 
 from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
-from ._sharding import real_space_sharding
+from ._plan import EXCHANGES
+from ._sharding import LAYOUTS, real_space_sharding
 
 __all__ = ["autotune", "Tuning"]
 
@@ -37,6 +41,117 @@ class Tuning:
     timings: dict[tuple[tuple[int, int], str], float]
 
 
+# Complex dtypes time pfft3d/pifft3d, float dtypes prfft3d/pirfft3d.
+_DTYPES = tuple(np.dtype(t) for t in (np.complex64, np.complex128, np.float32, np.float64))
+# Local blocks a forward + inverse pair holds per device (input, output and the two buffers of
+# an exchange; XLA's memory analysis gives 3.75-4.9, see README "Memory").
+_BLOCKS = 4
+
+
+def _int(v) -> int | None:
+    """v as an int, or None for anything else (bools, floats, strings ...)."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
+
+
+def _check_shape(shape) -> tuple[int, ...]:
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise TypeError(
+            f"`shape` must be a sequence of at least 3 positive integers (..., X, Y, Z); got "
+            f"{shape!r}"
+        )
+    if len(shape) < 3:
+        raise ValueError(f"`shape` must have at least 3 dimensions; got {tuple(shape)}")
+    sizes = [_int(n) for n in shape]
+    if any(n is None for n in sizes):
+        raise TypeError(f"`shape` must hold integers; got {tuple(shape)}")
+    if any(n < 1 for n in sizes):
+        raise ValueError(f"`shape` must hold positive sizes; got {tuple(sizes)}")
+    return tuple(sizes)
+
+
+def _check_dtype(dtype) -> np.dtype:
+    try:
+        dt = None if dtype is None else np.dtype(dtype)  # np.dtype(None) would be float64
+    except TypeError:
+        dt = None
+    names = ", ".join(d.name for d in _DTYPES)
+    if dt is None or dt not in _DTYPES:
+        raise TypeError(
+            f"`dtype` must be one of {names} (complex: pfft3d; float: prfft3d); got {dtype!r}"
+        )
+    if dt.itemsize != jax.dtypes.canonicalize_dtype(dt).itemsize:
+        raise ValueError(
+            f"`dtype` {dt.name} needs 64-bit types: call jax.config.update('jax_enable_x64', "
+            f"True) first, or tune with {jax.dtypes.canonicalize_dtype(dt).name}"
+        )
+    return dt
+
+
+def _check_repeats(repeats) -> int:
+    n = _int(repeats)
+    if n is None:
+        raise TypeError(f"`repeats` must be an integer >= 1; got {repeats!r}")
+    if n < 1:
+        raise ValueError(f"`repeats` must be at least 1; got {n}")
+    return n
+
+
+def _check_exchanges(exchanges) -> list[str]:
+    if isinstance(exchanges, (str, bytes)) or not isinstance(exchanges, Sequence):
+        raise TypeError(
+            f"`exchanges` must be a sequence of exchange names, e.g. ('alltoall', 'pairwise'); "
+            f"got {exchanges!r}"
+        )
+    if not exchanges:
+        raise ValueError(
+            f"`exchanges` must name at least one of {EXCHANGES}; got {tuple(exchanges)!r}"
+        )
+    bad = [e for e in exchanges if not isinstance(e, str) or e not in EXCHANGES]
+    if bad:
+        raise ValueError(f"`exchanges` entries must be in {EXCHANGES}; got {bad[0]!r}")
+    return list(dict.fromkeys(exchanges))
+
+
+def _check_devices(devices) -> list:
+    if devices is None:
+        return list(jax.devices())
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+        raise TypeError(f"`devices` must be a sequence of jax devices; got {devices!r}")
+    devices = list(devices)
+    if not devices:
+        raise ValueError("`devices` must hold at least one jax device; got an empty sequence")
+    bad = [d for d in devices if not isinstance(d, jax.Device)]
+    if bad:
+        raise TypeError(f"`devices` must hold jax devices (jax.devices()); got {bad[0]!r}")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"`devices` holds a device more than once: {devices}")
+    return devices
+
+
+def _check_pdims(pdims, n_devices: int) -> list[tuple[int, int]] | None:
+    if pdims is None:
+        return None
+    usage = f"`pdims` must be a sequence of (P, Q) pairs with P * Q = {n_devices}, e.g. [(4, 2)]"
+    if isinstance(pdims, (str, bytes)) or not isinstance(pdims, Sequence) or not pdims:
+        raise TypeError(f"{usage}; got {pdims!r}")
+    out = []
+    for p in pdims:
+        pair = None
+        if isinstance(p, Sequence) and not isinstance(p, (str, bytes)) and len(p) == 2:
+            pair = tuple(_int(n) for n in p)
+        if pair is None or None in pair:
+            raise TypeError(f"{usage}; got the entry {p!r} in {pdims!r}")
+        if min(pair) < 1 or pair[0] * pair[1] != n_devices:
+            raise ValueError(f"{usage}; got the entry {p!r} (P * Q = {pair[0] * pair[1]})")
+        out.append(pair)
+    return out
+
+
 def _candidates(shape, n_devices, pdims) -> list[tuple[int, int]]:
     X, Y = shape[-3], shape[-2]
     if pdims is None:
@@ -50,29 +165,73 @@ def _candidates(shape, n_devices, pdims) -> list[tuple[int, int]]:
     return valid
 
 
+def _device_memory(devices) -> int | None:
+    """Bytes one device may use: the allocator's limit, or its share of the host's memory."""
+    limits = []
+    for d in devices:
+        try:
+            stats = d.memory_stats() if d.process_index == jax.process_index() else None
+        except Exception:  # noqa: BLE001 - not every backend reports memory
+            stats = None
+        if stats and stats.get("bytes_limit"):
+            limits.append(int(stats["bytes_limit"]))
+    if limits:
+        return min(limits)
+    local = sum(d.process_index == jax.process_index() for d in devices)
+    try:
+        host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return host // max(local, 1)
+
+
+def _check_memory(shape, dtype: np.dtype, devices) -> None:
+    """Refuse a grid that cannot fit, before XLA tries (and aborts the process) to allocate it."""
+    complex_size = 2 * np.dtype(dtype).itemsize if dtype.kind == "f" else dtype.itemsize
+    z = shape[-1] // 2 + 1 if dtype.kind == "f" else shape[-1]
+    spectrum = math.prod(shape[:-1]) * z * complex_size
+    grid = math.prod(shape) * dtype.itemsize
+    need = (grid + (_BLOCKS - 1) * spectrum) // len(devices)
+    limit = _device_memory(devices)
+    if limit is not None and need > limit:
+        raise ValueError(
+            f"`shape` {tuple(shape)} with dtype {dtype.name} needs about {need / 2**30:.3g} GiB "
+            f"per device to time a transform on {len(devices)} devices ({_BLOCKS} blocks of the "
+            f"grid's share), more than the {limit / 2**30:.3g} GiB a device has; use a smaller "
+            f"shape or more devices"
+        )
+
+
 def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transposed",
              devices: Sequence[jax.Device] | None = None, pdims=None,
              exchanges: Sequence[str] = ("alltoall", "pairwise"), repeats: int = 3) -> Tuning:
     """Time every mesh shape P x Q of `devices` and every exchange on a grid of global `shape`.
 
     Args:
-      shape: global real-space shape (..., X, Y, Z).
-      dtype: complex dtype for pfft3d, or a float dtype for the real transforms.
+      shape: global real-space shape (..., X, Y, Z), positive integers.
+      dtype: complex64/complex128 for pfft3d, or float32/float64 for the real transforms.
       devices: default all devices (every process must call autotune, with the same arguments).
-      pdims: candidate (P, Q) pairs; default every factorisation of the device count.
-      exchanges: candidate exchange algorithms.
+      pdims: candidate (P, Q) pairs with P * Q = len(devices); default every factorisation of
+        the device count.  Those the grid does not fit (X % P or Y % Q) are skipped.
+      exchanges: candidate exchange algorithms (a non-empty sequence of names).
       repeats: timed forward + inverse pairs per candidate (after one warm-up).
     Returns a `Tuning`; every process gets the same answer (process 0's timings decide).
+    A grid that cannot fit in the devices' memory (about 4 blocks of the grid's share per
+    device) is refused with a ValueError before anything is allocated.
     """
-    if len(shape) < 3:
-        raise ValueError(f"`shape` must have at least 3 dimensions; got {tuple(shape)}")
-    if repeats < 1:
-        raise ValueError(f"`repeats` must be at least 1; got {repeats}")
-    devices = list(jax.devices() if devices is None else devices)
-    real = not np.issubdtype(np.dtype(dtype), np.complexfloating)
+    shape = _check_shape(shape)
+    dtype = _check_dtype(dtype)
+    if layout not in LAYOUTS:
+        raise ValueError(f"`layout` must be one of {LAYOUTS}; got {layout!r}")
+    exchanges = _check_exchanges(exchanges)
+    repeats = _check_repeats(repeats)
+    devices = _check_devices(devices)
+    candidates = _candidates(shape, len(devices), _check_pdims(pdims, len(devices)))
+    _check_memory(shape, dtype, devices)
+    real = dtype.kind == "f"
     fwd, inv = (prfft3d, pirfft3d) if real else (pfft3d, pifft3d)
     timings: dict[tuple[tuple[int, int], str], float] = {}
-    for p in _candidates(shape, len(devices), pdims):
+    for p in candidates:
         mesh = jax.make_mesh(p, ("x", "y"), axis_types=(AxisType.Explicit,) * 2, devices=devices)
         x = jax.jit(lambda: jnp.zeros(shape, dtype),
                     out_shardings=real_space_sharding(mesh, len(shape)))()

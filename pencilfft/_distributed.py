@@ -9,12 +9,17 @@ with the right process count, process id, coordinator and local devices:
 * SLURM without MPI (`srun python ...`): jax's own SLURM detection, with the local devices
   fixed for the case of one task driving several GPUs.
 * anything else: nothing happens (one process sees all its devices).
+
+Once jax.distributed runs, `initialize()` also installs an exception hook that ends the whole
+job when one process dies of an uncaught exception (see `initialize`).
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import socket
+import sys
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -31,11 +36,13 @@ _MPI_MARKER_VARS = _MPI_SIZE_VARS + (
 _SLURM_VARS = (
     "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"
 )
+# Set to 0 (or false/no/off) to keep the default exception handling under a launcher.
+_ABORT_ENV = "PENCILFFT_ABORT_ON_ERROR"
 # Which accelerators the launcher left visible to this process.
 _VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
-def initialize(*, verbose: bool = False, **overrides) -> None:
+def initialize(*, verbose: bool = False, abort_on_error: bool | None = None, **overrides) -> None:
     """Start `jax.distributed` if this process was started by mpirun/mpiexec or srun.
 
     Call it once at the top of the program, before anything that touches jax devices (jax
@@ -45,34 +52,134 @@ def initialize(*, verbose: bool = False, **overrides) -> None:
 
     Args:
       verbose: print one line per process saying what was detected and started.
+      abort_on_error: when jax.distributed runs, install a `sys.excepthook` that prints the
+        traceback of an uncaught exception and then ends every process of the job
+        (`MPI.COMM_WORLD.Abort(1)`, or `os._exit(1)` without MPI).  Without it the failing
+        process waits in jax's shutdown and the others in their next collective, for
+        minutes.  Default: on, unless the environment variable PENCILFFT_ABORT_ON_ERROR is
+        0/false/no/off; `initialize(abort_on_error=False)` also removes a hook installed
+        before.  Not installed in an interactive interpreter.
       **overrides: passed on to `jax.distributed.initialize` and taking precedence over what
         was detected (e.g. `coordinator_address`, `local_device_ids`,
         `initialization_timeout`).  Without a launcher, jax is started only when a
         coordinator is given (`coordinator_address=` or JAX_COORDINATOR_ADDRESS; set
         `num_processes` and `process_id` too): a hand-made multi-process set-up.
     """
+    _check_overrides(overrides)
+    abort_on_error = _abort_wanted(abort_on_error)
+    if not abort_on_error:
+        _remove_abort_hook()
     if jax.distributed.is_initialized():
         _say(verbose, "jax.distributed is already initialized; nothing to do")
+        if abort_on_error:
+            _install_abort_hook(verbose)
         return
     env = os.environ
+    started = False
     if "cluster_detection_method" in overrides:
         # The caller chose jax's own detection explicitly: do not second-guess it.
-        _start(verbose, "explicit cluster_detection_method", overrides)
-        return
-
-    if _launched_by_mpi(env):
-        kwargs = _mpi_arguments(env, overrides)
-        if kwargs is not None:
-            _start(verbose, "MPI", kwargs)
-            return
-    if all(v in env for v in _SLURM_VARS) and int(env["SLURM_NTASKS"]) > 1:
-        _start(verbose, "SLURM", _slurm_arguments(env, overrides))
-        return
-    if "coordinator_address" in overrides or "JAX_COORDINATOR_ADDRESS" in env:
+        started = _start(verbose, "explicit cluster_detection_method", overrides)
+    elif _launched_by_mpi(env) and (kwargs := _mpi_arguments(env, overrides)) is not None:
+        started = _start(verbose, "MPI", kwargs)
+    elif all(v in env for v in _SLURM_VARS) and int(env["SLURM_NTASKS"]) > 1:
+        started = _start(verbose, "SLURM", _slurm_arguments(env, overrides))
+    elif "coordinator_address" in overrides or "JAX_COORDINATOR_ADDRESS" in env:
         # No launcher, but a coordinator: each process was set up by hand.
-        _start(verbose, "manual (coordinator given)", overrides)
-        return
-    _say(verbose, "single process (no mpirun/srun detected); jax.distributed not started")
+        started = _start(verbose, "manual (coordinator given)", overrides)
+    else:
+        _say(verbose, "single process (no mpirun/srun detected); jax.distributed not started")
+    if started and abort_on_error:
+        _install_abort_hook(verbose)
+
+
+def _check_overrides(overrides: dict) -> None:
+    """Unknown keywords fail now, not only once a launcher makes jax use them."""
+    accepted = [
+        name for name, p in inspect.signature(jax.distributed.initialize).parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    unknown = sorted(set(overrides) - set(accepted))
+    if unknown:
+        raise TypeError(
+            f"initialize() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+            f"expected verbose, abort_on_error or an argument of jax.distributed.initialize: "
+            f"{', '.join(accepted)}"
+        )
+
+
+def _abort_wanted(abort_on_error) -> bool:
+    if abort_on_error is None:
+        value = os.environ.get(_ABORT_ENV, "1").strip().lower()
+        if value in ("0", "false", "no", "off"):
+            return False
+        if value in ("", "1", "true", "yes", "on"):
+            return True
+        raise ValueError(
+            f"environment variable {_ABORT_ENV} must be 1/true/yes/on or 0/false/no/off; "
+            f"got {os.environ[_ABORT_ENV]!r}"
+        )
+    if not isinstance(abort_on_error, bool):
+        raise TypeError(
+            f"`abort_on_error` must be True, False or None (from {_ABORT_ENV}); got "
+            f"{abort_on_error!r} ({type(abort_on_error).__name__})"
+        )
+    return abort_on_error
+
+
+# ------------------------------------------------------------------------- uncaught errors
+
+
+def _install_abort_hook(verbose: bool = False) -> bool:
+    """Put the abort hook in front of the current sys.excepthook (once); True if installed."""
+    if getattr(sys.excepthook, "_pencilfft_abort", False):
+        return True
+    if sys.flags.interactive or hasattr(sys, "ps1"):
+        # The interactive interpreter reports every failed statement through the hook.
+        _say(verbose, "interactive interpreter: no abort-on-error exception hook")
+        return False
+    sys.excepthook = _make_abort_hook(sys.excepthook, jax.process_index(), jax.process_count())
+    _say(verbose, f"an uncaught exception aborts the whole job ({_ABORT_ENV}=0 to keep going)")
+    return True
+
+
+def _remove_abort_hook() -> None:
+    hook = sys.excepthook
+    if getattr(hook, "_pencilfft_abort", False):
+        sys.excepthook = hook._pencilfft_previous
+
+
+def _make_abort_hook(previous, index: int, count: int):
+    def hook(exc_type, exc, tb):
+        try:
+            previous(exc_type, exc, tb)  # the usual traceback first
+            sys.stderr.write(
+                f"pencilfft: uncaught {exc_type.__name__} in process {index} of {count}; "
+                "aborting every process of the job so that none waits forever for this one "
+                f"(pencilfft.initialize(abort_on_error=False) or {_ABORT_ENV}=0 turns this "
+                "off)\n"
+            )
+            sys.stderr.flush()
+            sys.stdout.flush()
+        finally:
+            _abort_job()
+
+    hook._pencilfft_abort = True
+    hook._pencilfft_previous = previous
+    return hook
+
+
+def _abort_job() -> None:
+    """End this process now and, through MPI when it runs, every other process of the job.
+
+    Exiting normally would run jax's atexit shutdown, which waits for the other processes,
+    themselves waiting for this one in a collective.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.COMM_WORLD.Abort(1)
+    finally:
+        os._exit(1)
 
 
 def _say(verbose: bool, message: str) -> None:
@@ -80,13 +187,14 @@ def _say(verbose: bool, message: str) -> None:
         print(f"pencilfft.initialize: {message}", flush=True)
 
 
-def _start(verbose: bool, launcher: str, kwargs: dict) -> None:
+def _start(verbose: bool, launcher: str, kwargs: dict) -> bool:
     """Call jax.distributed.initialize, making sure CPU devices get cross-process collectives."""
     _use_gloo_on_cpu()
     shown = {k: v for k, v in kwargs.items() if k != "cluster_detection_method" or v}
     _say(verbose, f"launcher {launcher}; jax.distributed.initialize({shown})")
     jax.distributed.initialize(**kwargs)
     _say(verbose, f"process {jax.process_index()} of {jax.process_count()}")
+    return True
 
 
 def _use_gloo_on_cpu() -> None:

@@ -22,6 +22,8 @@ def _spacings(d) -> tuple[float, float, float]:
     """(dx, dy, dz) from one number or three; each finite and non-zero."""
     values = np.ravel(np.asarray(d, dtype=object))
     try:
+        if any(isinstance(v, (str, bytes, bool, np.bool_)) for v in values):
+            raise TypeError  # float("1") and float(True) would pass
         spacings = tuple(float(v) for v in values)
     except (TypeError, ValueError):
         raise TypeError(f"`d` must be a number or 3 numbers (dx, dy, dz); got {d!r}") from None

@@ -4,23 +4,33 @@
   sharding; every process receives only the blocks of its own devices.
 * `gather(x)`: any global array -> one numpy array on one process.
 * `save(path, x)` / `load(path, mesh)`: a standard .npy file that every process writes or reads
-  its own blocks of, through a memory map (needs a file system all processes see).
+  its own blocks of (needs a file system all processes see).  `save` is atomic: the blocks go
+  to a temporary file next to the target, which replaces the target only once complete.
 
-Device ownership comes from jax (`device.process_index`), messages go through MPI: the jax
-process index of each MPI rank is exchanged once per call.  Every call first makes all
-processes agree on whether the input is valid (a small allgather), so that bad input raises
-the same exception on every process instead of leaving some of them waiting in a transfer.
+Device ownership comes from jax (`device.process_index`), messages go through MPI.  Every call
+is a sequence of steps separated by agreements (one small allgather each): each process checks
+what it can (arguments, mesh, array, file, memory), and the agreement raises the first error of
+any process on every process.  Nothing that can fail on one process alone happens between an
+agreement and the point-to-point messages that follow it, so a bad argument or a failure on
+one process is an exception everywhere instead of a process waiting forever.
 With a single jax process no MPI is needed (mpi4py is not even imported).
 """
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import os
+import secrets
+import stat
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, Sharding
 
@@ -32,20 +42,23 @@ __all__ = ["scatter", "gather", "save", "load"]
 # combination has the large-count API, so blocks are sent as byte chunks of at most this size.
 # Tests lower it (monkeypatch) to exercise the chunking with small arrays.
 MAX_MESSAGE_BYTES = 1 << 30
+# Largest single pwrite: Linux writes at most 0x7ffff000 bytes per call.
+MAX_WRITE_BYTES = 1 << 30
 
-# Dtypes the transforms accept as input (integers are promoted): signed/unsigned integers,
-# floats and complex numbers.  bool, object, strings, datetimes and void records are refused.
-_FFT_KINDS = "iufc"
-# Dtypes `save` writes: those plus bool (what a .npy file can describe without pickling).
+# Dtypes `save` writes: what a .npy file can describe without pickling.  ml_dtypes types such as
+# bfloat16 are refused: numpy would read them back as raw bytes ('|V2').
 _SAVE_KINDS = "biufc"
 
-_TAG = 17  # all transfers of a call run on a private duplicate of the communicator
+_TAG = 17  # all transfers of a call run on a private duplicate communicator
+
+# The temporary file `save` writes: hidden, next to the target, with a random part.
+_TMP_SUFFIX = ".pencilfft-tmp"
 
 # Exceptions carried between processes by type name; anything else arrives as RuntimeError.
 _EXCEPTIONS = {
     e.__name__: e
-    for e in (ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError,
-              OSError, RuntimeError)
+    for e in (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError,
+              NotADirectoryError, PermissionError, OSError, MemoryError, RuntimeError)
 }
 
 Key = tuple[tuple[int, int], ...]  # a block: (start, stop) per global axis
@@ -61,38 +74,44 @@ def scatter(data: np.ndarray | None, mesh: Mesh, *, root: int = 0, comm: Any = N
       data: on rank `root`, the whole array, global shape (..., X, Y, Z) with X divisible by
         the first mesh axis and Y by the second (integer, float or complex dtype); `None` on
         every other rank.
-      mesh: a 1-axis (slab) or 2-axis (pencil) mesh over the devices of all processes.
-      root: the MPI rank holding `data`.
+      mesh: a 1-axis (slab) or 2-axis (pencil) mesh over the devices of all processes, the
+        same (axes, sizes, device order) on every process.
+      root: the rank of `comm` holding `data`.
       comm: an mpi4py communicator with one rank per jax process; default `MPI.COMM_WORLD`
         when jax runs several processes, none needed with one.
 
     Returns:
       The global array, shape `data.shape`, sharded as `real_space_sharding(mesh, data.ndim)`.
       Each process receives exactly the blocks of its own devices (one message stream per
-      distinct block); only `root` ever holds the whole array.
+      distinct block); only `root` ever holds the whole array.  64-bit data becomes 32-bit,
+      with a warning, when jax runs without `jax_enable_x64`.
     """
     with _session(comm, root) as s:
-        error, meta = None, None
+        is_root = s.rank == s.root
+        error, info = None, None
         try:
             _check_mesh(mesh)
-            if s.rank == root:
+            meta = None
+            if is_root:
                 if data is None:
                     raise ValueError(
                         f"`data` must be a numpy array on the root rank {root}; got None"
                     )
                 data = np.asarray(data)
-                _check_dtype(data.dtype, "`data`", _FFT_KINDS)
+                _check_jax_dtype(data.dtype, "`data`")
                 _check_fits(data.shape, mesh, "`data`")
-                meta = (data.shape, data.dtype.str)
-            elif data is not None:
+                meta = (data.shape, _jax_dtype(data.dtype, "`data`", "scatter"))
+            elif data is not None and s.problem is None:
                 raise ValueError(
                     f"`data` must be None on every rank but the root rank {root}; rank {s.rank} "
                     f"passed {_describe_value(data)}"
                 )
+            info = (_mesh_description(mesh), meta)
         except Exception as e:  # noqa: BLE001 - every failure must reach every rank
             error = e
-        shape, dtype_str = s.agree(error, meta, root=root)[root]
-        dtype = np.dtype(dtype_str).newbyteorder("=")  # jax wants native byte order
+        infos = s.agree(error, info)
+        _check_same([i[0] for i in infos], "`mesh`")
+        shape, dtype = infos[s.root][1]
         shape = tuple(shape)
         sharding = real_space_sharding(mesh, len(shape))
 
@@ -103,22 +122,47 @@ def scatter(data: np.ndarray | None, mesh: Mesh, *, root: int = 0, comm: Any = N
             if key not in needs[r]:
                 needs[r].append(key)
 
-        blocks: dict[Key, np.ndarray] = {}
-        if s.rank == root:
+        # Every buffer of the transfer exists before it starts: a rank that cannot allocate
+        # one says so in the agreement instead of leaving its partner blocked in a send.
+        error, blocks, sendbuf = None, {}, None
+        try:
+            if is_root:
+                largest = max(
+                    (_size(k) for d in range(s.size) if d != s.root for k in needs[d]), default=0
+                )
+                sendbuf = np.empty(largest, dtype)
+            else:
+                blocks = {key: np.empty(_block_shape(key), dtype) for key in needs[s.rank]}
+        except Exception as e:  # noqa: BLE001
+            error = e
+        s.agree(error, None)
+
+        if is_root:
             for dest in range(s.size):
-                if dest == root:
+                if dest == s.root:
                     continue
                 for key in needs[dest]:
-                    # One contiguous send buffer at a time; a view when already contiguous.
-                    _send(s.comm, np.ascontiguousarray(data[_slices(key)], dtype=dtype), dest)
-            # device_put below copies, so the root's own blocks can stay views of `data`.
-            blocks = {key: np.asarray(data[_slices(key)], dtype=dtype) for key in needs[root]}
+                    block = data[_slices(key)]
+                    if block.dtype != dtype or not block.flags.c_contiguous:
+                        buf = sendbuf[: _size(key)].reshape(_block_shape(key))
+                        np.copyto(buf, block, casting="unsafe")  # unsafe: the x64-off narrowing
+                        block = buf
+                    _send(s.comm, block, dest)
+            del sendbuf
         else:
             for key in needs[s.rank]:
-                buf = np.empty(_block_shape(key), dtype)
-                _recv(s.comm, buf, root)
-                blocks[key] = buf
-        return _assemble(shape, sharding, blocks)
+                _recv(s.comm, blocks[key], s.root)
+
+        error, out = None, None
+        try:
+            if is_root:
+                # device_put copies, so the root's own blocks can stay views of `data`.
+                blocks = {key: np.asarray(data[_slices(key)], dtype=dtype) for key in needs[s.root]}
+            out = _assemble(shape, sharding, blocks)
+        except Exception as e:  # noqa: BLE001
+            error = e
+        s.agree(error, None)  # no process returns an array the others failed to build
+        return out
 
 
 def gather(x: jax.Array, *, root: int = 0, comm: Any = None) -> np.ndarray | None:
@@ -128,32 +172,34 @@ def gather(x: jax.Array, *, root: int = 0, comm: Any = None) -> np.ndarray | Non
     distinct block is sent once, by one process holding it (the root itself when it can).
 
     Args:
-      x: the same global jax.Array on every process.
-      root: the MPI rank that receives the array.
+      x: the same global jax.Array on every process (shape, dtype and sharding are compared).
+      root: the rank of `comm` that receives the array.
       comm: as in `scatter`.
 
     Returns:
       On `root` the whole array (global shape `x.shape`, dtype `x.dtype`); None elsewhere.
     """
     with _session(comm, root) as s:
-        error, meta = None, None
+        is_root = s.rank == s.root
+        error, info, out = None, None, None
         try:
-            _check_jax_array(x, "x")
-            meta = _global_description(x)
+            _check_concrete_array(x, "x", "gather")
+            info = _array_description(x)
+            if is_root:
+                out = np.empty(x.shape, x.dtype)  # before the agreement: it may not fit
         except Exception as e:  # noqa: BLE001
             error = e
-        _check_same(s.agree(error, meta, root=root), "x")
-        owner = _owners(x, s, prefer=root)
+        _check_same(s.agree(error, info), "`x`")
+        owner = _owners(x, s, prefer=s.root)
         local = _local_shards(x)
 
-        if s.rank != root:
+        if not is_root:
             for key, r in owner.items():
                 if r == s.rank:
-                    _send(s.comm, np.ascontiguousarray(np.asarray(local[key].data)), root)
+                    _send(s.comm, np.ascontiguousarray(np.asarray(local[key].data)), s.root)
             return None
-        out = np.empty(x.shape, x.dtype)
         for key, r in owner.items():
-            if r == root:
+            if r == s.rank:
                 out[_slices(key)] = np.asarray(local[key].data)
             else:
                 buf = np.empty(_block_shape(key), x.dtype)  # one receive buffer at a time
@@ -163,58 +209,72 @@ def gather(x: jax.Array, *, root: int = 0, comm: Any = None) -> np.ndarray | Non
 
 
 def save(path: str | os.PathLike, x: jax.Array, *, comm: Any = None) -> None:
-    """Write a global array to a standard .npy file, each process writing its own blocks.
+    """Write a global array to a standard .npy file, atomically, each process writing its blocks.
 
-    Rank 0 creates the file (header and full size), then every process memory-maps it and
-    writes the distinct blocks it owns (each block once).  All processes must see the same
-    file system (local disk for one node; a parallel file system such as Lustre or GPFS
-    for several).  The file holds the global array, shape `x.shape`, in C order; read it
-    with `numpy.load` or `pencilfft.load`.
+    Rank 0 creates a temporary file next to `path` (header, then the full size reserved with
+    `posix_fallocate`, so that a full disk is an OSError now rather than a crash later);
+    every process writes the distinct blocks it owns into it (each block once, with `pwrite`)
+    and flushes them to disk (`fsync`); once every process has succeeded and the size is
+    checked, rank 0 renames the temporary file over `path`.  So `path` holds either its old
+    content or the complete new array, even if the job is killed meanwhile, and on any error
+    every process raises, the temporary file is removed and `path` is untouched.  A job killed
+    during `save` can leave a hidden `.<name>.<random>.pencilfft-tmp` file, safe to delete.
+
+    All processes must see the same file system (local disk for one node; a parallel file
+    system such as Lustre or GPFS for several).  The file holds the global array, shape
+    `x.shape`, in C order; read it with `numpy.load` or `pencilfft.load`.
     """
     with _session(comm, 0) as s:
-        error, meta = None, None
+        error, info = None, None
         try:
             path = _check_path(path)
-            _check_jax_array(x, "x")
-            _check_dtype(x.dtype, "`x`", _SAVE_KINDS)
-            meta = (path, *_global_description(x))
+            _check_concrete_array(x, "x", "save")
+            _check_savable(x.dtype)
+            _check_target(path)
+            info = (path, _array_description(x))
         except Exception as e:  # noqa: BLE001
             error = e
-        _check_same(s.agree(error, meta, root=0), "x and path")
+        infos = s.agree(error, info)
+        _check_same([i[0] for i in infos], "`path`")
+        _check_same([i[1] for i in infos], "`x`")
 
-        error = None
-        if s.rank == 0:
-            try:
-                np.lib.format.open_memmap(path, mode="w+", dtype=x.dtype, shape=x.shape).flush()
-            except Exception as e:  # noqa: BLE001
-                error = e
-        s.agree(error, None, root=0)  # also the barrier: the file exists for everyone now
-
-        error = None
-        owner = _owners(x, s, prefer=0)
-        mine = [key for key, r in owner.items() if r == s.rank]
+        tmp, renamed = None, False
         try:
-            if mine:
-                local = _local_shards(x)
-                mm = np.lib.format.open_memmap(path, mode="r+")
-                if mm.shape != x.shape or mm.dtype != x.dtype:
-                    raise RuntimeError(
-                        f"rank {s.rank} opened {path!r} and found shape {mm.shape}, dtype "
-                        f"{mm.dtype}, not the file rank 0 created (shape {x.shape}, dtype "
-                        f"{x.dtype}): all processes need the same (shared) file system"
-                    )
-                for key in mine:
-                    mm[_slices(key)] = np.asarray(local[key].data)
-                mm.flush()
-                del mm
-        except FileNotFoundError as e:
-            error = FileNotFoundError(
-                f"rank {s.rank} cannot open {path!r}, which rank 0 created: all processes need "
-                f"the same (shared) file system ({e})"
-            )
-        except Exception as e:  # noqa: BLE001
-            error = e
-        s.agree(error, None, root=0)  # the barrier after which the file is complete
+            error, created = None, None
+            if s.rank == 0:
+                try:
+                    tmp, header_len = _create_temporary(path, x.shape, x.dtype)
+                    created = (tmp, header_len)
+                except Exception as e:  # noqa: BLE001
+                    error = _file_error(e, path)
+            tmp, header_len = s.agree(error, created)[0]
+
+            error = None
+            owner = _owners(x, s, prefer=0)
+            mine = [key for key, r in owner.items() if r == s.rank]
+            try:
+                if mine:
+                    _write_blocks(tmp, header_len, x, mine)
+            except FileNotFoundError as e:
+                error = FileNotFoundError(
+                    f"rank {s.rank} cannot open {tmp!r}, which rank 0 created to save {path!r}: "
+                    f"all processes need the same (shared) file system ({e})"
+                )
+            except Exception as e:  # noqa: BLE001
+                error = _file_error(e, path)
+            s.agree(error, None)  # every block is on disk (fsync) once this returns
+
+            error = None
+            if s.rank == 0:
+                try:
+                    _commit(tmp, path, header_len + x.size * np.dtype(x.dtype).itemsize)
+                    renamed = True
+                except Exception as e:  # noqa: BLE001
+                    error = _file_error(e, path)
+            s.agree(error, None)
+        finally:
+            if s.rank == 0 and tmp is not None and not renamed:
+                _remove_quietly(tmp)
 
 
 def load(path: str | os.PathLike, mesh: Mesh, *, comm: Any = None) -> jax.Array:
@@ -222,34 +282,48 @@ def load(path: str | os.PathLike, mesh: Mesh, *, comm: Any = None) -> jax.Array:
 
     Every process memory-maps the file and reads only the blocks of its own devices.  The
     array must have at least 3 dimensions (..., X, Y, Z), X divisible by the first mesh axis,
-    Y by the second, and an integer, float or complex dtype.
+    Y by the second, and an integer, float or complex dtype.  `mesh` must be the same on every
+    process.  64-bit data becomes 32-bit, with a warning, without `jax_enable_x64`.
 
     Returns:
       The global array, shape as in the file, sharded as `real_space_sharding(mesh, ndim)`.
     """
     with _session(comm, 0) as s:
-        error, meta, mm = None, None, None
+        error, info, mm = None, None, None
         try:
             _check_mesh(mesh)
             path = _check_path(path)
             mm = _open_npy(path)
-            _check_dtype(mm.dtype, f"the array in {path!r}", _FFT_KINDS)
-            _check_fits(mm.shape, mesh, f"the array in {path!r}")
-            meta = (path, mm.shape, mm.dtype.str)
+            what = f"the array in {path!r}"
+            _check_jax_dtype(mm.dtype, what)
+            _check_fits(mm.shape, mesh, what)
+            # Only rank 0 warns (one message per job), but inside the checks: a warning turned
+            # into an error must reach every process.
+            dtype = _jax_dtype(mm.dtype, what, "load", warn=s.rank == 0)
+            info = (path, (tuple(mm.shape), mm.dtype.str), _mesh_description(mesh))
         except Exception as e:  # noqa: BLE001
             error = e
-        _check_same(s.agree(error, meta, root=0), "path (and the file it names)")
+        infos = s.agree(error, info)
+        _check_same([i[0] for i in infos], "`path`")
+        _check_same([i[1] for i in infos], f"the array in {path!r}")
+        _check_same([i[2] for i in infos], "`mesh`")
 
-        shape = tuple(mm.shape)
-        dtype = mm.dtype.newbyteorder("=")
-        sharding = real_space_sharding(mesh, len(shape))
-        blocks: dict[Key, np.ndarray] = {}
-        for index in sharding.addressable_devices_indices_map(shape).values():
-            key = _key(index, shape)
-            if key not in blocks:  # several local devices may hold the same block
-                blocks[key] = np.asarray(mm[_slices(key)], dtype=dtype)
-        del mm
-        return _assemble(shape, sharding, blocks)
+        error, out = None, None
+        try:
+            shape = tuple(mm.shape)
+            sharding = real_space_sharding(mesh, len(shape))
+            blocks: dict[Key, np.ndarray] = {}
+            for index in sharding.addressable_devices_indices_map(shape).values():
+                key = _key(index, shape)
+                if key not in blocks:  # several local devices may hold the same block
+                    blocks[key] = np.asarray(mm[_slices(key)], dtype=dtype)
+            out = _assemble(shape, sharding, blocks)
+        except Exception as e:  # noqa: BLE001 - e.g. an I/O error on one process
+            error = e
+        finally:
+            del mm
+        s.agree(error, None)
+        return out
 
 
 # ------------------------------------------------------------------- processes and agreement
@@ -271,86 +345,191 @@ class _SingleProcess:
         pass
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Session:
-    comm: Any  # a private duplicate of the user's communicator (or _SingleProcess)
+    comm: Any  # a private duplicate of a communicator every rank shares (or _SingleProcess)
     rank: int
     size: int
-    rank_of_process: dict[int, int]  # jax process index -> MPI rank
+    root: int | None  # `root` as a rank of `comm`; None where this rank's `root` is invalid
+    problem: Exception | None  # what is wrong with this rank's `comm` or `root`
+    given: tuple  # (root, description of the caller's comm): compared between ranks
+    rank_of_process: dict[int, int] = field(default_factory=dict)  # jax process -> rank
 
-    def agree(self, error: BaseException | None, info: Any, *, root: int) -> list[Any]:
-        """Exchange (error, info, root) between all ranks; raise the first error everywhere.
+    def agree(self, error: BaseException | None, info: Any) -> list[Any]:
+        """One allgather: raise the same exception on every rank if any rank had one.
 
-        Returns every rank's `info`, in rank order, when no rank had an error.
+        The first call of a session also compares `root` and `comm` between ranks and maps
+        jax processes to ranks; those checks come before the other errors, which they may
+        explain (a rank that takes itself for the root finds no data ...).
+        Returns every rank's `info`, in rank order.
         """
+        first = not self.rank_of_process
+        extra = None
+        if first:
+            extra = (
+                None if self.problem is None else _exception_record(self.problem),
+                self.given,
+                jax.process_index(),
+            )
         report = None if error is None else _exception_record(error)
-        results = self.comm.allgather((report, info, root))
-        for rec, _, _ in results:
-            if rec is not None:
-                kind, message = rec
-                raise _EXCEPTIONS.get(kind, RuntimeError)(message)
-        roots = [r for _, _, r in results]
-        if len(set(roots)) > 1:
-            raise ValueError(f"`root` must be the same on every rank; got {roots} (by rank)")
+        results = self.comm.allgather((report, info, extra))
+        if first:
+            extras = [e for _, _, e in results]
+            _raise_first([e[0] for e in extras], self.problem)
+            _check_same([e[1][0] for e in extras], "`root`")
+            _check_same([e[1][1] for e in extras], "`comm`")
+            processes = [e[2] for e in extras]
+            if sorted(processes) != list(range(len(processes))):
+                raise RuntimeError(
+                    f"MPI ranks and jax processes do not match: jax process indices by rank are "
+                    f"{processes}; start jax with pencilfft.initialize()"
+                )
+            self.rank_of_process = {p: r for r, p in enumerate(processes)}
+        _raise_first([r for r, _, _ in results], error)
         return [i for _, i, _ in results]
 
 
-def _exception_record(e: BaseException) -> tuple[str, str]:
+def _exception_record(e: BaseException) -> tuple[str, str, int | None]:
     kind = type(e).__name__
+    number = getattr(e, "errno", None) if isinstance(e, OSError) else None
     if kind in _EXCEPTIONS:
-        return kind, str(e)
-    return "RuntimeError", f"{kind}: {e}"
+        return kind, str(e), number
+    return "RuntimeError", f"{kind}: {e}", None
+
+
+def _raise_first(records: list, own: BaseException | None) -> None:
+    """Raise the lowest rank's error, saying which ranks had one when not all did."""
+    failed = [r for r, rec in enumerate(records) if rec is not None]
+    if not failed:
+        return
+    kind, message, number = records[failed[0]]
+    if len(failed) < len(records):
+        message += f" (on {_ranks(failed)})"
+    exc = _EXCEPTIONS.get(kind, RuntimeError)(message)
+    if number is not None:
+        exc.errno = number
+    # Where the error happened, its own traceback is the useful one.
+    raise exc from own
+
+
+def _ranks(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
+
+
+def _check_same(infos: list[Any], what: str) -> None:
+    """Raise (on every rank alike) unless all ranks gave the same value."""
+    if all(i == infos[0] for i in infos):
+        return
+    groups: dict[str, list[int]] = {}
+    for r, i in enumerate(infos):
+        groups.setdefault(repr(i) if not isinstance(i, str) else i, []).append(r)
+    detail = "; ".join(f"{value} on {_ranks(ranks)}" for value, ranks in list(groups.items())[:4])
+    raise ValueError(f"{what} must be the same on every rank; got {detail}")
 
 
 @contextmanager
-def _session(comm: Any, root: int) -> Iterator[_Session]:
-    """Resolve the communicator, duplicate it for this call and map jax processes to ranks."""
+def _session(comm: Any, root: Any) -> Iterator[_Session]:
+    """A private communicator for this call, duplicated before any argument can fail.
+
+    The duplicate is made of MPI.COMM_WORLD whenever it spans exactly the jax processes (the
+    case pencilfft.initialize() sets up), whatever `comm` each rank passed: a bad or
+    different `comm` or `root` on one rank is then an error in the first agreement, on every
+    rank, instead of a rank left waiting in a Dup the others never call.  The caller's
+    `comm` only says which rank `root` is.
+    """
     n_proc = jax.process_count()
-    if comm is None:
-        if n_proc == 1:
-            comm = _SingleProcess()
+    if n_proc == 1:
+        base = world = _SingleProcess()
+    else:
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise RuntimeError(
+                f"jax runs {n_proc} processes; moving arrays between them needs mpi4py "
+                f"({e}); install mpi4py or pass `comm`"
+            ) from e
+        world = MPI.COMM_WORLD
+        if world.Get_size() == n_proc:
+            base = world
         else:
-            try:
-                from mpi4py import MPI
-            except ImportError as e:
-                raise RuntimeError(
-                    f"jax runs {n_proc} processes; moving arrays between them needs mpi4py "
-                    f"({e}); install mpi4py or pass `comm`"
-                ) from e
-            comm = MPI.COMM_WORLD
-    if not isinstance(comm, _SingleProcess) and not all(
-        hasattr(comm, m) for m in ("Get_size", "Dup", "allgather", "Send", "Recv")
+            # jax spans another set of processes than MPI.COMM_WORLD: only the caller's comm
+            # can carry the agreement, so a `comm` unusable here fails on this rank alone.
+            _check_comm_type(comm)
+            base = world if comm is None else comm
+            _check_comm_size(base, n_proc)
+    dup = base if isinstance(base, _SingleProcess) else base.Dup()
+    try:
+        problem, root_in_base, given = None, None, (_root_value(root), None)
+        try:
+            root_in_base, given = _resolve(comm, root, base, n_proc)
+        except Exception as e:  # noqa: BLE001
+            problem = e
+        yield _Session(dup, dup.Get_rank(), dup.Get_size(), root_in_base, problem, given)
+    finally:
+        dup.Free()
+
+
+def _resolve(comm: Any, root: Any, base: Any, n_proc: int) -> tuple[int, tuple]:
+    """(root as a rank of `base`, (root, what comm is)) or the error in this rank's comm/root.
+
+    What comm is, relative to MPI.COMM_WORLD, is compared between ranks: a rank that passed
+    another communicator than the others is an error.  (Two different duplicates of
+    MPI.COMM_WORLD cannot be told apart, nor need they be: the transfers run on a duplicate
+    of MPI.COMM_WORLD either way.)
+    """
+    _check_comm_type(comm)
+    single = isinstance(base, _SingleProcess)
+    if comm is None or comm is base:
+        comm = base
+    _check_comm_size(comm, n_proc)
+    size = comm.Get_size()
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+        raise ValueError(f"`root` must be a rank in [0, {size}); got {root!r}")
+    root = int(root)
+    if single:
+        return 0, (root, None)
+    from mpi4py import MPI
+
+    if base is not MPI.COMM_WORLD:  # jax spans a subset of the MPI processes: base is comm
+        return root, (root, None)
+    if comm is base:
+        return root, (root, "MPI.COMM_WORLD")
+    relation = MPI.Comm.Compare(comm, base)
+    mine, theirs = comm.Get_group(), base.Get_group()
+    try:
+        order = mine.Translate_ranks(list(range(size)), theirs)
+    finally:
+        mine.Free()
+        theirs.Free()
+    if relation == MPI.IDENT:
+        described = "MPI.COMM_WORLD"
+    elif relation == MPI.CONGRUENT:
+        described = "a duplicate of MPI.COMM_WORLD"
+    else:
+        described = f"MPI.COMM_WORLD's ranks in another order ({_digest(order)})"
+    return order[root], (root, described)
+
+
+def _check_comm_type(comm: Any) -> None:
+    if comm is not None and not all(
+        hasattr(comm, m) for m in ("Get_size", "Get_rank", "Dup", "allgather", "Send", "Recv")
     ):
         raise TypeError(f"`comm` must be an mpi4py communicator; got {type(comm).__name__}")
+
+
+def _check_comm_size(comm: Any, n_proc: int) -> None:
     size = comm.Get_size()
-    # These checks use values that are the same on all ranks: they raise on all or on none.
     if size != n_proc:
         raise ValueError(
             f"`comm` must have one rank per jax process: it has {size} ranks but jax runs "
             f"{n_proc} processes (launch with mpirun/mpiexec or srun --mpi=pmix so that MPI "
             "spans all processes, and start jax with pencilfft.initialize())"
         )
-    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
-        raise ValueError(f"`root` must be a rank in [0, {size}); got {root!r}")
-
-    dup = comm if isinstance(comm, _SingleProcess) else comm.Dup()
-    try:
-        processes = dup.allgather(jax.process_index())
-        if sorted(processes) != list(range(n_proc)):
-            raise RuntimeError(
-                f"MPI ranks and jax processes do not match: jax process indices by rank are "
-                f"{processes}; start jax with pencilfft.initialize()"
-            )
-        yield _Session(dup, dup.Get_rank(), size, {p: r for r, p in enumerate(processes)})
-    finally:
-        dup.Free()
 
 
-def _check_same(infos: list[Any], what: str) -> None:
-    """Raise (on every rank alike) unless all ranks described the same thing."""
-    if any(i != infos[0] for i in infos):
-        detail = "; ".join(f"rank {r}: {i}" for r, i in enumerate(infos))
-        raise ValueError(f"`{what}` must be the same on every rank; got {detail}")
+def _root_value(root: Any) -> Any:
+    return int(root) if isinstance(root, (int, np.integer)) and not isinstance(root, bool) else repr(root)
 
 
 # ------------------------------------------------------------------------------ validation
@@ -362,13 +541,46 @@ def _check_mesh(mesh: Any) -> None:
     _mesh_axes(mesh)  # ValueError unless 1 or 2 axes
 
 
-def _check_dtype(dtype: np.dtype, what: str, kinds: str) -> None:
-    if np.dtype(dtype).kind not in kinds:
-        expected = {
-            _FFT_KINDS: "an integer, float or complex dtype",
-            _SAVE_KINDS: "a bool, integer, float or complex dtype",
-        }[kinds]
-        raise TypeError(f"{what} must have {expected}; got dtype {np.dtype(dtype)}")
+def _jax_supports(dtype: np.dtype) -> bool:
+    if dtype == jnp.bfloat16:
+        return True
+    return dtype.kind in "iufc" and dtype.itemsize <= (16 if dtype.kind == "c" else 8)
+
+
+def _check_jax_dtype(dtype: np.dtype, what: str) -> None:
+    """The dtypes the transforms take: integers, floats (bfloat16 too) and complex numbers."""
+    dtype = np.dtype(dtype)
+    if not _jax_supports(dtype):
+        extra = ", which jax does not support" if dtype.kind in "iufc" else ""
+        raise TypeError(
+            f"{what} must have an integer, float or complex dtype; got dtype {dtype}{extra}"
+        )
+
+
+def _jax_dtype(dtype: np.dtype, what: str, func: str, *, warn: bool = True) -> np.dtype:
+    """The dtype jax gives this data: 64-bit types are 32-bit without jax_enable_x64."""
+    dtype = np.dtype(dtype).newbyteorder("=")  # jax wants native byte order
+    target = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    if target != dtype and warn:
+        warnings.warn(
+            f"pencilfft.{func}: {what} has dtype {dtype}, but jax_enable_x64 is off: the "
+            f"result has dtype {target} (precision is lost, and integers beyond its range "
+            f"wrap around). Call jax.config.update('jax_enable_x64', True) at start-up to keep "
+            f"64-bit types, or convert the data to {target} yourself.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return target
+
+
+def _check_savable(dtype: Any) -> None:
+    dtype = np.dtype(dtype)
+    if dtype.kind not in _SAVE_KINDS:
+        raise TypeError(
+            f"`x` has dtype {dtype}, which a .npy file cannot describe (numpy would read it "
+            f"back as raw bytes, dtype {dtype.str!r}); expected a bool, integer, float or "
+            f"complex dtype: save x.astype(jnp.float32) (or another numpy type) instead"
+        )
 
 
 def _check_fits(shape: tuple[int, ...], mesh: Mesh, what: str) -> None:
@@ -388,9 +600,21 @@ def _check_fits(shape: tuple[int, ...], mesh: Mesh, what: str) -> None:
             )
 
 
-def _check_jax_array(x: Any, what: str) -> None:
+def _check_concrete_array(x: Any, what: str, func: str) -> None:
+    """A live, concrete jax.Array: not a numpy array, not a tracer, not deleted (donated)."""
+    if isinstance(x, jax.core.Tracer):
+        raise TypeError(
+            f"`{what}` must be a concrete jax.Array; got a tracer ({type(x).__name__}): "
+            f"pencilfft.{func} moves data between processes and cannot run inside jax.jit, "
+            f"vmap or grad; call it on the result, outside the transformation"
+        )
     if not isinstance(x, jax.Array):
         raise TypeError(f"`{what}` must be a jax.Array; got {_describe_value(x)}")
+    if x.is_deleted():
+        raise ValueError(
+            f"`{what}` has been deleted (donated to an earlier call, e.g. "
+            f"jax.jit(..., donate_argnums=0), or x.delete()); pass a live array"
+        )
 
 
 def _check_path(path: Any) -> str:
@@ -399,10 +623,30 @@ def _check_path(path: Any) -> str:
     return os.path.abspath(os.fspath(path))
 
 
+def _check_target(path: str) -> None:
+    """Where `save` can write: an existing directory, and not a directory itself."""
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"`path` {path!r} cannot be written: its directory {directory!r} does not exist"
+        )
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"`path` {path!r} is a directory; expected a file name")
+
+
 def _open_npy(path: str) -> np.ndarray:
     """Memory-map the array in a .npy file (reads nothing but the header)."""
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"`path` names no file: {path!r}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"`path` {path!r} is a directory; expected a .npy file")
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError as e:
+        raise PermissionError(f"`path` {path!r} cannot be read: {e.strerror}") from e
+    except FileNotFoundError as e:  # e.g. a dangling symbolic link
+        raise FileNotFoundError(f"`path` names no file: {path!r} ({e.strerror})") from e
     try:
         mm = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as e:  # noqa: BLE001 - numpy says ValueError, OSError, EOFError ...
@@ -421,9 +665,25 @@ def _describe_value(v: Any) -> str:
     return f"a value of type {kind}"
 
 
-def _global_description(x: jax.Array) -> tuple:
-    """What must agree between ranks for x to be one global array."""
-    return tuple(x.shape), np.dtype(x.dtype).str, sorted(d.id for d in x.sharding.device_set)
+def _digest(obj: Any) -> str:
+    return "digest " + hashlib.sha256(repr(obj).encode()).hexdigest()[:12]
+
+
+def _mesh_description(mesh: Mesh) -> str:
+    """What must agree between ranks for a mesh to be one mesh (a short string at any size)."""
+    ids = [int(d.id) for d in mesh.devices.flat]
+    devices = str(ids) if len(ids) <= 16 else _digest(ids)
+    types = tuple(str(t).rsplit(".", 1)[-1] for t in getattr(mesh, "axis_types", ()))
+    return (
+        f"axes {tuple(mesh.axis_names)} of sizes {tuple(mesh.axis_sizes)} ({', '.join(types)}), "
+        f"devices {devices}"
+    )
+
+
+def _array_description(x: jax.Array) -> str:
+    """What must agree between ranks for x to be one global array: shape, dtype, block map."""
+    blocks = [(d.id, _key(i, x.shape)) for d, i in _sorted_index_map(x.sharding, x.shape)]
+    return f"shape {tuple(x.shape)}, dtype {x.dtype}, blocks by device {_digest(blocks)}"
 
 
 # ---------------------------------------------------------------------------------- blocks
@@ -440,6 +700,10 @@ def _slices(key: Key) -> tuple[slice, ...]:
 
 def _block_shape(key: Key) -> tuple[int, ...]:
     return tuple(b - a for a, b in key)
+
+
+def _size(key: Key) -> int:
+    return int(np.prod(_block_shape(key), dtype=np.int64))
 
 
 def _sorted_index_map(sharding: Sharding, shape: tuple[int, ...]):
@@ -494,3 +758,165 @@ def _recv(comm: Any, buf: np.ndarray, source: int) -> None:
     step = MAX_MESSAGE_BYTES
     for start in range(0, flat.size, step):
         comm.Recv(flat[start : start + step], source=source, tag=_TAG)
+
+
+# ----------------------------------------------------------------------------------- files
+
+
+def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    """The header numpy writes for a C-order array (format 1.0, or 2.0 when it must)."""
+    d = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+         "shape": tuple(int(n) for n in shape)}
+    buf = io.BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(buf, d)
+    except ValueError:  # a header longer than 64 KiB
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_2_0(buf, d)
+    return buf.getvalue()
+
+
+def _create_temporary(path: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[str, int]:
+    """Rank 0: the temporary file next to `path`, header written and full size reserved.
+
+    Returns (its name, the header length).  Next to the (resolved) target so that the final
+    rename stays within one file system.
+    """
+    target = os.path.realpath(path)
+    directory, name = os.path.split(target)
+    header = _npy_header(shape, dtype)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{secrets.token_hex(6)}{_TMP_SUFFIX}")
+        try:
+            fd = os.open(tmp, flags, 0o666)  # 0o666 & ~umask, like numpy.save
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary file name next to {path!r}")
+    try:
+        try:
+            if os.path.isfile(target):  # overwriting keeps the old file's permissions
+                os.fchmod(fd, stat.S_IMODE(os.stat(target).st_mode))
+        except OSError:
+            pass
+        _pwrite_all(fd, np.frombuffer(header, np.uint8), 0)
+        _reserve(fd, len(header) + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _remove_quietly(tmp)
+        raise
+    os.close(fd)
+    return tmp, len(header)
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Allocate the whole file now: a full disk or a size limit is an OSError here.
+
+    Writing into a sparse file can fail later, and through a memory map that failure is a
+    SIGBUS that kills the process.  Where the file system cannot preallocate, the file is
+    only extended; `pwrite` then still reports a full disk as an OSError.
+    """
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is not None and size > 0:
+        try:
+            fallocate(fd, 0, size)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS):
+                raise
+    os.ftruncate(fd, size)
+
+
+def _write_blocks(tmp: str, header_len: int, x: jax.Array, keys: list[Key]) -> None:
+    """This rank's blocks into the temporary file, then fsync (each client its own data)."""
+    fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        local = _local_shards(x)
+        for key in keys:
+            block = np.ascontiguousarray(np.asarray(local[key].data))
+            _pwrite_block(fd, block, key, tuple(x.shape), header_len)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pwrite_block(fd: int, block: np.ndarray, key: Key, shape: tuple[int, ...], base: int) -> None:
+    """Write a C-contiguous block of a C-order array stored at byte `base` of the file.
+
+    The block is a set of runs, each contiguous in the file: along the last axis the block
+    does not span entirely, times all the axes after it (which it spans).
+    """
+    if block.size == 0:
+        return
+    n = len(shape)
+    strides = [int(np.prod(shape[m + 1:], dtype=np.int64)) for m in range(n)]
+    j = n
+    while j > 0 and key[j - 1] == (0, shape[j - 1]):
+        j -= 1
+    offsets = np.zeros((), np.int64)
+    if j == 0:
+        run = block.size
+    else:
+        for m in range(j - 1):
+            offsets = offsets[..., None] + np.arange(*key[m], dtype=np.int64) * strides[m]
+        offsets = offsets + key[j - 1][0] * strides[j - 1]
+        run = (key[j - 1][1] - key[j - 1][0]) * strides[j - 1]
+    itemsize = block.dtype.itemsize
+    rows = block.reshape(-1).view(np.uint8).reshape(-1, run * itemsize)
+    for row, offset in zip(rows, offsets.reshape(-1).tolist()):
+        _pwrite_all(fd, row, base + offset * itemsize)
+
+
+def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        written = os.pwrite(fd, view[done : done + MAX_WRITE_BYTES], offset + done)
+        if written <= 0:
+            raise OSError(errno.EIO, f"pwrite wrote nothing at offset {offset + done}")
+        done += written
+
+
+def _commit(tmp: str, path: str, expected: int) -> None:
+    """Rank 0, after every rank wrote and synced its blocks: check the size, rename, sync."""
+    size = os.stat(tmp).st_size
+    if size != expected:
+        raise OSError(
+            errno.EIO,
+            f"the temporary file {tmp!r} has {size} bytes after every process wrote its "
+            f"blocks, not the {expected} of the array",
+        )
+    target = os.path.realpath(path)
+    os.replace(tmp, target)
+    # The rename itself must reach the disk for the new file to survive a crash.
+    try:
+        dir_fd = os.open(os.path.dirname(target), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:  # some file systems cannot sync a directory
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def _file_error(e: Exception, path: str) -> Exception:
+    """An OSError of `save`, with the target and the guarantee that it is unchanged."""
+    if not isinstance(e, OSError) or type(e).__name__ not in _EXCEPTIONS:
+        return e
+    reason = e.strerror or str(e)
+    detail = f" ({e.filename})" if e.filename and e.filename != path else ""
+    out = type(e)(f"cannot save {path!r}: {reason}{detail}; {path!r} is unchanged")
+    out.errno = e.errno
+    return out
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

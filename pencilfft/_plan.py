@@ -187,8 +187,14 @@ def check_norm_layout(norm: str, layout: str) -> None:
 def _fft_dtype(dtype, argname: str):
     """The complex dtype jnp.fft.fftn would return for this input dtype."""
     dtype = np.dtype(dtype)
-    if not (np.issubdtype(dtype, np.number) or dtype == jnp.bfloat16) or dtype == np.bool_:
-        raise TypeError(f"`{argname}` must have a numeric dtype; got {dtype}")
+    # Kinds jnp accepts: integers, floats, complex (timedelta64 is an integer to numpy, and
+    # long double has no XLA type: jnp refuses both, and so do we).
+    numeric = dtype.kind in "iufc" or dtype == jnp.bfloat16
+    if not numeric or dtype.itemsize > (16 if dtype.kind == "c" else 8):
+        raise TypeError(
+            f"`{argname}` must have a numeric dtype (integer, float or complex) that jax supports; "
+            f"got {dtype}"
+        )
     return jax.eval_shape(lambda a: jnp.fft.fft(a), jax.ShapeDtypeStruct((2,), dtype)).dtype
 
 
@@ -223,11 +229,27 @@ def _check_real_input(x, shape, mesh, axes, pdims, argname: str) -> None:
             )
 
 
-def _check_ndim(shape, argname):
+def _check_array(x, argname: str) -> tuple[int, ...]:
+    """x's shape, for an array (jax, numpy or a tracer) with at least 3 non-empty axes."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(
+            f"`{argname}` must be an array (jax.Array or numpy.ndarray), as for jnp.fft.fftn; "
+            f"got {type(x).__name__}"
+        )
+    if isinstance(x, jax.Array) and not _is_tracer(x) and x.is_deleted():
+        raise ValueError(
+            f"`{argname}` has been deleted (was it donated to an earlier call, e.g. "
+            f"jax.jit(pfft3d, donate_argnums=0)?); pass a live array"
+        )
+    shape = tuple(x.shape)
     if len(shape) < 3:
         raise ValueError(
-            f"`{argname}` must have at least 3 dimensions (..., X, Y, Z); got shape {tuple(shape)}"
+            f"`{argname}` must have at least 3 dimensions (..., X, Y, Z); got shape {shape}"
         )
+    if 0 in shape:
+        raise ValueError(f"`{argname}` has a zero-length axis (shape {shape}); the transforms "
+                         f"need at least one point along every axis")
+    return shape
 
 
 # Per-device blocks at least this large take the pairwise exchange under "auto" on CPUs.
@@ -269,9 +291,8 @@ def plan_forward(x, *, norm, layout, mesh, real: bool, exchange: str = "auto",
                  argname: str = "x") -> Plan:
     """Plan for pfft3d/prfft3d of x (global shape (..., X, Y, Z))."""
     check_norm_layout(norm, layout)
-    shape = tuple(np.shape(x))
-    _check_ndim(shape, argname)
-    dtype = np.result_type(x) if not hasattr(x, "dtype") else x.dtype
+    shape = _check_array(x, argname)
+    dtype = x.dtype
     if real:
         if np.issubdtype(dtype, np.complexfloating):
             raise TypeError(
@@ -298,9 +319,8 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool, exchange: str = "auto
     Also validates `s` against k for the frequency helpers.
     """
     check_norm_layout(norm, layout)
-    shape = tuple(np.shape(k))
-    _check_ndim(shape, argname)
-    dtype = np.result_type(k) if not hasattr(k, "dtype") else k.dtype
+    shape = _check_array(k, argname)
+    dtype = k.dtype
     k_dtype = _fft_dtype(dtype, argname)
     mesh = find_mesh(k, mesh)
     axes, pdims = _mesh_axes(mesh)

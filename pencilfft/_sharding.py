@@ -5,7 +5,9 @@ planner, the loaders and the frequency helpers all ask here.
 """
 from __future__ import annotations
 
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import operator
+
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
 __all__ = ["real_space_spec", "k_space_spec", "real_space_sharding", "k_space_sharding", "LAYOUTS"]
 
@@ -14,6 +16,12 @@ LAYOUTS = ("transposed", "natural")
 
 def _mesh_axes(mesh) -> tuple[str, str | None]:
     """The (first, second) mesh axis names; the second is None on a 1-axis mesh."""
+    # AbstractMesh too: the planner passes the abstract mesh of a traced array under jit.
+    if not isinstance(mesh, (Mesh, AbstractMesh)):
+        raise TypeError(
+            f"`mesh` must be a jax.sharding.Mesh with 1 axis (slab) or 2 axes (pencil), e.g. "
+            f"jax.make_mesh((4, 2), ('x', 'y')); got {_describe(mesh)}"
+        )
     names = tuple(mesh.axis_names)
     if len(names) == 1:
         return names[0], None
@@ -25,13 +33,37 @@ def _mesh_axes(mesh) -> tuple[str, str | None]:
     )
 
 
+def _check_ndim(ndim) -> int:
+    """`ndim` as an int >= 3: a spec with fewer entries would not describe (..., X, Y, Z)."""
+    try:
+        if isinstance(ndim, bool):
+            raise TypeError
+        n = operator.index(ndim)
+    except TypeError:
+        raise TypeError(
+            f"`ndim` must be an integer >= 3 (the global dimensions (..., X, Y, Z)); got "
+            f"{_describe(ndim)}"
+        ) from None
+    if n < 3:
+        raise ValueError(
+            f"`ndim` must be at least 3 (the global dimensions (..., X, Y, Z)); got {n}"
+        )
+    return n
+
+
+def _describe(v) -> str:
+    if v is None:
+        return "None"
+    return f"{v!r} ({type(v).__name__})" if isinstance(v, (int, float, str)) else type(v).__name__
+
+
 def real_space_spec(mesh, ndim: int = 3) -> P:
     """PartitionSpec of a real-space array of `ndim` global dimensions (..., X, Y, Z).
 
     X is split by the first mesh axis, Y by the second (if any); Z and batch axes are whole.
     """
     a, b = _mesh_axes(mesh)
-    return P(*([None] * (ndim - 3)), a, b, None)
+    return P(*([None] * (_check_ndim(ndim) - 3)), a, b, None)
 
 
 def k_space_spec(mesh, layout: str = "transposed", ndim: int = 3) -> P:
@@ -41,7 +73,7 @@ def k_space_spec(mesh, layout: str = "transposed", ndim: int = 3) -> P:
     natural:    global order (..., X, Y, Z); the same split of Y and Z, X whole.
     """
     a, b = _mesh_axes(mesh)
-    batch = [None] * (ndim - 3)
+    batch = [None] * (_check_ndim(ndim) - 3)
     if layout == "transposed":
         return P(*batch, a, b, None)
     if layout == "natural":

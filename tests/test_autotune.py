@@ -36,7 +36,49 @@ def test_autotune_skips_meshes_the_grid_does_not_fit():
     (dict(shape=(3, 3, 8)), r"fits no candidate mesh of 8 devices"),
     (dict(shape=(8, 8)), r"`shape` must have at least 3 dimensions"),
     (dict(shape=(8, 8, 8), repeats=0), r"`repeats` must be at least 1"),
+    (dict(shape=(0, 8, 8)), r"`shape` must hold positive sizes; got \(0, 8, 8\)"),
+    (dict(shape=(-8, 8, 8)), r"`shape` must hold positive sizes; got \(-8, 8, 8\)"),
+    (dict(shape=(8, 8, 8), exchanges=()), r"`exchanges` must name at least one of \('auto', "
+                                          r"'alltoall', 'pairwise'\); got \(\)"),
+    (dict(shape=(8, 8, 8), exchanges=("alltoall", "fast")),
+     r"`exchanges` entries must be in .*; got 'fast'"),
+    (dict(shape=(8, 8, 8), devices=[]), r"`devices` must hold at least one jax device; got an "
+                                        r"empty sequence"),
+    (dict(shape=(8, 8, 8), pdims=[(4, 4)]), r"`pdims` must be a sequence of \(P, Q\) pairs with "
+                                            r"P \* Q = 8.*; got the entry \(4, 4\) \(P \* Q = 16\)"),
+    (dict(shape=(8, 8, 8), layout="natrual"), r"`layout` must be one of"),
+    # 8 EiB: refused from the sizes, before XLA tries to allocate it (it used to SIGABRT)
+    (dict(shape=(1 << 21, 1 << 21, 1 << 21)), r"`shape` \(2097152, 2097152, 2097152\) with dtype "
+                                              r"complex64 needs about .* GiB per device"),
 ])
 def test_autotune_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
         pencilfft.autotune(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(shape=(8, 8, 8), repeats="3"), r"`repeats` must be an integer >= 1; got '3'"),
+    (dict(shape=(8, 8, 8), repeats=2.0), r"`repeats` must be an integer >= 1; got 2.0"),
+    (dict(shape=(8.0, 8, 8)), r"`shape` must hold integers; got \(8.0, 8, 8\)"),
+    (dict(shape="888"), r"`shape` must be a sequence of at least 3 positive integers"),
+    (dict(shape=(8, 8, 8), dtype=np.int32), r"`dtype` must be one of complex64, complex128, "
+                                            r"float32, float64 .*; got <class 'numpy.int32'>"),
+    (dict(shape=(8, 8, 8), dtype="bogus"), r"`dtype` must be one of .*; got 'bogus'"),
+    (dict(shape=(8, 8, 8), exchanges="alltoall"), r"`exchanges` must be a sequence of exchange "
+                                                  r"names"),
+    (dict(shape=(8, 8, 8), pdims=(4, 2)), r"`pdims` must be a sequence of \(P, Q\) pairs .*; got "
+                                          r"the entry 4 in \(4, 2\)"),
+    (dict(shape=(8, 8, 8), pdims=[(8,)]), r"`pdims` .*; got the entry \(8,\)"),
+    (dict(shape=(8, 8, 8), devices=["cpu:0"]), r"`devices` must hold jax devices"),
+])
+def test_autotune_bad_types(kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        pencilfft.autotune(**kwargs)
+
+
+def test_autotune_float64_needs_x64():
+    import jax
+
+    with jax.enable_x64(False):
+        with pytest.raises(ValueError, match=r"`dtype` float64 needs 64-bit types"):
+            pencilfft.autotune((8, 8, 8), dtype=np.float64)

@@ -273,3 +273,63 @@ def test_slurm_arguments(env, overrides, expected_ids):
 )
 def test_launched_by_mpi(env, expected):
     assert _distributed._launched_by_mpi(env) is expected
+
+
+# --------------------------------------------------------------- arguments, abort on error
+
+
+def test_initialize_rejects_unknown_keyword():
+    """Before, a misspelt option was ignored in a single process and failed only under mpirun."""
+    with pytest.raises(TypeError, match=r"initialize\(\) got unexpected keyword argument\(s\) "
+                                        r"'bogus_kwarg'; expected verbose, abort_on_error or an "
+                                        r"argument of jax.distributed.initialize: coordinator_address"):
+        initialize(bogus_kwarg=1)
+
+
+@pytest.mark.parametrize("value", [1, "yes"])
+def test_initialize_rejects_bad_abort_on_error(value):
+    with pytest.raises(TypeError, match=r"`abort_on_error` must be True, False or None"):
+        initialize(abort_on_error=value)
+
+
+@pytest.mark.parametrize("value,expected", [
+    (None, True), ("1", True), ("", True), ("on", True), ("0", False), ("False", False),
+    ("off", False), ("no", False), ("maybe", ValueError),
+])
+def test_abort_on_error_environment(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv("PENCILFFT_ABORT_ON_ERROR", raising=False)
+    else:
+        monkeypatch.setenv("PENCILFFT_ABORT_ON_ERROR", value)
+    if expected is ValueError:
+        with pytest.raises(ValueError, match=r"PENCILFFT_ABORT_ON_ERROR must be 1/true/yes/on or "
+                                             r"0/false/no/off; got 'maybe'"):
+            _distributed._abort_wanted(None)
+    else:
+        assert _distributed._abort_wanted(None) is expected
+    assert _distributed._abort_wanted(False) is False  # the argument wins
+
+
+def test_abort_hook_only_with_several_processes():
+    """conftest called initialize(): under mpirun the hook is in place, in one process not."""
+    import sys
+
+    assert bool(getattr(sys.excepthook, "_pencilfft_abort", False)) == MULTI_PROCESS
+
+
+@pytest.mark.single_process
+def test_abort_hook_install_is_idempotent_and_removable():
+    import sys
+
+    before = sys.excepthook
+    try:
+        assert _distributed._install_abort_hook()
+        hook = sys.excepthook
+        assert hook._pencilfft_abort and hook._pencilfft_previous is before
+        assert _distributed._install_abort_hook() and sys.excepthook is hook  # not twice
+        _distributed._remove_abort_hook()
+        assert sys.excepthook is before
+        _distributed._remove_abort_hook()  # nothing installed: nothing changes
+        assert sys.excepthook is before
+    finally:
+        sys.excepthook = before

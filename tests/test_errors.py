@@ -168,6 +168,28 @@ CASES = [
          (TypeError, ValueError), "`d`", "'a'"),
     case("fftfreq3d-d-zero", lambda e: (lambda a: pf.fftfreq3d(a, 0.0), (e.k,)),
          ValueError, "`d`", "0"),
+    case("fftfreq3d-d-numeric-string", lambda e: (lambda a: pf.fftfreq3d(a, "1"), (e.k,)),
+         TypeError, "`d`", "'1'"),
+    case("fftfreq3d-d-bool", lambda e: (lambda a: pf.fftfreq3d(a, True), (e.k,)),
+         TypeError, "`d`", "True"),
+    # -- inputs jnp.fft.fftn refuses or handles differently
+    *[case(f"list-{f.__name__}", lambda e, f=f: (lambda: f([[[1.0, 2.0]]], mesh=e.mesh), ()),
+           TypeError, "must be an array", "list", jit=False)
+      for f in (pf.pfft3d, pf.prfft3d, pf.pifft3d, pf.fftfreq3d)],
+    *[case(f"dtype-{name}-{f.__name__}", lambda e, f=f, dt=dt: (
+              lambda: f(np.zeros((8, 8, 8), dt), mesh=e.mesh), ()),
+           TypeError, "`k`" if f is pf.pifft3d else "`x`", "numeric dtype", str(np.dtype(dt)),
+           jit=False)
+      for name, dt, fs in [("timedelta", "m8[s]", (pf.pfft3d, pf.prfft3d, pf.pifft3d)),
+                           ("bool", bool, (pf.pfft3d, pf.prfft3d, pf.pifft3d)),
+                           ("longdouble", np.longdouble, (pf.pfft3d, pf.prfft3d, pf.pifft3d)),
+                           ("clongdouble", np.clongdouble, (pf.pfft3d, pf.pifft3d))]
+      for f in fs],
+    *[case(f"zero-length-{f.__name__}-{shape}", lambda e, f=f, shape=shape: (
+              lambda a: f(a, mesh=e.mesh), (np.zeros(shape, complex),)),
+           ValueError, "zero-length axis", str(shape))
+      for f in (pf.pfft3d, pf.pifft3d)
+      for shape in [(0, 8, 8), (8, 8, 0), (2, 0, 8, 8)]],
     # -- mesh= that is not a Mesh
     *[case(f"mesh-is-{name}", lambda e, m=m: (lambda a: f(a, mesh=m(e)), (e.xs if real_in else e.k,)),
            TypeError, "`mesh`", "Mesh", got)
@@ -188,6 +210,17 @@ def test_bad_input(env, make, exc, fragments, mode):
     message = str(info.value)
     missing = [f for f in fragments if not re.search(re.escape(f), message)]
     assert not missing, f"message {message!r} lacks {missing}"
+
+
+@pytest.mark.parametrize("f", [pf.pfft3d, pf.prfft3d, pf.pifft3d])
+def test_deleted_input(env, f):
+    """A donated (deleted) array is refused with a message, not a crash inside XLA."""
+    x = put_global(env.x.astype(complex if f is pf.pifft3d else float),
+                   pf.k_space_sharding(env.mesh) if f is pf.pifft3d else pf.real_space_sharding(env.mesh))
+    x.delete()
+    name = "`k`" if f is pf.pifft3d else "`x`"
+    with pytest.raises(ValueError, match=re.escape(name) + " has been deleted.*donate"):
+        f(x)
 
 
 def test_validation_error_leaves_no_partial_state(env):

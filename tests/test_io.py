@@ -6,6 +6,7 @@ root passes it to `scatter`.  Bad input must raise the same exception on every r
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -396,3 +397,135 @@ def test_load_error_on_one_rank_reaches_all(shared_dir):
     path = os.path.join(shared_dir, "missing.npy") if RANK == LAST else good
     with pytest.raises(FileNotFoundError, match=r"`path` names no file: '.*missing\.npy'"):
         load(path, make_mesh((4, 2)))
+
+
+# ------------------------------------------------------------- dtypes, files, tracers (issue 11)
+
+
+def test_scatter_gather_bfloat16():
+    """bfloat16 is a float: the transforms take it, so scatter does (the message said otherwise)."""
+    import jax.numpy as jnp
+
+    data = _data((8, 8, 2), np.float32).astype(jnp.bfloat16)
+    x = scatter(_root_only(data), make_mesh((4, 2)))
+    assert x.dtype == jnp.bfloat16
+    _assert_blocks(x, data, real_space_sharding(make_mesh((4, 2))))
+    _assert_gathered(gather(x), data)
+
+
+def test_save_refuses_bfloat16(shared_dir):
+    import jax.numpy as jnp
+
+    x = put_global(_data((8, 8, 2), np.float32).astype(jnp.bfloat16),
+                   real_space_sharding(make_mesh((4, 2))))
+    message = ("`x` has dtype bfloat16, which a .npy file cannot describe (numpy would read it "
+               "back as raw bytes, dtype '<V2'); expected a bool, integer, float or complex dtype")
+    with pytest.raises(TypeError, match=re.escape(message)):
+        save(os.path.join(shared_dir, "b.npy"), x)
+    if RANK == 0:
+        assert os.listdir(shared_dir) == []
+
+
+def test_scatter_rejects_long_double():
+    data = np.zeros((8, 8, 2), dtype=np.longdouble)
+    message = f"got dtype {np.dtype(np.longdouble)}, which jax does not support"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        scatter(_root_only(data), make_mesh((4, 2)))
+
+
+def _x64_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if "jax_enable_x64 is off" in str(w.message)]
+
+
+@pytest.mark.parametrize("func", ["scatter", "load"])
+@pytest.mark.parametrize("dtype,narrow", [(np.float64, np.float32), (np.int64, np.int32),
+                                          (np.complex128, np.complex64)])
+def test_x64_off_narrows_with_a_warning(func, dtype, narrow, shared_dir):
+    """Without x64 the result is 32-bit: one warning (on the root / rank 0) says so."""
+    import warnings
+
+    mesh = make_mesh((4, 2))
+    data = _data((8, 8, 2), dtype)
+    path = os.path.join(shared_dir, "w.npy")
+    if RANK == 0:
+        np.save(path, data)
+    _barrier()
+    with jax.enable_x64(False), warnings.catch_warnings(record=True) as caught:
+        # Only this warning: a catch-all "always" can outlive the block in the C warnings
+        # state and make Python print ResourceWarnings at exit.
+        warnings.filterwarnings("always", message=r"pencilfft\.", category=UserWarning)
+        x = scatter(_root_only(data), mesh) if func == "scatter" else load(path, mesh)
+        assert x.dtype == narrow
+        _assert_blocks(x, data.astype(narrow), real_space_sharding(mesh))
+    messages = _x64_warnings(caught)
+    if RANK == 0:
+        assert len(messages) == 1 and f"has dtype {np.dtype(dtype)}" in messages[0]
+        assert f"the result has dtype {np.dtype(narrow)}" in messages[0]
+    else:
+        assert messages == []
+
+
+def test_x64_warning_as_error_reaches_every_rank():
+    """A warning turned into an error on the root alone must not leave the others waiting."""
+    import warnings
+
+    with jax.enable_x64(False), warnings.catch_warnings():
+        if RANK == 0:
+            warnings.filterwarnings("error", message=r"pencilfft\.", category=UserWarning)
+        with pytest.raises(RuntimeError, match=r"UserWarning: pencilfft.scatter: `data` has dtype "
+                                               r"float64, but jax_enable_x64 is off"):
+            scatter(_root_only(np.zeros((8, 8, 2))), make_mesh((4, 2)))
+
+
+def test_load_rejects_directory(shared_dir):
+    with pytest.raises(IsADirectoryError, match=r"`path` '.*' is a directory; expected a \.npy file"):
+        load(shared_dir, make_mesh((4, 2)))
+
+
+def test_load_rejects_unreadable_file(shared_dir, monkeypatch):
+    """PermissionError, not 'not a readable .npy file' (ValueError)."""
+    import builtins
+
+    path = os.path.join(shared_dir, "secret.npy")
+    if RANK == 0:
+        np.save(path, np.zeros((8, 8, 2)))
+    _barrier()
+    real_open = builtins.open
+
+    def denied(file, *args, **kwargs):  # as chmod 000 would for anyone but root
+        if os.fspath(file) == path:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", denied)
+    with pytest.raises(PermissionError, match=r"`path` '.*secret\.npy' cannot be read: "
+                                              r"Permission denied"):
+        load(path, make_mesh((4, 2)))
+
+
+def test_save_rejects_directory(shared_dir):
+    x = put_global(np.zeros((8, 8, 2)), real_space_sharding(make_mesh((4, 2))))
+    with pytest.raises(IsADirectoryError, match=r"`path` '.*' is a directory; expected a file name"):
+        save(shared_dir, x)
+
+
+@pytest.mark.parametrize("func", ["gather", "save"])
+def test_tracer_is_refused(func, shared_dir):
+    """Under jit these cannot move data: a TypeError saying so, not RuntimeError(AttributeError)."""
+    x = put_global(np.zeros((8, 8, 2)), real_space_sharding(make_mesh((4, 2))))
+    call = gather if func == "gather" else lambda a: save(os.path.join(shared_dir, "t.npy"), a)
+    with pytest.raises(TypeError, match=rf"`x` must be a concrete jax.Array; got a tracer "
+                                        rf"\(.*\): pencilfft.{func} moves data"):
+        jax.jit(lambda a: (call(a), a)[1])(x)
+
+
+@pytest.mark.parametrize("spec", [P(None, "y", None, "x"), P("x", None, None, "y")],
+                         ids=["y-and-last", "batch-and-z"])
+def test_save_blocks_with_short_runs(spec, shared_dir):
+    """Blocks split along the last axis are many short runs in the file: each lands right."""
+    mesh = make_mesh((2, 4))
+    data = _data((2, 8, 3, 8), np.complex128)
+    path = os.path.join(shared_dir, "runs.npy")
+    save(path, put_global(data, NamedSharding(mesh, spec)))
+    if RANK == 0:
+        np.testing.assert_array_equal(np.load(path), data)

@@ -1,0 +1,329 @@
+"""Halo exchange of padded blocks, with jaxdecomp's semantics (`jaxdecomp.halo_exchange`).
+
+A real-space array (..., X, Y, Z) split P(a, b) over a mesh (a, b) whose every device block has
+been padded by `hx` cells on both sides of X and `hy` on both sides of Y: blocks of
+(X/Pa, Y/Pb, Z) = (ix + 2 hx, iy + 2 hy, Z) global cells, of which the inner (ix, iy) are the
+device's own ("interior") cells.  The exchange overwrites each block's halo cells with the
+interior cells of the blocks they stand for, corners included: with G the array of all interior
+cells (shape (Pa ix, Pb iy, Z)), every block becomes its window of `np.pad(G, wrap)`.  Halo cells
+beyond a non-periodic edge of G keep their values.  A mesh axis of size 1 wraps within the block
+(periodic) or leaves the halo alone.
+
+Per device it is two rounds of neighbour sends (`ppermute`), X then Y: the X round carries the
+X-halo rows of the interior columns only, the Y round whole columns, X halos included, so the
+corners arrive from the diagonal neighbour in two hops without a third round.  Like the
+transforms, it runs in `shard_map` when the mesh is known and through the compiler-partitioned
+path (`_partitioned.py`) when it is not; the adjoint (for grad) is `jax.linear_transpose` of the
+same body: each halo's cotangent goes back to the interior cell it was copied from.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ._partitioned import LinearOp, apply
+from ._plan import _current_spec, _is_tracer, find_mesh, has_explicit_axes
+from ._sharding import real_space_spec
+
+__all__ = ["halo_exchange", "HaloExchange"]
+
+_LABELS = ("X", "Y")
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-device body (all shapes here are local blocks (..., bx, by, Z))
+
+
+def _exchange_block(x: jax.Array, *, extents, periods, names, sizes) -> jax.Array:
+    """Fill the halos of one device's block; `names`/`sizes`: mesh axes splitting (X, Y)."""
+    hx, hy = extents
+    bx, by = x.shape[-3], x.shape[-2]
+    if hx:
+        # Interior columns only: the Y round below must find this block's Y halos untouched,
+        # so that halos beyond a non-periodic Y edge keep their own values.
+        x = _exchange_axis(x, x.ndim - 3, hx, periods[0], names[0], sizes[0],
+                           cols=slice(hy, by - hy), keep_rows=None)
+    if hy:
+        keep = None if periods[0] else (hx, names[0], sizes[0])
+        x = _exchange_axis(x, x.ndim - 2, hy, periods[1], names[1], sizes[1],
+                           cols=slice(0, bx), keep_rows=keep)
+    return x
+
+
+def _index(name, size):
+    # A Python 0, not an array, off the mesh: custom_partitioning refuses traced constants.
+    return jax.lax.axis_index(name) if size > 1 else 0
+
+
+def _exchange_axis(x, axis: int, h: int, periodic: bool, name, n: int, cols: slice, keep_rows):
+    """One round along `axis`: the low and high halos of width h, over `cols` of the other axis.
+
+    `keep_rows` = (hx, name, n) of X when X is not periodic: in the Y round, the X-halo rows of
+    the blocks on the global X edges keep their values (those corners lie beyond that edge).
+    """
+    other = x.ndim - 2 if axis == x.ndim - 3 else x.ndim - 3
+    b = x.shape[axis]
+
+    def part(lo, hi, c=cols):
+        idx = [slice(None)] * x.ndim
+        idx[axis], idx[other] = slice(lo, hi), c
+        return tuple(idx)
+
+    low_edge, high_edge = x[part(h, 2 * h)], x[part(b - 2 * h, b - h)]
+    old_low, old_high = x[part(0, h)], x[part(b - h, b)]
+    if n == 1:
+        if not periodic:
+            return x
+        new_low, new_high = high_edge, low_edge  # wrap within the block
+    else:
+        up = [(j, j + 1) for j in range(n - 1)] + ([(n - 1, 0)] if periodic else [])
+        down = [(j + 1, j) for j in range(n - 1)] + ([(0, n - 1)] if periodic else [])
+        new_low = jax.lax.ppermute(high_edge, name, up)
+        new_high = jax.lax.ppermute(low_edge, name, down)
+        if not periodic:  # ppermute left zeros on the edge blocks: their halos keep their values
+            i = _index(name, n)
+            new_low = jnp.where(i == 0, old_low, new_low)
+            new_high = jnp.where(i == n - 1, old_high, new_high)
+    if keep_rows is not None:
+        new_low = _keep_x_edges(new_low, old_low, *keep_rows, axis=other)
+        new_high = _keep_x_edges(new_high, old_high, *keep_rows, axis=other)
+    x = x.at[part(0, h)].set(new_low)
+    return x.at[part(b - h, b)].set(new_high)
+
+
+def _keep_x_edges(new, old, hx: int, name, n: int, axis: int):
+    """`new` with its first (last) hx rows along `axis` taken from `old` on the low (high)
+    global X edge."""
+    if hx == 0:
+        return new
+    i = _index(name, n)
+    rows = jax.lax.broadcasted_iota(jnp.int32, new.shape, axis)
+    keep = ((rows < hx) & (i == 0)) | ((rows >= new.shape[axis] - hx) & (i == n - 1))
+    return jnp.where(keep, old, new)
+
+
+# ----------------------------------------------------------------------------------------------
+# The op, for shard_map (mesh known) and the compiler-partitioned path (mesh unknown)
+
+
+@dataclasses.dataclass(frozen=True)
+class HaloExchange(LinearOp):
+    """halo_exchange of a global array of `shape` (a LinearOp: its mesh may be left open)."""
+
+    shape: tuple[int, ...]
+    dtype: Any  # a numpy dtype (hashable)
+    extents: tuple[int, int]
+    periods: tuple[bool, bool]
+    transposed: bool = False
+
+    @property
+    def primal_in(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(self.shape, self.dtype)
+
+    primal_out = primal_in
+
+    def batched(self, n: int) -> HaloExchange:
+        return dataclasses.replace(self, shape=(n,) + self.shape)
+
+    def primal_local(self, x: jax.Array) -> jax.Array:
+        _check_blocks(self.shape, self.extents, (1, 1), (None, None))
+        return _exchange_block(x, extents=self.extents, periods=self.periods,
+                               names=(None, None), sizes=(1, 1))
+
+    def primal_on_mesh(self, mesh):
+        names, sizes = _mesh_axes(mesh)
+        _check_blocks(self.shape, self.extents, sizes, names)
+        body = functools.partial(_exchange_block, extents=self.extents, periods=self.periods,
+                                 names=names, sizes=sizes)
+        spec = real_space_spec(mesh, len(self.shape))
+        return body, spec, spec
+
+    def primal_rule(self) -> tuple[str, str]:
+        return "i j k", "i j k"
+
+
+def _mesh_axes(mesh):
+    names = tuple(mesh.axis_names)
+    if len(names) not in (1, 2):
+        raise ValueError(f"`mesh` must have 1 or 2 axes; got {len(names)} axes {names}")
+    names = names + (None,) * (2 - len(names))
+    return names, tuple(mesh.shape[n] if n is not None else 1 for n in names)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+
+
+def _check_extents(halo_extents) -> tuple[int, int]:
+    try:
+        values = tuple(halo_extents)
+        ints = tuple(operator.index(v) for v in values)
+        bad = any(isinstance(v, (bool, np.bool_)) for v in values)
+    except TypeError:
+        bad = True
+    if bad:
+        raise TypeError(f"`halo_extents` must be 2 ints (hx, hy); got {halo_extents!r}")
+    if len(ints) != 2 or min(ints) < 0:
+        raise ValueError(
+            f"`halo_extents` must be 2 non-negative ints (hx, hy), the halo widths along X and Y; "
+            f"got {halo_extents!r}"
+        )
+    return ints
+
+
+def _check_periods(halo_periods) -> tuple[bool, bool]:
+    try:
+        values = tuple(halo_periods)
+    except TypeError:
+        values = None
+    if values is None or not all(isinstance(v, (bool, np.bool_)) for v in values):
+        raise TypeError(f"`halo_periods` must be 2 bools (along X, Y); got {halo_periods!r}")
+    if len(values) != 2:
+        raise ValueError(f"`halo_periods` must be 2 bools (along X, Y); got {halo_periods!r}")
+    return tuple(bool(v) for v in values)
+
+
+def _check_array(x) -> tuple[int, ...]:
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(f"`x` must be an array (jax.Array); got {type(x).__name__}")
+    dtype = np.dtype(x.dtype)
+    if not (dtype.kind in "biufc" or dtype == jnp.bfloat16):
+        raise TypeError(f"`x` must have a numeric dtype; got {dtype}")
+    shape = tuple(x.shape)
+    if len(shape) < 3:
+        raise ValueError(f"`x` must have at least 3 dimensions (..., X, Y, Z); got shape {shape}")
+    return shape
+
+
+def _check_blocks(shape, extents, sizes, names) -> None:
+    """Each block must split evenly and hold at least as many interior cells as its halo."""
+    for i, (h, n, name, label) in enumerate(zip(extents, sizes, names, _LABELS)):
+        axis = len(shape) - 3 + i
+        size = shape[axis]
+        where = f"mesh axis {name!r} (={n})" if name is not None else "one block (no mesh axis)"
+        if size % n:
+            raise ValueError(
+                f"`x.shape[{axis}]` ({label}={size}) must be divisible by {where}, which splits "
+                f"{label} into the padded blocks"
+            )
+        block = size // n
+        if block - 2 * h < h:
+            raise ValueError(
+                f"`halo_extents[{i}]` ({h}) is too large for the blocks along {label}: "
+                f"{label}={size} split by {where} gives blocks of {block} cells, of which "
+                f"2*{h} are halo and {block - 2 * h} interior; the interior must hold at least "
+                f"{h} cells (blocks of at least {3 * h})"
+            )
+
+
+def _canonical(spec, mesh, ndim: int) -> tuple:
+    """A PartitionSpec as one entry per dimension, mesh axes of size 1 dropped."""
+    out = []
+    for entry in tuple(spec) + (None,) * (ndim - len(spec)):
+        names = entry if isinstance(entry, tuple) else (entry,)
+        kept = tuple(n for n in names if n is not None and mesh.shape[n] > 1)
+        out.append(kept or None)
+    return tuple(out)
+
+
+def _check_spec(x, mesh, spec, ndim: int) -> None:
+    """Refuse an array whose blocks are not the P(a, b) blocks the halos belong to."""
+    if _is_tracer(x):  # a traced type shows its sharding only on Explicit mesh axes
+        typed = getattr(jax.typeof(x), "sharding", None)
+        if not (isinstance(typed, NamedSharding) and not typed.mesh.empty
+                and has_explicit_axes(typed.mesh)):
+            return
+    current = _current_spec(x)
+    if current is None:
+        return
+    if _canonical(current, mesh, ndim) != _canonical(spec, mesh, ndim):
+        raise ValueError(
+            f"`x` is sharded as {P(*current)}; halo_exchange fills the halos of padded blocks "
+            f"split {spec} (X by the first mesh axis, Y by the second): place it with "
+            f"pencilfft.real_space_sharding(mesh) (e.g. as the output of a shard_map that pads "
+            f"each block)"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Public function
+
+
+def halo_exchange(x, halo_extents, halo_periods=(True, True), *, mesh=None) -> jax.Array:
+    """Fill the halo cells of every padded device block from its neighbours (jaxdecomp's op).
+
+    Args:
+      x: global array of shape (..., X, Y, Z), split P(a, b) over (X, Y) on a mesh (a, b) (P(a)
+        on a 1-axis mesh), whose every device block, of (X/Pa, Y/Pb, Z) cells, is already padded
+        by `hx` cells on both sides of X and `hy` on both sides of Y.  Leading axes are an
+        unsharded batch.  X/Pa must be at least 3 hx and Y/Pb at least 3 hy.
+      halo_extents: (hx, hy), the halo widths (per side, per device block).
+      halo_periods: (along X, along Y): wrap around the global edges of the interior grid where
+        True; where False the halo cells beyond the edge keep their values.
+      mesh: the mesh; by default x's sharding, x's type under jit (Explicit axes), the ambient
+        mesh, else (under jit) the one XLA's partitioner finds.
+
+    Returns:
+      An array like `x` (same global shape, dtype and sharding) whose halo cells hold the
+      neighbouring blocks' interior edge cells, corners included.  A mesh axis of size 1 wraps
+      within the block (periodic) or leaves those halos alone.
+    """
+    extents = _check_extents(halo_extents)
+    periods = _check_periods(halo_periods)
+    shape = _check_array(x)
+    op = HaloExchange(shape, np.dtype(x.dtype), extents, periods)
+    mesh = find_mesh(x, mesh)
+    if mesh is None:
+        if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
+            # What can be told without the mesh (the rest is checked when XLA partitions).
+            _check_blocks(shape, extents, (1, 1), (None, None))
+            return apply(op, x) if extents != (0, 0) else x
+        _refuse_unsharded(x)
+    names, sizes = _mesh_axes(mesh)
+    _check_blocks(shape, extents, sizes, names)
+    spec = real_space_spec(mesh, len(shape))
+    _check_spec(x, mesh, spec, len(shape))
+    x = _place(x, mesh, spec)
+    if extents == (0, 0):
+        return x
+    return _on_mesh(x, op=op, mesh=mesh, spec=spec)
+
+
+def _refuse_unsharded(x) -> None:
+    sharding = getattr(x, "sharding", None)
+    n = len(sharding.device_set) if sharding is not None else 1
+    if n > 1:
+        raise ValueError(
+            f"`x` is spread over {n} devices by a {type(sharding).__name__} that names no mesh; "
+            "pass `mesh=` or place it with a NamedSharding"
+        )
+    raise ValueError(
+        f"`x` is not sharded over a device mesh (a {type(x).__name__} on one device): "
+        "halo_exchange fills the halos of the blocks of a global array split P(a, b) over a "
+        "mesh; place it with jax.device_put(x, pencilfft.real_space_sharding(mesh)) or pass "
+        "`mesh=`"
+    )
+
+
+def _place(x, mesh, spec):
+    target = NamedSharding(mesh, spec)
+    if not _is_tracer(x):
+        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(target, x.ndim):
+            return x
+        return jax.device_put(x, target)
+    if has_explicit_axes(mesh):
+        return x  # its type's sharding was checked against spec
+    return jax.lax.with_sharding_constraint(x, target)
+
+
+@functools.partial(jax.jit, static_argnames=("op", "mesh", "spec"))
+def _on_mesh(x, *, op: HaloExchange, mesh, spec):
+    body, _, _ = op.on_mesh(mesh)
+    return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(x)

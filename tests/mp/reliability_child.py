@@ -1,0 +1,128 @@
+"""Child processes for tests/test_reliability.py: situations a test process must not live through.
+
+    python reliability_child.py abort                (under mpirun -np 2)
+    python reliability_child.py kill-save PATH MARKER
+    python reliability_child.py size-limit PATH LIMIT
+    python reliability_child.py full-disk DIR        (DIR: a small file system, e.g. a tmpfs)
+
+Each prints what the parent checks as lines "REPORT <json>" on stdout.  The arrays are
+`new_array(shape)`, which the parent computes alike.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+import pencilfft
+from pencilfft import _io
+
+
+def new_array(shape) -> np.ndarray:
+    return np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape) + 1.0
+
+
+def old_array(shape) -> np.ndarray:
+    return np.full(shape, -7.0)
+
+
+def _global(data: np.ndarray) -> jax.Array:
+    n = len(jax.devices())
+    mesh = jax.make_mesh((n // 2, 2) if n > 1 else (1, 1), ("x", "y"))
+    sharding = pencilfft.real_space_sharding(mesh, data.ndim)
+    return jax.make_array_from_callback(data.shape, sharding, lambda i: data[i])
+
+
+def _report(**values) -> None:
+    print("REPORT " + json.dumps(values), flush=True)
+
+
+def abort() -> None:
+    """Rank 1 dies of an uncaught exception while rank 0 waits for it in a collective."""
+    pencilfft.initialize()
+    rank = jax.process_index()
+    hook = sys.excepthook
+    installed = bool(getattr(hook, "_pencilfft_abort", False))
+    pencilfft.initialize()  # idempotent: the same hook, not a second one around it
+    once = sys.excepthook is hook and hook._pencilfft_previous is sys.__excepthook__
+    pencilfft.initialize(abort_on_error=False)
+    removed = sys.excepthook is sys.__excepthook__
+    pencilfft.initialize()
+    _report(rank=rank, installed=installed, once=once, removed=removed,
+            reinstalled=bool(getattr(sys.excepthook, "_pencilfft_abort", False)))
+    x = _global(new_array((4, 4, 2)))
+    if rank == 1:
+        _report(raising_at=time.time())
+        raise RuntimeError("boom on rank 1")
+    pencilfft.gather(x)  # rank 1 never comes: only the abort ends this process
+    _report(unreachable=True)
+
+
+def kill_save(path: str, marker: str) -> None:
+    """Save, and stop for good once the first block is in the file (the parent kills us)."""
+    real = _io._local_shards
+    reads = []
+
+    class Stalling:
+        def __init__(self, shard):
+            self.shard = shard
+
+        @property
+        def data(self):
+            reads.append(1)
+            if len(reads) == 2:  # one block written, the next one never comes
+                with open(marker, "w"):
+                    pass
+                time.sleep(600)
+            return self.shard.data
+
+    def stalling_shards(x):
+        return {k: Stalling(v) for k, v in real(x).items()}
+
+    _io._local_shards = stalling_shards
+    pencilfft.save(path, _global(new_array((8, 8, 4))))
+    _report(finished=True)
+
+
+def size_limit(path: str, limit: str) -> None:
+    """A file size limit (ulimit -f) smaller than the new file: EFBIG."""
+    import resource
+
+    x = _global(new_array((16, 16, 16)))
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), hard))
+    try:
+        pencilfft.save(path, x)
+        _report(error=None)
+    except OSError as e:
+        _report(error=type(e).__name__, errno=e.errno, message=str(e))
+
+
+def full_disk(directory: str) -> None:
+    """A file system too small for the new array, with and without posix_fallocate."""
+    path = os.path.join(directory, "field.npy")
+    old = old_array((8, 8, 4))
+    np.save(path, old)
+    x = _global(new_array((64, 64, 64)))  # 2 MiB
+    for preallocate in (True, False):
+        if not preallocate:
+            # As on a file system without fallocate: the blocks' pwrite meets the full disk.
+            del os.posix_fallocate
+        try:
+            pencilfft.save(path, x)
+            error = None
+        except OSError as e:
+            error = (type(e).__name__, e.errno, str(e))
+        _report(preallocate=preallocate, error=error,
+                old_intact=bool(np.array_equal(np.load(path), old)),
+                files=sorted(os.listdir(directory)))
+
+
+if __name__ == "__main__":
+    what, *args = sys.argv[1:]
+    {"abort": abort, "kill-save": kill_save, "size-limit": size_limit,
+     "full-disk": full_disk}[what](*args)

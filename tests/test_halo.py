@@ -1,0 +1,321 @@
+"""halo_exchange against a numpy reference: the interior cells of every block form the global
+grid, `np.pad(mode="wrap")` pads it, and cutting the padded grid back into overlapping blocks gives
+every block with its halos filled.  On every 8-device mesh, periodic or not, eagerly and under
+jax.jit (Auto mesh with no mesh in scope, and Explicit), with grad/vjp/jvp/vmap/scan, and the
+compiled programs must exchange with collective permutes only.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import pencilfft
+from conftest import PDIMS, make_mesh, put_global, random_field, to_numpy
+
+INTERIOR = (4, 5)  # interior cells of every block along X and Y (uneven on purpose)
+Z = 3
+IDS = ["x".join(map(str, p)) for p in PDIMS]
+# (extents, periods): halos of 1 and 3 cells, uneven, none along X; periodic, not, mixed.
+CASES = [((1, 1), (True, True)), ((3, 3), (True, True)), ((3, 3), (False, False)),
+         ((2, 1), (True, False)), ((1, 2), (False, True)), ((0, 2), (False, False))]
+
+
+def case_id(c):
+    (hx, hy), periods = c
+    return f"h{hx}{hy}-" + "".join("P" if p else "N" for p in periods)
+
+
+def full(pdims) -> tuple[int, int]:
+    return tuple(pdims) + (1,) * (2 - len(pdims))
+
+
+def padded_shape(pdims, extents, batch=()) -> tuple[int, ...]:
+    """Global shape whose blocks are INTERIOR padded by `extents` on both sides."""
+    return tuple(batch) + tuple(n * (i + 2 * h) for n, i, h in
+                                zip(full(pdims), INTERIOR, extents)) + (Z,)
+
+
+def reference(x: np.ndarray, pdims, extents, periods) -> np.ndarray:
+    """Every block of x (global (..., X, Y, Z)) with its halos filled: np.pad(wrap) of the global
+    interior, cut into blocks; halo cells beyond a non-periodic edge keep their values."""
+    lead = x.ndim - 3
+    interior, blocks = x, []
+    for d, (n, h) in enumerate(zip(full(pdims), extents)):
+        axis, b = lead + d, x.shape[lead + d] // n
+        interior = np.take(interior, np.concatenate(
+            [np.arange(i * b + h, (i + 1) * b - h) for i in range(n)]), axis=axis)
+        blocks.append((axis, b, b - 2 * h))
+    widths = [(0, 0)] * x.ndim
+    for d, h in enumerate(extents):
+        widths[lead + d] = (h, h)
+    out = np.pad(interior, widths, mode="wrap")
+    for (axis, b, inner), n in zip(blocks, full(pdims)):
+        out = np.take(out, np.concatenate([np.arange(i * inner, i * inner + b) for i in range(n)]),
+                      axis=axis)
+    for (axis, b, _), h, periodic in zip(blocks, extents, periods):
+        if not periodic and h:
+            pos = np.arange(x.shape[axis]).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+            beyond = (pos < h) | (pos >= x.shape[axis] - h)  # the global edges' halos
+            out = np.where(beyond, x, out)
+    return out
+
+
+def adjoint(w: np.ndarray, pdims, extents, periods) -> np.ndarray:
+    """The transpose of the exchange, from where every output cell takes its value."""
+    source = reference(np.arange(w.size).reshape(w.shape), pdims, extents, periods)
+    return np.bincount(source.ravel(), weights=w.ravel(), minlength=w.size).reshape(w.shape)
+
+
+def setup(pdims, extents, axis_type="explicit", dtype=np.float64, batch=(), seed=0):
+    mesh = make_mesh(pdims, axis_type)
+    data = random_field(padded_shape(pdims, extents, batch), dtype, seed=seed)
+    return data, put_global(data, pencilfft.real_space_sharding(mesh, data.ndim))
+
+
+def exchange(extents, periods):
+    return lambda v: pencilfft.halo_exchange(v, extents, periods)
+
+
+@pytest.mark.parametrize("extents,periods", CASES, ids=[case_id(c) for c in CASES])
+@pytest.mark.parametrize("pdims", PDIMS, ids=IDS)
+def test_eager_matches_numpy(pdims, extents, periods):
+    data, x = setup(pdims, extents, seed=1)
+    y = pencilfft.halo_exchange(x, extents, periods)
+    assert y.sharding.is_equivalent_to(x.sharding, x.ndim)
+    np.testing.assert_array_equal(to_numpy(y), reference(data, pdims, extents, periods))
+
+
+@pytest.mark.parametrize("extents,periods", CASES[1:3], ids=[case_id(c) for c in CASES[1:3]])
+@pytest.mark.parametrize("pdims", PDIMS, ids=IDS)
+def test_jit_on_auto_mesh_with_no_mesh_in_scope(pdims, extents, periods):
+    """JaxPM's call: the mesh is only known when XLA partitions the program."""
+    data, x = setup(pdims, extents, "auto", seed=2)
+    y = jax.jit(exchange(extents, periods))(x)
+    np.testing.assert_array_equal(to_numpy(y), reference(data, pdims, extents, periods))
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.float32, np.float64])
+@pytest.mark.parametrize("mode", ["eager-explicit", "jit-explicit", "jit-auto"])
+def test_dtypes(mode, dtype):
+    pdims = (4, 2)
+    extents, periods = (2, 1), (True, False)
+    data, x = setup(pdims, extents, mode.split("-")[1], dtype, seed=3)
+    f = exchange(extents, periods)
+    y = jax.jit(f)(x) if mode.startswith("jit") else f(x)
+    assert y.dtype == dtype
+    np.testing.assert_array_equal(to_numpy(y), reference(data, pdims, extents, periods))
+
+
+@pytest.mark.parametrize("pdims,axis_type", [((4, 2), "auto"), ((1, 8), "auto"), ((8,), "explicit")],
+                         ids=["4x2-auto", "1x8-auto", "8-explicit"])
+def test_batch_axes_vmap_and_scan(pdims, axis_type):
+    extents, periods = (1, 2), (False, True)
+    data, x = setup(pdims, extents, axis_type, batch=(2,), seed=4)
+    f = exchange(extents, periods)
+    want = reference(data, pdims, extents, periods)
+    np.testing.assert_array_equal(to_numpy(jax.jit(f)(x)), want)
+    np.testing.assert_array_equal(to_numpy(jax.jit(jax.vmap(f))(x)), want)
+
+    def step(carry, _):
+        return f(2.0 * carry), None
+
+    scanned = jax.jit(lambda v: jax.lax.scan(step, v, None, length=3)[0])(x)
+    want = data
+    for _ in range(3):
+        want = reference(2.0 * want, pdims, extents, periods)
+    np.testing.assert_array_equal(to_numpy(scanned), want)
+
+
+GRAD_CASES = [(p, "auto") for p in PDIMS] + [((2, 4), "explicit")]
+
+
+@pytest.mark.parametrize("pdims,axis_type", GRAD_CASES,
+                         ids=[f"{'x'.join(map(str, p))}-{t}" for p, t in GRAD_CASES])
+def test_grad_and_vjp_are_the_adjoint(pdims, axis_type):
+    """Halo cotangents go back to the interior cells they were copied from; halo cells beyond a
+    non-periodic edge keep their own."""
+    extents, periods = (2, 1), (True, False)
+    data, x = setup(pdims, extents, axis_type, seed=5)
+    weights = random_field(data.shape, np.float64, seed=6)
+    w = put_global(weights, x.sharding)
+    f = exchange(extents, periods)
+    want = adjoint(weights, pdims, extents, periods)
+    g = jax.jit(jax.grad(lambda v, c: jnp.sum(c * f(v))))(x, w)
+    np.testing.assert_allclose(to_numpy(g), want, rtol=1e-13, atol=1e-13)
+    pullback = jax.jit(lambda v, c: jax.vjp(f, v)[1](c)[0])(x, w)
+    np.testing.assert_allclose(to_numpy(pullback), want, rtol=1e-13, atol=1e-13)
+    if pdims == (4, 2):  # eagerly too (the primitive's own jit)
+        g = jax.grad(lambda v: jnp.sum(w * f(v)))(x)
+        np.testing.assert_allclose(to_numpy(g), want, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("pdims", [(2, 4), (8, 1)], ids=["2x4", "8x1"])
+def test_jvp_and_finite_difference(pdims):
+    extents, periods = (1, 1), (True, True)
+    data, x = setup(pdims, extents, "auto", seed=7)
+    tangent = random_field(data.shape, np.float64, seed=8)
+    t = put_global(tangent, x.sharding)
+    f = exchange(extents, periods)
+    y, dy = jax.jit(lambda a, b: jax.jvp(f, (a,), (b,)))(x, t)
+    np.testing.assert_array_equal(to_numpy(y), reference(data, pdims, extents, periods))
+    np.testing.assert_array_equal(to_numpy(dy), reference(tangent, pdims, extents, periods))
+    # the gradient of a non-linear loss against a central finite difference
+    loss = jax.jit(lambda v: jnp.sum(jnp.sin(f(v)) * jnp.arange(v.size).reshape(v.shape) / v.size))
+    g = to_numpy(jax.jit(jax.grad(loss))(x))
+    eps = 1e-6
+    fd = (float(loss(put_global(data + eps * tangent, x.sharding)))
+          - float(loss(put_global(data - eps * tangent, x.sharding)))) / (2 * eps)
+    assert abs(fd - float(np.sum(g * tangent))) <= 1e-7 * max(1.0, abs(fd))
+
+
+def permutes(text: str) -> int:
+    return text.count("collective-permute(") + text.count("collective-permute-start(")
+
+
+@pytest.mark.parametrize("axis_type", ["explicit", "auto"])
+@pytest.mark.parametrize("pdims", PDIMS, ids=IDS)
+def test_compiled_program_sends_to_neighbours_only(pdims, axis_type):
+    """Two collective permutes per split mesh axis (low and high halo), nothing else."""
+    extents, periods = (1, 2), ((True, True) if axis_type == "auto" else (False, True))
+    _, x = setup(pdims, extents, axis_type, seed=9)
+    text = jax.jit(exchange(extents, periods)).lower(x).compile().as_text()
+    for op in ("all-gather", "all-to-all", "all-reduce", "reduce-scatter"):
+        assert text.count(op + "(") + text.count(op + "-start(") == 0, op
+    assert permutes(text) == 2 * sum(n > 1 for n in full(pdims))
+
+
+@pytest.mark.parametrize("how", ["mesh-argument", "set_mesh"])
+def test_known_mesh_under_jit_on_auto_axes(how):
+    """mesh= or jax.set_mesh: shard_map runs, whatever XLA would compile.  Here the gradient
+    depends on the closed-over cotangent only, so with the mesh unknown jit would compile it for
+    one device, where the whole array is one block (see the README)."""
+    extents, periods = (1, 1), (True, True)
+    data, x = setup((4, 2), extents, "auto", seed=15)
+    weights = random_field(data.shape, np.float64, seed=16)
+    w = put_global(weights, x.sharding)
+    mesh = x.sharding.mesh
+    kw = {"mesh": mesh} if how == "mesh-argument" else {}
+    f = lambda v: pencilfft.halo_exchange(v, extents, periods, **kw)  # noqa: E731
+    if jax.process_count() == 1:
+        grad = jax.jit(jax.grad(lambda v: jnp.sum(w * f(v))))
+    else:  # jax refuses to close over an array that spans several processes
+        grad = functools.partial(jax.jit(jax.grad(lambda v, w: jnp.sum(w * f(v)))), w=w)
+    with jax.set_mesh(mesh) if how == "set_mesh" else contextlib.nullcontext():
+        y, g = jax.jit(f)(x), grad(x)
+    np.testing.assert_array_equal(to_numpy(y), reference(data, (4, 2), extents, periods))
+    np.testing.assert_allclose(to_numpy(g), adjoint(weights, (4, 2), extents, periods),
+                               rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("axis_type", ["explicit", "auto"])
+def test_zero_extents_change_nothing(axis_type):
+    data, x = setup((4, 2), (0, 0), axis_type, seed=10)
+    np.testing.assert_array_equal(to_numpy(pencilfft.halo_exchange(x, (0, 0))), data)
+    np.testing.assert_array_equal(to_numpy(jax.jit(exchange((0, 0), (True, True)))(x)), data)
+
+
+JD_CASES = [((4, 2), (1, 1)), ((2, 4), (2, 1)), ((1, 8), (0, 2)), ((8, 1), (1, 0))]
+
+
+@pytest.mark.parametrize("pdims,extents", JD_CASES, ids=[f"{p[0]}x{p[1]}" for p, _ in JD_CASES])
+def test_matches_jaxdecomp(pdims, extents):
+    """Periodic halos on jaxdecomp's Auto meshes.  (jaxdecomp differs where this library defines
+    more: it leaves the halos of a mesh axis of size 1 alone and zeroes non-periodic edges.)"""
+    jaxdecomp = pytest.importorskip("jaxdecomp")
+    data, x = setup(pdims, extents, "auto", seed=11)
+    theirs = to_numpy(jaxdecomp.halo_exchange(x, extents, (True, True)))
+    np.testing.assert_array_equal(theirs, reference(data, pdims, extents, (True, True)))
+    np.testing.assert_array_equal(to_numpy(pencilfft.halo_exchange(x, extents)), theirs)
+    np.testing.assert_array_equal(to_numpy(jax.jit(exchange(extents, (True, True)))(x)), theirs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors name the argument, what was given and what was expected
+
+
+@pytest.fixture(scope="module")
+def x42():
+    return setup((4, 2), (1, 1), seed=12)[1]
+
+
+@pytest.mark.parametrize("extents,periods,exc,fragments", [
+    ((1, 1, 0), (True, True), ValueError, ["`halo_extents`", "2 non-negative ints", "(1, 1, 0)"]),
+    ((1, -1), (True, True), ValueError, ["`halo_extents`", "(1, -1)"]),
+    ((1.0, 1), (True, True), TypeError, ["`halo_extents`", "2 ints", "(1.0, 1)"]),
+    (1, (True, True), TypeError, ["`halo_extents`", "got 1"]),
+    ((True, 1), (True, True), TypeError, ["`halo_extents`"]),
+    ((1, 1), (True,), ValueError, ["`halo_periods`", "(True,)"]),
+    ((1, 1), (1, 0), TypeError, ["`halo_periods`", "2 bools", "(1, 0)"]),
+    ((3, 1), (True, True), ValueError, ["`halo_extents[0]` (3)", "X=24", "'x' (=4)",
+                                        "blocks of 6 cells", "0 interior", "at least 9"]),
+    ((1, 4), (True, True), ValueError, ["`halo_extents[1]` (4)", "Y=14", "'y' (=2)"]),
+], ids=["three", "negative", "float", "scalar", "bool", "periods-len", "periods-int",
+        "too-large-x", "too-large-y"])
+def test_bad_arguments(x42, extents, periods, exc, fragments):
+    for f in (pencilfft.halo_exchange, jax.jit(pencilfft.halo_exchange, static_argnums=(1, 2))):
+        with pytest.raises(exc) as info:
+            f(x42, extents, periods)
+        for fragment in fragments:
+            assert fragment in str(info.value), (fragment, str(info.value))
+
+
+def test_bad_arrays():
+    mesh = make_mesh((4, 2))
+    with pytest.raises(ValueError, match=r"`x` must have at least 3 dimensions .* \(24, 14\)"):
+        pencilfft.halo_exchange(put_global(np.zeros((24, 14)), NamedSharding(mesh, P("x", "y"))), (1, 1))
+    with pytest.raises(TypeError, match="`x` must be an array"):
+        pencilfft.halo_exchange([[[1.0]]], (1, 1))
+    replicated = put_global(np.zeros((24, 14, 3)), NamedSharding(mesh, P()))
+    with pytest.raises(ValueError, match=r"`x` is sharded as P\(None, None, None\).*P\('x', 'y'"):
+        pencilfft.halo_exchange(replicated, (1, 1))
+    swapped = put_global(np.zeros((24, 24, 3)), NamedSharding(mesh, P("y", "x")))
+    with pytest.raises(ValueError, match=r"`x` is sharded as P\('y', 'x'"):
+        pencilfft.halo_exchange(swapped, (1, 1))
+    with pytest.raises(ValueError, match=r"`x.shape\[1\]` \(Y=15\) must be divisible by mesh axis 'y'"):
+        pencilfft.halo_exchange(put_global(np.zeros((24, 15, 3)), NamedSharding(mesh, P("x"))), (1, 1))
+    with pytest.raises(ValueError, match="`x` is sharded as"):  # Explicit type under jit
+        jax.jit(exchange((1, 1), (True, True)))(replicated)
+
+
+@pytest.mark.single_process  # numpy and one-device inputs live in one process
+def test_unsharded_input_is_refused_and_mesh_places_it():
+    data = random_field(padded_shape((4, 2), (1, 1)), np.float64, seed=13)
+    for unsharded in (data, jnp.asarray(data)):
+        with pytest.raises(ValueError, match="`x` is not sharded over a device mesh"):
+            pencilfft.halo_exchange(unsharded, (1, 1))
+    y = pencilfft.halo_exchange(data, (1, 1), mesh=make_mesh((4, 2)))
+    np.testing.assert_array_equal(np.asarray(y), reference(data, (4, 2), (1, 1), (True, True)))
+    # Under jit a program on one device cannot be told from one on an unknown mesh: the whole
+    # array is then one block (a (1, 1) mesh), as the README says.
+    for periods in ((True, True), (False, True)):
+        y = jax.jit(exchange((1, 1), periods))(data)
+        np.testing.assert_array_equal(np.asarray(y), reference(data, (1, 1), (1, 1), periods))
+
+
+def test_too_large_halo_under_jit_with_no_mesh_is_reported_when_compiled():
+    """The block size is only known when XLA partitions: pencilfft's message in the XLA error."""
+    _, x = setup((4, 2), (1, 1), "auto", seed=14)
+    with pytest.raises(Exception, match=r"`halo_extents\[0\]` \(3\) is too large"):
+        jax.jit(exchange((3, 1), (True, True)))(x)
+    with pytest.raises(ValueError, match=r"`halo_extents\[0\]` \(9\) is too large"):  # at trace
+        jax.jit(exchange((9, 1), (True, True)))(x)
+
+
+@pytest.mark.single_process  # the example puts a numpy array that lives in one process
+def test_readme_laplacian_example():
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"### Halo exchange.*?```python\n(.*?)```", text, re.S).group(1)
+    scope: dict = {}
+    exec(compile(code.replace("(64, 64, 64)", "(16, 16, 8)"), "README.md", "exec"), scope)
+    phi = np.asarray(scope["phi"])
+    want = sum(np.roll(phi, s, axis) for axis in range(3) for s in (1, -1)) - 6 * phi
+    np.testing.assert_allclose(np.asarray(scope["lap"]), want, rtol=1e-12, atol=1e-12)
+    assert scope["lap"].sharding.is_equivalent_to(scope["phi"].sharding, 3)

@@ -1,0 +1,489 @@
+"""Failures must end in an error on every process, never in a hang or a damaged file (issue 11).
+
+* `save` is atomic: killed, out of space, over a size limit or failing on one rank, the target
+  keeps its old content and no temporary file stays behind (but after a kill -9).
+* A bad or different argument on one rank (`root`, `comm`, `mesh`, a deleted array, another
+  dtype or path) raises the same exception on every rank of scatter/gather/save/load.
+* One rank dying of an uncaught exception ends the whole mpirun job within seconds.
+
+The tests that need a process to die, a size limit or a small file system run children
+(tests/mp/reliability_child.py), each under a hard time-out.  In-process tests that would
+hang if the bug came back fail after DEADLINE seconds (faulthandler ends the process, and
+mpirun every other one) instead of the runner's 300.
+"""
+from __future__ import annotations
+
+import errno
+import faulthandler
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from conftest import MULTI_PROCESS, make_mesh, put_global
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from test_distributed import _clean_env
+from test_io import _barrier, _data, _root_only, shared_dir  # noqa: F401 - a fixture
+
+import pencilfft
+from pencilfft import _io, gather, load, save, scatter
+from pencilfft._sharding import real_space_sharding
+
+RANK = jax.process_index()
+LAST = jax.process_count() - 1
+N = jax.process_count()
+DEADLINE = 60  # seconds an in-process test may take before it counts as hanging
+CHILD = Path(__file__).parent / "mp" / "reliability_child.py"
+sys.path.insert(0, str(CHILD.parent))
+from reliability_child import new_array, old_array  # noqa: E402
+
+several_ranks = pytest.mark.skipif(not MULTI_PROCESS, reason="needs several ranks")
+
+
+@pytest.fixture(autouse=True)
+def _deadline(request):
+    if request.node.get_closest_marker("single_process"):
+        yield  # runs children, each under its own time-out
+        return
+    # The runner's plugin keeps the real stderr: pytest's capture would swallow the stacks.
+    plugin = sys.modules.get("pencilfft_mpi_plugin")
+    faulthandler.dump_traceback_later(DEADLINE, exit=True,
+                                      file=getattr(plugin, "_STDERR", sys.stderr))
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _mesh_x_y():
+    return make_mesh((4, 2))
+
+
+def _x(data=None, mesh=None):
+    data = _data((8, 8, 2), np.float64) if data is None else data
+    return put_global(data, real_space_sharding(mesh or _mesh_x_y(), data.ndim))
+
+
+def _listing(directory: str) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+# ------------------------------------------------------------------------ save is atomic
+
+
+def _fail_reserve(monkeypatch):
+    if RANK == 0:  # only rank 0 creates the temporary file
+        def full(fd, offset, length):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(os, "posix_fallocate", full)
+    return OSError, errno.ENOSPC
+
+
+def _fail_write(monkeypatch):
+    if RANK == LAST:
+        def full(*args):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(_io, "_pwrite_block", full)
+    return OSError, errno.ENOSPC
+
+
+def _fail_sync(monkeypatch):
+    if RANK == LAST:
+        def broken(fd):
+            raise OSError(errno.EIO, "Input/output error")
+        monkeypatch.setattr(os, "fsync", broken)
+    return OSError, errno.EIO
+
+
+def _fail_rename(monkeypatch):
+    if RANK == 0:
+        def refused(src, dst):
+            raise PermissionError(errno.EACCES, "Permission denied", dst)
+        monkeypatch.setattr(os, "replace", refused)
+    return PermissionError, errno.EACCES
+
+
+def _fail_memory(monkeypatch):
+    if RANK == LAST:
+        def no_memory(*args):
+            raise MemoryError("cannot allocate the block")
+        monkeypatch.setattr(_io, "_write_blocks", no_memory)
+    return MemoryError, None
+
+
+@pytest.mark.parametrize("failure", [_fail_reserve, _fail_write, _fail_sync, _fail_rename,
+                                     _fail_memory], ids=lambda f: f.__name__[6:])
+def test_failed_save_leaves_target_untouched(failure, shared_dir, monkeypatch):
+    """A full disk, an I/O error, a refused rename, no memory: on one rank, an error on all."""
+    path = os.path.join(shared_dir, "field.npy")
+    old = _data((8, 8, 2), np.float64, seed=1)
+    save(path, _x(old))
+    new = _x(_data((8, 8, 2), np.float64, seed=2))
+    kind, number = failure(monkeypatch)
+    with pytest.raises(kind) as info:
+        save(path, new)
+    monkeypatch.undo()
+    if number is not None:
+        assert info.value.errno == number
+        assert f"cannot save {path!r}" in str(info.value) and "is unchanged" in str(info.value)
+    _barrier()
+    if RANK == 0:
+        np.testing.assert_array_equal(np.load(path), old)
+        assert _listing(shared_dir) == ["field.npy"]  # the temporary file is gone
+    _barrier()
+
+
+def test_save_leaves_only_the_target(shared_dir):
+    path = os.path.join(shared_dir, "field.npy")
+    data = _data((8, 8, 2), np.complex64)
+    save(path, _x(data))
+    save(path, _x(data * 2))  # over an existing file
+    if RANK == 0:
+        assert _listing(shared_dir) == ["field.npy"]
+        np.testing.assert_array_equal(np.load(path), data * 2)
+
+
+def test_save_keeps_permissions_and_symlinks(shared_dir):
+    real = os.path.join(shared_dir, "real.npy")
+    link = os.path.join(shared_dir, "link.npy")
+    if RANK == 0:
+        np.save(real, np.zeros(3))
+        os.chmod(real, 0o640)
+        os.symlink(real, link)
+    _barrier()
+    data = _data((8, 8, 2), np.float32)
+    save(link, _x(data))
+    if RANK == 0:
+        assert os.path.islink(link) and os.readlink(link) == real
+        assert os.stat(real).st_mode & 0o777 == 0o640
+        np.testing.assert_array_equal(np.load(real), data)
+        assert _listing(shared_dir) == ["link.npy", "real.npy"]
+
+
+def test_save_new_file_follows_umask(shared_dir):
+    path = os.path.join(shared_dir, "new.npy")
+    save(path, _x())
+    if RANK == 0:
+        umask = os.umask(0)
+        os.umask(umask)
+        assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask  # as numpy.save
+
+
+# ----------------------------------------------------------------- disagreement between ranks
+
+
+@several_ranks
+@pytest.mark.parametrize("func", ["scatter", "gather"])
+def test_root_invalid_on_one_rank(func):
+    mesh = _mesh_x_y()
+    root = N if RANK == LAST else 0
+    message = f"`root` must be a rank in [0, {N}); got {N} (on rank {LAST})"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        if func == "scatter":
+            scatter(_root_only(np.zeros((8, 8, 2))), mesh, root=root)
+        else:
+            gather(_x(mesh=mesh), root=root)
+
+
+@several_ranks
+@pytest.mark.parametrize("func", ["scatter", "gather"])
+def test_root_differs_between_ranks(func):
+    mesh = _mesh_x_y()
+    root = 1 if RANK == LAST else 0
+    message = "`root` must be the same on every rank; got 0 on rank"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        if func == "scatter":
+            scatter(_root_only(np.zeros((8, 8, 2))), mesh, root=root)
+        else:
+            gather(_x(mesh=mesh), root=root)
+
+
+def _call(func: str, comm, shared_dir: str):
+    """func with `comm` on this rank; the same valid arguments otherwise."""
+    mesh = _mesh_x_y()
+    path = os.path.join(shared_dir, "c.npy")
+    if func == "scatter":
+        return scatter(_root_only(np.zeros((8, 8, 2))), mesh, comm=comm)
+    if func == "gather":
+        return gather(_x(mesh=mesh), comm=comm)
+    if func == "save":
+        return save(path, _x(mesh=mesh), comm=comm)
+    return load(path, mesh, comm=comm)
+
+
+@several_ranks
+@pytest.mark.parametrize("func", ["scatter", "gather", "save", "load"])
+@pytest.mark.parametrize("other", ["self", "duplicate", "string"])
+def test_comm_differs_on_one_rank(func, other, shared_dir):
+    from mpi4py import MPI
+
+    if func == "load" and RANK == 0:
+        np.save(os.path.join(shared_dir, "c.npy"), np.zeros((8, 8, 2)))
+    _barrier()
+    world = MPI.COMM_WORLD
+    # Dup is collective: every rank makes the duplicate, only the last one passes it.
+    duplicate = world.Dup() if other == "duplicate" else None
+    comm = world
+    if RANK == LAST:
+        comm = {"self": MPI.COMM_SELF, "duplicate": duplicate, "string": "world"}[other]
+    expected = {
+        "self": (ValueError, re.escape(f"`comm` must have one rank per jax process: it has 1 "
+                                       f"ranks but jax runs {N} processes")),
+        "duplicate": (ValueError, re.escape("`comm` must be the same on every rank; got "
+                                            "MPI.COMM_WORLD on rank") + ".*"
+                      + re.escape(f"a duplicate of MPI.COMM_WORLD on rank {LAST}")),
+        "string": (TypeError, re.escape(f"`comm` must be an mpi4py communicator; got str "
+                                        f"(on rank {LAST})")),
+    }[other]
+    try:
+        with pytest.raises(expected[0], match=expected[1]):
+            _call(func, comm, shared_dir)
+    finally:
+        if duplicate is not None:
+            duplicate.Free()
+    _call("gather", world, shared_dir)  # and everything still works afterwards
+
+
+@several_ranks
+def test_reordered_comm_names_root_in_its_order():
+    """`root` is a rank of `comm`: with the ranks reversed, root 0 is the last process."""
+    from mpi4py import MPI
+
+    reversed_comm = MPI.COMM_WORLD.Split(0, N - 1 - RANK)
+    try:
+        data = _data((8, 8, 2), np.float64)
+        x = scatter(data if RANK == LAST else None, _mesh_x_y(), root=0, comm=reversed_comm)
+        got = gather(x, root=0, comm=reversed_comm)
+    finally:
+        reversed_comm.Free()
+    if RANK == LAST:
+        np.testing.assert_array_equal(got, data)
+    else:
+        assert got is None
+
+
+def _other_mesh(kind: str) -> Mesh:
+    if kind == "shape":
+        return make_mesh((2, 4))
+    devices = np.array(jax.devices()[::-1]).reshape(4, 2)  # the same axes, devices reversed
+    return Mesh(devices, ("x", "y"), axis_types=_mesh_x_y().axis_types)
+
+
+@several_ranks
+@pytest.mark.parametrize("func", ["scatter", "load"])
+@pytest.mark.parametrize("kind", ["shape", "device-order"])
+def test_mesh_differs_on_one_rank(func, kind, shared_dir):
+    """Before, each rank built its blocks for its own mesh: a wrong array, no error."""
+    mesh = _other_mesh(kind) if RANK == LAST else _mesh_x_y()
+    data = _data((8, 8, 2), np.float64)
+    path = os.path.join(shared_dir, "m.npy")
+    if RANK == 0:
+        np.save(path, data)
+    _barrier()
+    with pytest.raises(ValueError, match=r"`mesh` must be the same on every rank; got axes"):
+        if func == "scatter":
+            scatter(_root_only(data), mesh)
+        else:
+            load(path, mesh)
+
+
+@several_ranks
+@pytest.mark.parametrize("func", ["gather", "save"])
+def test_array_deleted_on_one_rank(func, shared_dir):
+    """Before, gather hung the root (the rank with the deleted array never sent)."""
+    x = _x()
+    if RANK == LAST:
+        x.delete()
+    with pytest.raises(ValueError, match=re.escape(f"`x` has been deleted") + ".*"
+                       + re.escape(f"(on rank {LAST})")):
+        gather(x) if func == "gather" else save(os.path.join(shared_dir, "d.npy"), x)
+    if RANK == 0:
+        assert _listing(shared_dir) == []
+
+
+@several_ranks
+@pytest.mark.parametrize("func", ["gather", "save"])
+@pytest.mark.parametrize("kind", ["dtype", "sharding"])
+def test_array_differs_on_one_rank(func, kind, shared_dir):
+    data = _data((8, 8, 2), np.float64)
+    x = _x(data)
+    if RANK == LAST:
+        x = (_x(data.astype(np.float32)) if kind == "dtype"
+             else put_global(data, NamedSharding(_mesh_x_y(), P(None, "x"))))
+    with pytest.raises(ValueError, match=r"`x` must be the same on every rank; got shape"):
+        gather(x) if func == "gather" else save(os.path.join(shared_dir, "d.npy"), x)
+
+
+@several_ranks
+def test_save_path_differs_on_one_rank(shared_dir):
+    name = "b.npy" if RANK == LAST else "a.npy"
+    with pytest.raises(ValueError, match=r"`path` must be the same on every rank"):
+        save(os.path.join(shared_dir, name), _x())
+    if RANK == 0:
+        assert _listing(shared_dir) == []
+
+
+def test_load_failure_on_one_rank_reaches_all(shared_dir, monkeypatch):
+    """An error while reading the blocks (after the checks) still reaches every rank."""
+    path = os.path.join(shared_dir, "r.npy")
+    if RANK == 0:
+        np.save(path, np.zeros((8, 8, 2)))
+    _barrier()
+    if RANK == LAST:
+        def failing(*args):
+            raise OSError(errno.EIO, "Input/output error")
+        monkeypatch.setattr(_io, "_assemble", failing)
+    with pytest.raises(OSError, match=r"Input/output error") as info:
+        load(path, _mesh_x_y())
+    assert info.value.errno == errno.EIO
+
+
+# --------------------------------------------------------------- shardings: remaining input
+
+
+@pytest.mark.parametrize("func", ["real_space_sharding", "k_space_sharding"])
+def test_sharding_rejects_missing_mesh(func):
+    with pytest.raises(TypeError, match=r"`mesh` must be a jax.sharding.Mesh .*; got None"):
+        getattr(pencilfft, func)(None)
+
+
+@pytest.mark.parametrize("ndim,error,message", [
+    (0, ValueError, "`ndim` must be at least 3 (the global dimensions (..., X, Y, Z)); got 0"),
+    (2, ValueError, "`ndim` must be at least 3 (the global dimensions (..., X, Y, Z)); got 2"),
+    (3.0, TypeError, "`ndim` must be an integer >= 3 (the global dimensions (..., X, Y, Z)); "
+                     "got 3.0 (float)"),
+    (True, TypeError, "`ndim` must be an integer >= 3"),
+])
+@pytest.mark.parametrize("func", ["real_space_sharding", "k_space_sharding"])
+def test_sharding_rejects_ndim(func, ndim, error, message):
+    mesh = _mesh_x_y()
+    args = (mesh, ndim) if func == "real_space_sharding" else (mesh, "transposed", ndim)
+    with pytest.raises(error, match=re.escape(message)):
+        getattr(pencilfft, func)(*args)
+    assert getattr(pencilfft, func)(*args[:-1], np.int64(4)).spec == (
+        P(None, "x", "y", None))  # numpy integers are integers
+
+
+# ---------------------------------------------------------------------------- in children
+
+
+def _reports(stdout: str) -> list[dict]:
+    # Two ranks' lines can interleave on mpirun's stdout: find each report, not each line.
+    return [json.loads(m) for m in re.findall(r"REPORT (\{[^{}]*\})", stdout)]
+
+
+def _run(argv, env, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{argv[:3]} still running after {timeout} s:\n{e.stdout}\n{e.stderr}")
+    return done, time.monotonic() - start
+
+
+@pytest.mark.single_process
+def test_uncaught_exception_ends_the_mpi_job():
+    """Before, rank 1 sat in jax's shutdown and rank 0 in the collective: minutes, or forever."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip(f"no mpirun next to {sys.executable}")
+    done, _ = _run([str(mpirun), "-np", "2", sys.executable, str(CHILD), "abort"],
+                   _clean_env(2), timeout=120)
+    ended = time.time()
+    reports = _reports(done.stdout)
+    hooks = sorted((r for r in reports if "rank" in r), key=lambda r: r["rank"])
+    assert [r["rank"] for r in hooks] == [0, 1], done.stdout + done.stderr
+    for r in hooks:  # installed once, removable, installed again
+        assert r["installed"] and r["once"] and r["removed"] and r["reinstalled"], r
+    (raised,) = [r["raising_at"] for r in reports if "raising_at" in r]
+    assert ended - raised < 30, f"the job took {ended - raised:.0f} s to end after the error"
+    assert not any("unreachable" in r for r in reports)
+    assert done.returncode != 0
+    assert "RuntimeError: boom on rank 1" in done.stderr  # the traceback is printed
+    assert "pencilfft: uncaught RuntimeError in process 1 of 2; aborting" in done.stderr
+
+
+@pytest.mark.single_process
+def test_kill_during_save_keeps_the_old_file(tmp_path):
+    """kill -9 in the middle of writing the blocks: the target holds the old array."""
+    path, marker = tmp_path / "field.npy", tmp_path / "marker"
+    old = old_array((8, 8, 4))
+    np.save(path, old)
+    child = subprocess.Popen([sys.executable, str(CHILD), "kill-save", str(path), str(marker)],
+                             env=_clean_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), f"the child never got to write a block:\n{child.communicate()}"
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        out, err = child.communicate(timeout=60)
+    assert child.returncode == -signal.SIGKILL, (out, err)
+    np.testing.assert_array_equal(np.load(path), old)  # complete, and the old one
+    leftovers = [n for n in os.listdir(tmp_path) if n not in ("field.npy", "marker")]
+    assert len(leftovers) == 1 and re.fullmatch(r"\.field\.npy\.[0-9a-f]{12}\.pencilfft-tmp",
+                                                leftovers[0]), leftovers
+    # The next save completes: then the file holds the complete new array.
+    new = new_array((8, 8, 4))
+    save(str(path), _x(new))
+    np.testing.assert_array_equal(np.load(path), new)
+
+
+@pytest.mark.single_process
+def test_size_limit_keeps_the_old_file(tmp_path):
+    """Over `ulimit -f` (EFBIG): before, the old file was truncated first and lost."""
+    path = tmp_path / "field.npy"
+    old = old_array((8, 8, 4))
+    np.save(path, old)
+    limit = os.path.getsize(path) + 4096  # the new array is 32 KiB
+    done, _ = _run([sys.executable, str(CHILD), "size-limit", str(path), str(limit)],
+                   _clean_env(4), timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (report,) = _reports(done.stdout)
+    assert report["error"] == "OSError" and report["errno"] == errno.EFBIG, report
+    assert f"cannot save {str(path)!r}: File too large" in report["message"]
+    np.testing.assert_array_equal(np.load(path), old)
+    assert sorted(os.listdir(tmp_path)) == ["field.npy"]
+
+
+@pytest.mark.single_process
+def test_full_disk_is_an_error_not_a_crash():
+    """On a full file system (a 1 MiB tmpfs): OSError, not SIGBUS, and the old file intact.
+
+    The tmpfs is mounted in a private user and mount namespace (`unshare`), where that is
+    allowed; elsewhere the test is skipped (the in-process ENOSPC tests still run).
+    """
+    unshare = shutil.which("unshare")
+    probe = subprocess.run(
+        [unshare or "unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+         "mount -t tmpfs -o size=1m none /tmp"], capture_output=True, timeout=30
+    ) if unshare else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("cannot mount a tmpfs in a user namespace here (unshare)")
+    directory = tempfile.mkdtemp(prefix="pencilfft-full-")
+    try:
+        script = 'mount -t tmpfs -o size=1m none "$1" && shift && exec "$@"'
+        done, _ = _run([unshare, "--user", "--map-root-user", "--mount", "sh", "-c", script,
+                        "sh", directory, sys.executable, str(CHILD), "full-disk", directory],
+                       _clean_env(4), timeout=120)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    assert done.returncode == 0, f"child ended with {done.returncode}:\n{done.stderr}"
+    reports = _reports(done.stdout)
+    assert [r["preallocate"] for r in reports] == [True, False]
+    for r in reports:
+        assert r["error"] is not None and r["error"][:2] == ["OSError", errno.ENOSPC], r
+        assert "No space left on device" in r["error"][2] and "is unchanged" in r["error"][2]
+        assert r["old_intact"] and r["files"] == ["field.npy"], r
