@@ -102,8 +102,13 @@ def check_case(x_np: np.ndarray, mesh_shape, layout: str, dtype: str, repeats: i
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError as e:
+        raise ImportError(
+            f"`pencilfft check` prints its report with rich ({e}): pip install 'pencilfft[cli]'"
+        ) from e
 
     if args.dtype == "complex128":
         jax.config.update("jax_enable_x64", True)

@@ -235,8 +235,8 @@ def _mpi_arguments(env: Mapping[str, str], overrides: dict) -> dict | None:
     except ImportError as e:
         raise ImportError(
             f"this process was started by an MPI launcher but mpi4py cannot be imported ({e}); "
-            "install mpi4py built for that MPI library, or pass coordinator_address, "
-            "num_processes and process_id to pencilfft.initialize"
+            "pip install 'pencilfft[mpi]' (or mpi4py built for that MPI library), or pass "
+            "coordinator_address, num_processes and process_id to pencilfft.initialize"
         ) from e
 
     comm = MPI.COMM_WORLD

@@ -445,9 +445,10 @@ def _session(comm: Any, root: Any) -> Iterator[_Session]:
         try:
             from mpi4py import MPI
         except ImportError as e:
-            raise RuntimeError(
-                f"jax runs {n_proc} processes; moving arrays between them needs mpi4py "
-                f"({e}); install mpi4py or pass `comm`"
+            raise ImportError(
+                f"jax runs {n_proc} processes; moving arrays between them needs mpi4py ({e}): "
+                f"pip install 'pencilfft[mpi]', or on a cluster mpi4py built for its MPI "
+                f"(README, \"MPI\")"
             ) from e
         world = MPI.COMM_WORLD
         if world.Get_size() == n_proc:

@@ -104,7 +104,7 @@ quote_cmd() {
 
 # pencilfft_load_env ARCH: modules and python environment inside a job.
 #   PENCILFFT_MODULES  modules to load (default: PENCILFFT_DEFAULT_MODULES)
-#   PENCILFFT_VENV     a virtualenv to activate afterwards (pip install -e ".[bench]" into it)
+#   PENCILFFT_VENV     a virtualenv to activate afterwards (pip install -e ".[bench]" and mpi4py built against the site MPI; slurm/README.md)
 # With DRY_RUN=1 the commands are printed instead.
 pencilfft_load_env() {
   pencilfft_arch "$1" || return

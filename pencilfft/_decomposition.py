@@ -1,0 +1,84 @@
+"""The decomposition rules, in one place: which mesh axes split which array axes, what must
+divide what, and how uneven sizes are padded.
+
+A real-space array (..., X, Y, Z) is split X over the mesh's first axis `a` (size Pa) and Y over
+its second `b` (size Pb; absent, size 1, on a 1-axis "slab" mesh).  X must be divisible by Pa
+and Y by Pb; the k-space axes that do not divide are padded at their end (`round_up`).
+Everything here is static (shapes and meshes only) and raises ValueError/TypeError that name
+the argument.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from jax.sharding import AbstractMesh, Mesh
+
+__all__ = ["mesh_axes", "check_mesh", "split_problem", "check_split", "fits", "round_up"]
+
+Axes = tuple[str | None, str | None]
+Pdims = tuple[int, int]
+
+
+def check_mesh(mesh: Any) -> Any:
+    """`mesh` itself if it is a Mesh or AbstractMesh with 1 axis (slab) or 2 axes (pencil)."""
+    if not isinstance(mesh, (Mesh, AbstractMesh)):
+        raise TypeError(
+            f"`mesh` must be a jax.sharding.Mesh with 1 axis (slab) or 2 axes (pencil), e.g. "
+            f"jax.make_mesh((4, 2), ('x', 'y')); got {type(mesh).__name__}"
+        )
+    if len(mesh.axis_names) not in (1, 2):
+        raise ValueError(
+            f"`mesh` must have 1 axis (slab) or 2 axes (pencil); got {len(mesh.axis_names)} axes "
+            f"{tuple(mesh.axis_names)} of sizes {tuple(mesh.axis_sizes)}"
+        )
+    return mesh
+
+
+def mesh_axes(mesh: Any) -> tuple[Axes, Pdims]:
+    """((a, b), (Pa, Pb)): the axis names splitting (X, Y) in real space and their sizes; b is
+    None and Pb 1 on a 1-axis mesh; ((None, None), (1, 1)) for no mesh (one device)."""
+    if mesh is None:
+        return (None, None), (1, 1)
+    check_mesh(mesh)
+    names = tuple(mesh.axis_names)
+    sizes = dict(zip(names, mesh.axis_sizes))
+    a, b = names[0], (names[1] if len(names) == 2 else None)
+    return (a, b), (sizes[a], sizes[b] if b is not None else 1)
+
+
+def _pdims2(pdims: Sequence[int]) -> Pdims:
+    return (pdims[0], pdims[1] if len(pdims) == 2 else 1)
+
+
+def split_problem(shape: Sequence[int], pdims: Sequence[int],
+                  axes: Sequence[str | None] = ("a", "b")) -> tuple[int, str] | None:
+    """None if a real-space array of global `shape` (..., X, Y, Z) splits on `pdims` ((Pa,) or
+    (Pa, Pb)); else (index of the first axis that does not divide, a phrase that says why)."""
+    ndim = len(shape)
+    for i, (label, n, name) in enumerate(zip("XY", _pdims2(pdims), axes)):
+        size = shape[ndim - 3 + i]
+        if n > 1 and size % n:
+            return ndim - 3 + i, (
+                f"({label}={size}) must be divisible by mesh axis {name!r} (={n}), which splits "
+                f"{label} in real space"
+            )
+    return None
+
+
+def check_split(shape: Sequence[int], axes: Axes, pdims: Sequence[int], argname: str) -> None:
+    """ValueError naming `argname` unless `shape` splits on the mesh (see `split_problem`)."""
+    problem = split_problem(shape, pdims, axes)
+    if problem is not None:
+        index, why = problem
+        raise ValueError(f"`{argname}.shape[{index}]` {why}")
+
+
+def fits(shape: Sequence[int], pdims: Sequence[int]) -> bool:
+    """Whether a real-space array of global `shape` splits on `pdims`."""
+    return split_problem(shape, pdims) is None
+
+
+def round_up(n: int, m: int) -> int:
+    """n padded to a multiple of m: the length of a k-space axis of n points split m ways."""
+    return -(-n // m) * m
