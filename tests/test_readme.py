@@ -39,3 +39,25 @@ def test_readme_poisson_example(tmp_path):
                           timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "README example ok" in proc.stdout
+
+
+def _layout_rows() -> set[str]:
+    section = README.read_text().split("## Layout of the package", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"`(pencilfft/[\w/.]+\.py)`", section))
+
+
+def test_layout_table_matches_the_package():
+    """Every module of the package has a row, and every row names a module that exists."""
+    root = README.parent
+    modules = {str(p.relative_to(root)) for p in (root / "pencilfft").glob("*.py")
+               if p.name not in ("__init__.py", "__main__.py")}
+    assert _layout_rows() == modules
+
+
+def test_api_table_lists_the_public_api():
+    import pencilfft
+
+    table = README.read_text().split("## API", 1)[1].split("\n## ", 1)[0]
+    missing = [name for name in pencilfft.__all__
+               if f"`{name}(" not in table and f"`{name}`" not in table]
+    assert not missing, f"README's API table lacks {missing}"
