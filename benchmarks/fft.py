@@ -156,15 +156,13 @@ def fft_flops(shape: Sequence[int], real: bool) -> float:
 def validate_case(shape: Sequence[int], pdims: Sequence[int]) -> str | None:
     """Why this (shape, mesh) cannot be benchmarked, or None.
 
-    The real-space input is split X over the first mesh axis and Y over the second; these must
-    divide exactly (pencilfft pads k-space where needed, the input it cannot pad).
+    The library's own rule (`pencilfft._decomposition.split_problem`): the real-space input is
+    split X over the first mesh axis and Y over the second, and these must divide exactly.
     """
-    x, y, _ = shape
-    if x % pdims[0]:
-        return f"X={x} is not divisible by the first mesh axis ({pdims[0]})"
-    if len(pdims) == 2 and y % pdims[1]:
-        return f"Y={y} is not divisible by the second mesh axis ({pdims[1]})"
-    return None
+    from pencilfft._decomposition import split_problem
+
+    problem = split_problem(shape, pdims, ("x", "y"))
+    return None if problem is None else problem[1]
 
 
 def variant_plan(impls: Sequence[str], layouts: Sequence[str]) -> list[tuple[str, str]]:
@@ -482,6 +480,12 @@ class Variant:
 
     @property
     def ok(self) -> bool:
+        """Built, compiled and (so far) correct."""
+        return self.status == "ok"
+
+    @property
+    def ran(self) -> bool:
+        """Ran to the end: correct or not, its timings are real ("wrong" is set by the check)."""
         return self.status in ("ok", "wrong")
 
 
@@ -726,14 +730,16 @@ class CaseRunner:
         Only the inputs stay resident between calls: spectra are dropped after their inverse,
         so memory does not grow with the number of variants (matters at scale on GPUs).
         """
+        from pencilfft._measure import time_once
+
         dirs = self.args.directions
         for v in variants:
             if not v.ok:
                 continue
             try:
-                t_fwd, k = time_call(v.compiled["forward"], v.x)
+                t_fwd, k = time_once(v.compiled["forward"], v.x)
                 if "inverse" in dirs:
-                    t_inv, back = time_call(v.compiled["inverse"], k)
+                    t_inv, back = time_once(v.compiled["inverse"], k)
                     del back
             except Exception as e:  # noqa: BLE001
                 v.fail("error", e)
@@ -749,6 +755,8 @@ class CaseRunner:
         """Forward vs numpy (in natural order, padding cropped) and inverse(forward) vs input."""
         import numpy as np
 
+        from pencilfft._measure import max_rel_err
+
         x = to_numpy(v.x)
         ref_fn = np.fft.rfftn if v.real_input else np.fft.fftn
         ref = ref_fn(x.astype(np.complex128 if not v.real_input else np.float64), norm=self.args.norm)
@@ -761,10 +769,10 @@ class CaseRunner:
             v.note = f"forward output shape {k.shape} (natural order) smaller than {ref.shape}"
             return
         k = k[tuple(slice(0, n) for n in ref.shape)]  # pencilfft may zero-pad Y/Z to the mesh
-        errs = [rel_err(k, ref)]
+        errs = [max_rel_err(k, ref)]
         if "inverse" in v.compiled:
             back = to_numpy(v.compiled["inverse"](k_dev))
-            errs.append(rel_err(back[tuple(slice(0, n) for n in x.shape)], x))
+            errs.append(max_rel_err(back[tuple(slice(0, n) for n in x.shape)], x))
         v.err = {"forward": errs[0], "inverse": errs[-1]}
         if max(errs) > CHECK_TOL[self.case.dtype]:
             v.status, v.note = "wrong", f"max rel err {max(errs):.2e} > {CHECK_TOL[self.case.dtype]:.0e}"
@@ -781,13 +789,6 @@ def to_numpy(x):
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def rel_err(got, ref) -> float:
-    import numpy as np
-
-    scale = float(np.max(np.abs(ref))) or 1.0
-    return float(np.max(np.abs(np.asarray(got) - ref))) / scale
-
-
 def memory_stats(compiled) -> dict[str, int | None]:
     """Per-device bytes of the compiled program: arguments, outputs, temporaries (None if unknown)."""
     keys = ("argument", "output", "temp", "alias")
@@ -801,14 +802,6 @@ def memory_stats(compiled) -> dict[str, int | None]:
     parts = [out[k] for k in ("argument", "output", "temp")]
     out["total"] = sum(parts) if all(p is not None for p in parts) else None
     return out
-
-
-def time_call(fn, arg) -> tuple[float, Any]:
-    """Wall time of one call, from dispatch until the result exists on every local device."""
-    t0 = time.perf_counter()
-    out = fn(arg)
-    out.block_until_ready()
-    return time.perf_counter() - t0, out
 
 
 def gather_max(values: Any):
@@ -877,7 +870,7 @@ def run_case(case: Case, args: argparse.Namespace, impls: Sequence[str], step: C
     records = []
     for i, v in enumerate(variants):
         for j, d in enumerate(dirs):
-            times = None if np.isnan(t[i, j]).any() or not v.ok else [float(x) for x in t[i, j]]
+            times = None if np.isnan(t[i, j]).any() or not v.ran else [float(x) for x in t[i, j]]
             records.append(make_record(case, v, d, times, c[i, j], base.get(d), args, context))
     return records
 
@@ -890,7 +883,7 @@ def make_record(case: Case, v: Variant, direction: str, times: list[float] | Non
     flops = fft_flops(case.shape, v.real_input)
     mem = v.mem.get(direction, {})
     status, note = v.status, v.note
-    if times is None and v.ok:  # e.g. failed on another process, or direction not compiled
+    if times is None and v.ran:  # e.g. failed on another process, or direction not compiled
         status, note = "error", note or "no timings"
     med = statistics.median(times) if times else None
     rec = {

@@ -98,27 +98,40 @@ def _groups(records: Sequence[Record], key) -> dict[Any, list[Record]]:
     return out
 
 
+def _per_grid(records: Sequence[Record]):
+    """(shape, dtype, its records, their directions) for every (grid, dtype) measured."""
+    for (shape, dtype), recs in _groups(records, lambda r: (tuple(r["shape"]), r["dtype"])).items():
+        yield shape, dtype, recs, _directions(recs)
+
+
+def _plot_times(ax, series: dict[str, dict[int, Record]]):
+    """Median time vs devices of every series on `ax`: ([(label, devices, times, colour)], every
+    device count drawn)."""
+    drawn, ns_all = [], []
+    for label, pts in series.items():
+        ns = sorted(pts)
+        ns_all += ns
+        t = [pts[n]["median_s"] for n in ns]
+        (line,) = ax.plot(ns, t, "o-", label=label)
+        drawn.append((label, ns, t, line.get_color()))
+    return drawn, ns_all
+
+
 def plot_strong(records: Sequence[Record], outdir: Path) -> list[Path]:
     """Time and efficiency vs devices, one figure pair per (grid, dtype)."""
     written = []
-    for (shape, dtype), recs in _groups(records, lambda r: (tuple(r["shape"]), r["dtype"])).items():
-        dirs = _directions(recs)
+    for shape, dtype, recs, dirs in _per_grid(records):
         fig_t, ax_t = _figure(len(dirs))
         fig_e, ax_e = _figure(len(dirs))
         any_eff = False
         for j, d in enumerate(dirs):
-            series = best_by_devices([r for r in recs if r["direction"] == d])
-            ns_all: list[int] = []
-            for label, pts in series.items():
-                ns = sorted(pts)
-                ns_all += ns
-                t = [pts[n]["median_s"] for n in ns]
-                (line,) = ax_t[0, j].plot(ns, t, "o-", label=label)
+            drawn, ns_all = _plot_times(ax_t[0, j], best_by_devices([r for r in recs if r["direction"] == d]))
+            for label, ns, t, color in drawn:
                 if len(ns) > 1:
                     n0, t0 = ns[0], t[0]
-                    ax_t[0, j].plot(ns, [t0 * n0 / n for n in ns], "--", color=line.get_color(), alpha=0.4)
+                    ax_t[0, j].plot(ns, [t0 * n0 / n for n in ns], "--", color=color, alpha=0.4)
                     ax_e[0, j].plot(ns, [t0 * n0 / (tt * n) for tt, n in zip(t, ns)], "o-",
-                                    color=line.get_color(), label=label)
+                                    color=color, label=label)
                     any_eff = True
             for ax in (ax_t[0, j], ax_e[0, j]):
                 _device_axis(ax, ns_all or [1])
@@ -155,15 +168,10 @@ def plot_weak(records: Sequence[Record], outdir: Path) -> list[Path]:
         dirs = _directions(recs)
         fig, axes = _figure(len(dirs), 2)
         for j, d in enumerate(dirs):
-            series = best_by_devices([r for r in recs if r["direction"] == d])
-            ns_all: list[int] = []
-            for label, pts in series.items():
-                ns = sorted(pts)
-                ns_all += ns
-                t = [pts[n]["median_s"] for n in ns]
-                (line,) = axes[0, j].plot(ns, t, "o-", label=label)
-                axes[0, j].axhline(t[0], color=line.get_color(), ls="--", alpha=0.4)
-                axes[1, j].plot(ns, [t[0] / tt for tt in t], "o-", color=line.get_color(), label=label)
+            drawn, ns_all = _plot_times(axes[0, j], best_by_devices([r for r in recs if r["direction"] == d]))
+            for label, ns, t, color in drawn:
+                axes[0, j].axhline(t[0], color=color, ls="--", alpha=0.4)
+                axes[1, j].plot(ns, [t[0] / tt for tt in t], "o-", color=color, label=label)
             for ax in axes[:, j]:
                 _device_axis(ax, ns_all)
             axes[0, j].set_yscale("log")
@@ -183,8 +191,7 @@ def plot_bars(records: Sequence[Record], outdir: Path) -> list[Path]:
     import numpy as np
 
     written = []
-    for (shape, dtype), recs in _groups(records, lambda r: (tuple(r["shape"]), r["dtype"])).items():
-        dirs = _directions(recs)
+    for shape, dtype, recs, dirs in _per_grid(records):
         fig, axes = _figure(len(dirs))
         for j, d in enumerate(dirs):
             rs = [r for r in recs if r["direction"] == d]

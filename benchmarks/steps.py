@@ -9,9 +9,8 @@ interleaved round-robin as in benchmarks/fft.py, medians):
 
 * `fftn-1dev`: `jnp.fft.fftn` of the same array on one device, the reference of every ratio;
 * `pfft3d`: the full transform (transposed layout);
-* the prefixes of the forward pipeline of `pencilfft._fft._forward_block`, each a shard_map
-  program of the same pieces (FFT along the last axis, padding, `_transpose.exchange` with the
-  same arguments): "FFT Z", "+ exchange over y", "+ FFT Y", "+ exchange over x", "+ FFT X" for
+* the prefixes of the forward pipeline, each a shard_map program of the first stages of
+  `plan.stages` run by the library's own `pencilfft._fft.forward_stage`: "FFT Z", "+ exchange over y", "+ FFT Y", "+ exchange over x", "+ FFT X" for
   pencils, "FFT Y,Z (2-D)", "+ exchange over x", "+ FFT X" for slabs.  A step's cost is its
   prefix's time minus the previous prefix's: the last prefix is the transform itself;
 * floors: the three FFTs with no data movement, each mesh axis's collective with no local
@@ -67,43 +66,42 @@ class Program:
 
 
 def pipeline_steps(plan) -> list[tuple[str, Callable[[Any], Any]]]:
-    """(label, step) of `_forward_block`'s pencil or slab path for `plan`, in order.
+    """(label, step) of the forward transform's stages (`plan.stages`), in order.
 
-    Each step maps a per-device block with a leading batch axis of 1, as `_forward_block`
-    flattens it: (1, x, y, Z) in, (1, y', z, X) out of the last step.  The calls and their
-    arguments are those of `_forward_block`, so the last prefix is the transform itself
-    (transposed layout).
+    A step is one FFT (with the padding that follows it) or one exchange, run by the library's
+    own `forward_stage`, so the last prefix is the transform itself (transposed layout).  Each
+    step maps a per-device block with a leading batch axis of 1, as `_forward_block` flattens
+    it: (1, x, y, Z) in, (1, y', z, X) out of the last step.
     """
-    import jax.numpy as jnp
+    from pencilfft._fft import forward_stage
+    from pencilfft._stages import Exchange, Fft
 
-    from pencilfft._fft import _pad_axis
-    from pencilfft._transpose import exchange
-
-    (a, b), (pa, pb) = plan.axes, plan.pdims
-    norm = plan.norm
-
-    def fft_last(k, pad_to: int | None = None):
-        k = jnp.fft.fft(k, axis=-1, norm=norm)
-        return k if pad_to is None else _pad_axis(k, 3, pad_to)
-
-    if pa * pb == 1:
+    if plan.pdims[0] * plan.pdims[1] == 1:
         raise ValueError("a one-device mesh has no exchange to measure: use pdims with >1 device")
-    if pb == 1:  # slab over X: one 2-D FFT over the local (Y, Z) planes, one exchange
-        return [
-            ("FFT Y,Z (2-D)", lambda k: _pad_axis(jnp.fft.fftn(k, axes=(2, 3), norm=norm), 2, plan.yp)),
-            (f"+ exchange over {a}", lambda k: exchange(k, a, pa, split=2, gather=1, order=(0, 2, 3, 1),
-                                                        algorithm=plan.exchanges[0])),
-            ("+ FFT X", fft_last),
-        ]
-    return [
-        ("FFT Z", lambda k: fft_last(k, plan.zp)),
-        (f"+ exchange over {b}", lambda k: exchange(k, b, pb, split=3, gather=2, order=(0, 1, 3, 2),
-                                                    algorithm=plan.exchanges[1])),
-        ("+ FFT Y", lambda k: fft_last(k, plan.yp)),
-        (f"+ exchange over {a}", lambda k: exchange(k, a, pa, split=3, gather=1, order=(0, 3, 2, 1),
-                                                    algorithm=plan.exchanges[0])),
-        ("+ FFT X", fft_last),
-    ]
+    remaining = ["Z", "Y", "X"]  # the axes still to transform, in the order the stages take them
+    groups: list[tuple[str, list]] = []
+    for stage in plan.stages:
+        if isinstance(stage, Fft):
+            if len(stage.axes) == 2:
+                label = "FFT Y,Z (2-D)"
+                remaining = ["X"]
+            else:
+                label = f"FFT {remaining.pop(0)}"
+        elif isinstance(stage, Exchange):
+            label = f"exchange over {plan.axes[stage.mesh_axis]}"
+        else:  # padding (or the natural layout's move) belongs to the step before it
+            groups[-1][1].append(stage)
+            continue
+        groups.append((label if not groups else f"+ {label}", [stage]))
+
+    def step(stages):
+        def run(k):
+            for stage in stages:
+                k = forward_stage(plan, stage, k)
+            return k
+        return run
+
+    return [(label, step(stages)) for label, stages in groups]
 
 
 def prefix_block(steps: Sequence[Callable[[Any], Any]], x):
@@ -222,10 +220,12 @@ def compile_programs(programs: Sequence[Program]) -> None:
 def time_programs(programs: Sequence[Program], repeats: int, warmup: int) -> None:
     """`warmup` + `repeats` rounds; every round calls each program once, the first program of
     the round rotating, so that drift of the machine spreads over all of them."""
+    from pencilfft._measure import time_once
+
     n = len(programs)
     for r in range(warmup + repeats):
         for p in programs[r % n:] + programs[: r % n]:
-            t, out = bench.time_call(p.compiled, p.arg)
+            t, out = time_once(p.compiled, p.arg)
             del out  # free the result before the next program runs
             if r >= warmup:
                 p.times.append(t)

@@ -10,8 +10,6 @@ import dataclasses
 import math
 import operator
 import os
-import statistics
-import time
 from collections.abc import Sequence
 
 import jax
@@ -19,7 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType
 
+from ._decomposition import fits
 from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
+from ._measure import median_time
 from ._plan import EXCHANGES
 from ._sharding import LAYOUTS, real_space_sharding
 
@@ -153,10 +153,9 @@ def _check_pdims(pdims, n_devices: int) -> list[tuple[int, int]] | None:
 
 
 def _candidates(shape, n_devices, pdims) -> list[tuple[int, int]]:
-    X, Y = shape[-3], shape[-2]
     if pdims is None:
         pdims = [(p, n_devices // p) for p in range(1, n_devices + 1) if n_devices % p == 0]
-    valid = [tuple(p) for p in pdims if X % p[0] == 0 and Y % p[1] == 0 and p[0] * p[1] == n_devices]
+    valid = [tuple(p) for p in pdims if fits(shape, p) and p[0] * p[1] == n_devices]
     if not valid:
         raise ValueError(
             f"`shape` {tuple(shape)} fits no candidate mesh of {n_devices} devices: X must be "
@@ -242,13 +241,7 @@ def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transpo
             else:
                 run = jax.jit(lambda a, e=exchange: inv(fwd(a, layout=layout, exchange=e),
                                                         layout=layout, exchange=e))
-            run(x).block_until_ready()
-            times = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                run(x).block_until_ready()
-                times.append(time.perf_counter() - t)
-            timings[(p, exchange)] = statistics.median(times)
+            timings[(p, exchange)] = median_time(run, x, repeats=repeats)
     timings = _agree(timings)
     (best_pdims, best_exchange), seconds = min(timings.items(), key=lambda kv: kv[1])
     mesh = jax.make_mesh(best_pdims, ("x", "y"), axis_types=(AxisType.Explicit,) * 2,

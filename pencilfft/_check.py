@@ -8,8 +8,6 @@ array (which all-gathers the grid onto every device).  Only process 0 prints.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from dataclasses import dataclass
 
 import jax
@@ -17,7 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding
 
+from ._decomposition import fits
 from ._fft import pfft3d, pifft3d
+from ._measure import max_rel_err, median_time
 from ._sharding import real_space_sharding
 
 TOLERANCE = {"complex64": 1e-5, "complex128": 1e-12}
@@ -39,22 +39,6 @@ def default_meshes(n: int) -> list[tuple[int, ...]]:
     return [(p, n // p) for p in range(1, n + 1) if n % p == 0] + [(n,)]
 
 
-def _timed(f, x, repeats: int) -> float:
-    f(x).block_until_ready()  # compile and warm up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f(x).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def _relerr(got, ref) -> float:
-    """max|got - ref| / max|ref|, reduced on the devices (works across processes)."""
-    err = jax.jit(lambda a, b: jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))(got, ref)
-    return float(err)
-
-
 def _jaxdecomp_error(x_np, mesh_shape, k, dtype) -> tuple[float | None, str]:
     try:
         import jaxdecomp
@@ -70,7 +54,7 @@ def _jaxdecomp_error(x_np, mesh_shape, k, dtype) -> tuple[float | None, str]:
     except Exception as e:  # report, do not abort the whole check
         return None, f"jaxdecomp failed: {type(e).__name__}"
     kd = jax.device_put(kd, NamedSharding(k.sharding.mesh, k.sharding.spec))
-    return _relerr(k, kd), ""
+    return max_rel_err(k, kd), ""
 
 
 def check_case(x_np: np.ndarray, mesh_shape, layout: str, dtype: str, repeats: int) -> Row:
@@ -92,11 +76,11 @@ def check_case(x_np: np.ndarray, mesh_shape, layout: str, dtype: str, repeats: i
     return Row(
         mesh="x".join(map(str, mesh_shape)),
         layout=layout,
-        err_fftn=_relerr(k, ref),
+        err_fftn=max_rel_err(k, ref),
         err_jaxdecomp=err_jd,
-        err_roundtrip=_relerr(bwd(k), x),
-        time_s=_timed(fwd, x, repeats),
-        time_fftn_s=_timed(fftn_sharded, x, repeats),
+        err_roundtrip=max_rel_err(bwd(k), x),
+        time_s=median_time(fwd, x, repeats=repeats),
+        time_fftn_s=median_time(fftn_sharded, x, repeats=repeats),
         note=note,
     )
 
@@ -136,7 +120,7 @@ def run_check(args: argparse.Namespace) -> int:
     failed = 0
     for mesh_shape in meshes:
         pa, pb = mesh_shape[0], (mesh_shape[1] if len(mesh_shape) == 2 else 1)
-        if X % pa or Y % pb:
+        if not fits(args.shape, mesh_shape):
             table.add_row("x".join(map(str, mesh_shape)), "-", *["-"] * 6,
                           f"skipped: X={X} % {pa} or Y={Y} % {pb}")
             continue

@@ -20,12 +20,16 @@ Axes = tuple[str | None, str | None]
 Pdims = tuple[int, int]
 
 
-def check_mesh(mesh: Any) -> Any:
-    """`mesh` itself if it is a Mesh or AbstractMesh with 1 axis (slab) or 2 axes (pencil)."""
-    if not isinstance(mesh, (Mesh, AbstractMesh)):
+def check_mesh(mesh: Any, *, concrete: bool = False) -> Any:
+    """`mesh` itself if it is a Mesh or AbstractMesh with 1 axis (slab) or 2 axes (pencil).
+
+    `concrete`: refuse an AbstractMesh too (the loaders place data on the mesh's devices; the
+    planner also takes the abstract mesh of a traced array under jit)."""
+    if not isinstance(mesh, Mesh if concrete else (Mesh, AbstractMesh)):
+        got = "None" if mesh is None else type(mesh).__name__
         raise TypeError(
             f"`mesh` must be a jax.sharding.Mesh with 1 axis (slab) or 2 axes (pencil), e.g. "
-            f"jax.make_mesh((4, 2), ('x', 'y')); got {type(mesh).__name__}"
+            f"jax.make_mesh((4, 2), ('x', 'y')); got {got}"
         )
     if len(mesh.axis_names) not in (1, 2):
         raise ValueError(

@@ -9,7 +9,8 @@ y' = Yp/Pa):
                                                           (B, X, y', z)   natural (one more move)
 
 Every FFT runs over the last, contiguous axis.  A slab (Pb == 1) does one 2-D FFT over (Y, Z)
-and a single exchange.  The backward transform runs the same path in reverse.
+and a single exchange.  The path is the plan's stage list (`_stages.py`): `_forward_block` runs
+it in order, `_backward_block` runs it reversed with each stage's inverse.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from jax.sharding import NamedSharding
 
 from ._plan import Plan, _is_tracer, has_explicit_axes, plan_backward, plan_forward
 from ._partitioned import Transform, apply
-from ._transpose import exchange
+from ._stages import Exchange, Fft, Pad, Stage
+from ._transpose import transpose_blocks
 
 __all__ = ["pfft3d", "pifft3d", "prfft3d", "pirfft3d"]
 
@@ -44,76 +46,47 @@ def _crop(k: jax.Array, axis: int, n: int) -> jax.Array:
     return k if k.shape[axis] == n else jax.lax.slice_in_dim(k, 0, n, axis=axis)
 
 
+def forward_stage(plan: Plan, stage: Stage, k: jax.Array) -> jax.Array:
+    """One forward stage on a (B, ...) block."""
+    if isinstance(stage, Fft):
+        fft = jnp.fft.rfftn if stage.real else jnp.fft.fftn
+        return fft(k, axes=stage.axes, norm=plan.norm)
+    if isinstance(stage, Pad):
+        return _pad_axis(k, stage.axis, stage.padded)
+    if isinstance(stage, Exchange):
+        return transpose_blocks(k, plan.axes[stage.mesh_axis], stage.n, stage.split, stage.gather,
+                                stage.order, algorithm=plan.exchanges[stage.mesh_axis])
+    return jnp.moveaxis(k, stage.source, stage.destination)
+
+
+def backward_stage(plan: Plan, stage: Stage, k: jax.Array) -> jax.Array:
+    """The inverse of one forward stage on a (B, ...) block."""
+    if isinstance(stage, Fft):
+        if stage.real:
+            return jnp.fft.irfftn(k, s=stage.sizes, axes=stage.axes, norm=plan.norm)
+        return jnp.fft.ifftn(k, axes=stage.axes, norm=plan.norm)
+    if isinstance(stage, Pad):
+        return _crop(k, stage.axis, stage.length)
+    if isinstance(stage, Exchange):
+        return forward_stage(plan, stage.inverse(), k)
+    return jnp.moveaxis(k, stage.destination, stage.source)
+
+
 def _forward_block(plan: Plan, x: jax.Array) -> jax.Array:
     """Real-space block (..., x, y, Z) -> k-space block in plan.layout."""
-    (a, b), (pa, pb) = plan.axes, plan.pdims
     batch = x.shape[:-3]
-    x = x.reshape((-1,) + x.shape[-3:])
-    norm = plan.norm
-    if pa == pb == 1:  # one device: nothing to exchange, let the library do the 3-D transform
-        fftn = jnp.fft.rfftn if plan.real else jnp.fft.fftn
-        k = fftn(x, axes=(1, 2, 3), norm=norm)
-        k = jnp.moveaxis(k, 1, 3) if plan.layout == "transposed" else k
-        return k.reshape(batch + k.shape[1:])
-    if pb == 1:  # slab over X: one 2-D FFT over the whole local (Y, Z) planes
-        fft2 = jnp.fft.rfftn if plan.real else jnp.fft.fftn
-        k = fft2(x, axes=(2, 3), norm=norm)
-        k = _pad_axis(k, 2, plan.yp)
-        k = exchange(k, a, pa, split=2, gather=1, order=(0, 2, 3, 1),
-                     algorithm=plan.exchanges[0])  # (B, y', Zc, X)
-    else:
-        k = (jnp.fft.rfft if plan.real else jnp.fft.fft)(x, axis=-1, norm=norm)
-        k = _pad_axis(k, 3, plan.zp)
-        k = exchange(k, b, pb, split=3, gather=2, order=(0, 1, 3, 2),
-                     algorithm=plan.exchanges[1])  # (B, x, z, Y)
-        k = jnp.fft.fft(k, axis=-1, norm=norm)
-        k = _pad_axis(k, 3, plan.yp)
-        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 2, 1),
-                     algorithm=plan.exchanges[0])  # (B, y', z, X)
-    k = jnp.fft.fft(k, axis=-1, norm=norm)
-    if plan.layout == "natural":
-        k = jnp.moveaxis(k, 3, 1)  # (B, X, y', z)
+    k = x.reshape((-1,) + x.shape[-3:])
+    for stage in plan.stages:
+        k = forward_stage(plan, stage, k)
     return k.reshape(batch + k.shape[1:])
 
 
 def _backward_block(plan: Plan, k: jax.Array) -> jax.Array:
     """k-space block in plan.layout -> real-space block (..., x, y, Z)."""
-    (a, b), (pa, pb) = plan.axes, plan.pdims
-    X, Y, Z = plan.real_shape
     batch = k.shape[:-3]
-    k = k.reshape((-1,) + k.shape[-3:])
-    norm = plan.norm
-    if pa == pb == 1:
-        if plan.layout == "transposed":
-            k = jnp.moveaxis(k, 3, 1)
-        k = _crop(_crop(k, 2, Y), 3, plan.zc)
-        if plan.real:
-            x = jnp.fft.irfftn(k, s=(X, Y, Z), axes=(1, 2, 3), norm=norm)
-        else:
-            x = jnp.fft.ifftn(k, axes=(1, 2, 3), norm=norm)
-        return x.reshape(batch + x.shape[1:])
-    if plan.layout == "natural":
-        k = jnp.moveaxis(k, 1, 3)  # (B, y', z, X)
-    k = jnp.fft.ifft(k, axis=-1, norm=norm)
-    if pb == 1:
-        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 1, 2),
-                     algorithm=plan.exchanges[0])  # (B, x, Yp, Zc)
-        k = _crop(k, 2, Y)
-        if plan.real:
-            x = jnp.fft.irfftn(k, s=(Y, Z), axes=(2, 3), norm=norm)
-        else:
-            x = jnp.fft.ifftn(k, axes=(2, 3), norm=norm)
-    else:
-        k = exchange(k, a, pa, split=3, gather=1, order=(0, 3, 2, 1),
-                     algorithm=plan.exchanges[0])  # (B, x, z, Yp)
-        k = jnp.fft.ifft(_crop(k, 3, Y), axis=-1, norm=norm)
-        k = exchange(k, b, pb, split=3, gather=2, order=(0, 1, 3, 2),
-                     algorithm=plan.exchanges[1])  # (B, x, y, Zp)
-        k = _crop(k, 3, plan.zc)
-        if plan.real:
-            x = jnp.fft.irfft(k, n=Z, axis=-1, norm=norm)
-        else:
-            x = jnp.fft.ifft(k, axis=-1, norm=norm)
+    x = k.reshape((-1,) + k.shape[-3:])
+    for stage in reversed(plan.stages):
+        x = backward_stage(plan, stage, x)
     return x.reshape(batch + x.shape[1:])
 
 
@@ -140,8 +113,8 @@ def _run(plan: Plan, block_fn, x, in_spec, out_spec, exchange: str):
             return apply(t, x)
         _check_one_device(x)
         return _local(jnp.asarray(x), plan=plan, block_fn=block_fn)
-    return _distributed(_place(x, plan, in_spec), plan=plan, block_fn=block_fn,
-                        in_spec=in_spec, out_spec=out_spec)
+    return _on_mesh(_place(x, plan, in_spec), plan=plan, block_fn=block_fn,
+                    in_spec=in_spec, out_spec=out_spec)
 
 
 # jit with the plan static: jax's own cache then compiles each (plan, direction) once, instead of
@@ -152,7 +125,7 @@ def _local(x, *, plan, block_fn):
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "block_fn", "in_spec", "out_spec"))
-def _distributed(x, *, plan, block_fn, in_spec, out_spec):
+def _on_mesh(x, *, plan, block_fn, in_spec, out_spec):
     f = jax.shard_map(functools.partial(block_fn, plan), mesh=plan.mesh,
                       in_specs=in_spec, out_specs=out_spec)
     return f(x)

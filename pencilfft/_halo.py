@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ._decomposition import check_split, mesh_axes
 from ._partitioned import LinearOp, apply
 from ._plan import _current_spec, _is_tracer, find_mesh, has_explicit_axes
 from ._sharding import real_space_spec
@@ -138,7 +139,7 @@ class HaloExchange(LinearOp):
                                names=(None, None), sizes=(1, 1))
 
     def primal_on_mesh(self, mesh):
-        names, sizes = _mesh_axes(mesh)
+        names, sizes = mesh_axes(mesh)
         _check_blocks(self.shape, self.extents, sizes, names)
         body = functools.partial(_exchange_block, extents=self.extents, periods=self.periods,
                                  names=names, sizes=sizes)
@@ -147,14 +148,6 @@ class HaloExchange(LinearOp):
 
     def primal_rule(self) -> tuple[str, str]:
         return "i j k", "i j k"
-
-
-def _mesh_axes(mesh):
-    names = tuple(mesh.axis_names)
-    if len(names) not in (1, 2):
-        raise ValueError(f"`mesh` must have 1 or 2 axes; got {len(names)} axes {names}")
-    names = names + (None,) * (2 - len(names))
-    return names, tuple(mesh.shape[n] if n is not None else 1 for n in names)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,15 +197,11 @@ def _check_array(x) -> tuple[int, ...]:
 
 def _check_blocks(shape, extents, sizes, names) -> None:
     """Each block must split evenly and hold at least as many interior cells as its halo."""
+    check_split(shape, names, sizes, "x")
     for i, (h, n, name, label) in enumerate(zip(extents, sizes, names, _LABELS)):
         axis = len(shape) - 3 + i
         size = shape[axis]
         where = f"mesh axis {name!r} (={n})" if name is not None else "one block (no mesh axis)"
-        if size % n:
-            raise ValueError(
-                f"`x.shape[{axis}]` ({label}={size}) must be divisible by {where}, which splits "
-                f"{label} into the padded blocks"
-            )
         block = size // n
         if block - 2 * h < h:
             raise ValueError(
@@ -286,7 +275,7 @@ def halo_exchange(x, halo_extents, halo_periods=(True, True), *, mesh=None) -> j
             _check_blocks(shape, extents, (1, 1), (None, None))
             return apply(op, x) if extents != (0, 0) else x
         _refuse_unsharded(x)
-    names, sizes = _mesh_axes(mesh)
+    names, sizes = mesh_axes(mesh)
     _check_blocks(shape, extents, sizes, names)
     spec = real_space_spec(mesh, len(shape))
     _check_spec(x, mesh, spec, len(shape))

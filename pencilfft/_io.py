@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, Sharding
 
-from ._sharding import _mesh_axes, real_space_sharding
+from ._decomposition import check_mesh, mesh_axes, split_problem
+from ._sharding import real_space_sharding
 
 __all__ = ["scatter", "gather", "save", "load"]
 
@@ -90,7 +91,7 @@ def scatter(data: np.ndarray | None, mesh: Mesh, *, root: int = 0, comm: Any = N
         is_root = s.rank == s.root
         error, info = None, None
         try:
-            _check_mesh(mesh)
+            check_mesh(mesh, concrete=True)
             meta = None
             if is_root:
                 if data is None:
@@ -291,7 +292,7 @@ def load(path: str | os.PathLike, mesh: Mesh, *, comm: Any = None) -> jax.Array:
     with _session(comm, 0) as s:
         error, info, mm = None, None, None
         try:
-            _check_mesh(mesh)
+            check_mesh(mesh, concrete=True)
             path = _check_path(path)
             mm = _open_npy(path)
             what = f"the array in {path!r}"
@@ -536,12 +537,6 @@ def _root_value(root: Any) -> Any:
 # ------------------------------------------------------------------------------ validation
 
 
-def _check_mesh(mesh: Any) -> None:
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"`mesh` must be a jax.sharding.Mesh; got {type(mesh).__name__}")
-    _mesh_axes(mesh)  # ValueError unless 1 or 2 axes
-
-
 def _jax_supports(dtype: np.dtype) -> bool:
     if dtype == jnp.bfloat16:
         return True
@@ -590,15 +585,11 @@ def _check_fits(shape: tuple[int, ...], mesh: Mesh, what: str) -> None:
         raise ValueError(
             f"{what} must have at least 3 dimensions (..., X, Y, Z); got shape {tuple(shape)}"
         )
-    for axis, label, name in zip((-3, -2), "XY", _mesh_axes(mesh)):
-        if name is None:
-            continue
-        n = mesh.shape[name]
-        if shape[axis] % n:
-            raise ValueError(
-                f"{what} has shape {tuple(shape)}: axis {len(shape) + axis} ({label}) has size "
-                f"{shape[axis]}, which is not divisible by mesh axis '{name}' of size {n}"
-            )
+    axes, pdims = mesh_axes(mesh)
+    problem = split_problem(shape, pdims, axes)
+    if problem is not None:
+        index, why = problem
+        raise ValueError(f"{what} has shape {tuple(shape)}: axis {index} {why}")
 
 
 def _check_concrete_array(x: Any, what: str, func: str) -> None:

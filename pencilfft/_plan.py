@@ -21,7 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from ._decomposition import check_mesh, check_split, mesh_axes, round_up, split_problem
 from ._sharding import LAYOUTS, k_space_spec, real_space_spec
+from ._stages import Stage, forward_stages
 
 NORMS = ("backward", "ortho", "forward")
 EXCHANGES = ("auto", "alltoall", "pairwise")
@@ -56,12 +58,12 @@ class Plan:
     @property
     def zp(self) -> int:
         """Length of the k-space Z axis, padded to a multiple of Pb."""
-        return _round_up(self.zc, self.pdims[1])
+        return round_up(self.zc, self.pdims[1])
 
     @property
     def yp(self) -> int:
         """Length of the k-space Y axis, padded to a multiple of Pa."""
-        return _round_up(self.real_shape[1], self.pdims[0])
+        return round_up(self.real_shape[1], self.pdims[0])
 
     @property
     def padded(self) -> bool:
@@ -85,6 +87,12 @@ class Plan:
         return len(self.batch) + 3
 
     @property
+    def stages(self) -> tuple[Stage, ...]:
+        """The forward transform's stages on a per-device block; backward walks them reversed."""
+        return forward_stages(self.real_shape, self.pdims, self.real, self.layout,
+                              self.zc, self.zp, self.yp)
+
+    @property
     def real_spec(self) -> P:
         return _spec_for(self, real_space_spec)
 
@@ -97,10 +105,6 @@ def _spec_for(plan: Plan, make) -> P:
     if plan.mesh is None:
         return P()
     return make(plan.mesh, plan.ndim)
-
-
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
 
 
 # ----------------------------------------------------------------------------------------------
@@ -119,25 +123,23 @@ def find_mesh(x, mesh):
     """The mesh to run on, in order: `mesh`, x's NamedSharding, x's type (Explicit axes under
     jit), the ambient mesh (`jax.set_mesh`).  None when there is none (a local transform)."""
     if mesh is not None:
-        if not isinstance(mesh, (Mesh, jax.sharding.AbstractMesh)):
-            raise TypeError(f"`mesh` must be a jax.sharding.Mesh; got {type(mesh).__name__}")
-        return _check_mesh(mesh)
+        return check_mesh(mesh)
     if not _is_tracer(x):
         sharding = getattr(x, "sharding", None)
         if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
-            return _check_mesh(sharding.mesh)
+            return check_mesh(sharding.mesh)
     else:
         sharding = getattr(jax.typeof(x), "sharding", None)
         # Auto axes leave no trace in a tracer's type; Explicit ones carry the mesh.
         if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
             if has_explicit_axes(sharding.mesh):
-                return _check_mesh(sharding.mesh)
+                return check_mesh(sharding.mesh)
     ambient = jax.sharding.get_abstract_mesh()
     if ambient is not None and not ambient.empty:
-        return _check_mesh(ambient)
+        return check_mesh(ambient)
     legacy = _legacy_mesh()
     if legacy is not None:
-        return _check_mesh(legacy)
+        return check_mesh(legacy)
     return None
 
 
@@ -149,15 +151,6 @@ def _legacy_mesh():
         return None
     mesh = thread_resources.env.physical_mesh
     return None if mesh.empty else mesh
-
-
-def _check_mesh(mesh):
-    if len(mesh.axis_names) not in (1, 2):
-        raise ValueError(
-            f"`mesh` must have 1 axis (slab) or 2 axes (pencil); got {len(mesh.axis_names)} axes "
-            f"{tuple(mesh.axis_names)} of sizes {tuple(mesh.axis_sizes)}"
-        )
-    return mesh
 
 
 def _current_spec(x):
@@ -202,31 +195,15 @@ def _float_dtype(cdtype):
     return np.dtype(np.float64 if np.dtype(cdtype) == np.complex128 else np.float32)
 
 
-def _mesh_axes(mesh):
-    if mesh is None:
-        return (None, None), (1, 1)
-    names = tuple(mesh.axis_names)
-    sizes = dict(zip(names, mesh.axis_sizes))
-    a = names[0]
-    b = names[1] if len(names) == 2 else None
-    return (a, b), (sizes[a], sizes[b] if b else 1)
-
-
 def _check_real_input(x, shape, mesh, axes, pdims, argname: str) -> None:
     """The real-space array must split X over the first mesh axis and Y over the second."""
-    X, Y, _ = shape[-3:]
     spec = _current_spec(x) if mesh is not None else None
     if spec is not None and spec[-1] is not None:
         raise ValueError(
             f"`{argname}` is sharded along Z (its last axis, spec {P(*spec)}); in real space only "
             f"X and Y may be split: expected {real_space_spec(mesh, len(shape))}"
         )
-    for axis, (size, name, n, label) in enumerate(zip((X, Y), axes, pdims, ("X", "Y"))):
-        if name is not None and size % n:
-            raise ValueError(
-                f"`{argname}.shape[{len(shape) - 3 + axis}]` ({label}={size}) must be divisible by "
-                f"mesh axis {name!r} (={n}), which splits {label} in real space"
-            )
+    check_split(shape, axes, pdims, argname)
 
 
 def _check_array(x, argname: str) -> tuple[int, ...]:
@@ -304,7 +281,7 @@ def plan_forward(x, *, norm, layout, mesh, real: bool, exchange: str = "auto",
     else:
         k_dtype = real_dtype = _fft_dtype(dtype, argname)
     mesh = find_mesh(x, mesh)
-    axes, pdims = _mesh_axes(mesh)
+    axes, pdims = mesh_axes(mesh)
     _check_real_input(x, shape, mesh, axes, pdims, argname)
     block_bytes = _block_bytes(shape[:-3], shape[-3:], pdims, k_dtype)
     return Plan(mesh, axes, pdims, shape[:-3], shape[-3:], real, layout, norm or "backward",
@@ -323,7 +300,7 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool, exchange: str = "auto
     dtype = k.dtype
     k_dtype = _fft_dtype(dtype, argname)
     mesh = find_mesh(k, mesh)
-    axes, pdims = _mesh_axes(mesh)
+    axes, pdims = mesh_axes(mesh)
     kx, ky, kz = _xyz(shape[-3:], layout)
     if s is None:
         if real:
@@ -335,19 +312,16 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool, exchange: str = "auto
     plan = Plan(mesh, axes, pdims, shape[:-3], s, real, layout, norm or "backward",
                 _float_dtype(k_dtype) if real else k_dtype, k_dtype,
                 _exchanges(exchange, mesh, pdims, block_bytes))
-    X, Y, Z = s
     if (kx, ky, kz) not in {_xyz(plan.k_shape, layout), _xyz(plan.exact_k_shape, layout)}:
         raise ValueError(
             f"`{argname}.shape[-3:]` = {shape[-3:]} does not fit the real-space shape `s` = {s} "
             f"on this mesh: expected {plan.exact_k_shape} (exact) or {plan.k_shape} (padded) in "
             f"the {layout} layout"
         )
-    for size, name, n, label in zip((X, Y), axes, pdims, ("X", "Y")):
-        if name is not None and size % n:
-            raise ValueError(
-                f"the real-space {label} (={size}) must be divisible by mesh axis {name!r} (={n}), "
-                f"which splits {label} in real space; `s` = {s}"
-            )
+    problem = split_problem(s, pdims, axes)
+    if problem is not None:
+        index, why = problem
+        raise ValueError(f"`s[{index}]` {why}; `s` = {s}")
     return plan
 
 

@@ -7,30 +7,20 @@ from __future__ import annotations
 
 import operator
 
-from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ._decomposition import check_mesh, mesh_axes
 
 __all__ = ["real_space_spec", "k_space_spec", "real_space_sharding", "k_space_sharding", "LAYOUTS"]
 
 LAYOUTS = ("transposed", "natural")
 
 
-def _mesh_axes(mesh) -> tuple[str, str | None]:
+def _axis_names(mesh) -> tuple[str, str | None]:
     """The (first, second) mesh axis names; the second is None on a 1-axis mesh."""
     # AbstractMesh too: the planner passes the abstract mesh of a traced array under jit.
-    if not isinstance(mesh, (Mesh, AbstractMesh)):
-        raise TypeError(
-            f"`mesh` must be a jax.sharding.Mesh with 1 axis (slab) or 2 axes (pencil), e.g. "
-            f"jax.make_mesh((4, 2), ('x', 'y')); got {_describe(mesh)}"
-        )
-    names = tuple(mesh.axis_names)
-    if len(names) == 1:
-        return names[0], None
-    if len(names) == 2:
-        return names[0], names[1]
-    raise ValueError(
-        f"`mesh` must have 1 axis (slab) or 2 axes (pencil); got {len(names)} axes {names} "
-        f"with shape {tuple(mesh.axis_sizes)}"
-    )
+    (a, b), _ = mesh_axes(check_mesh(mesh))
+    return a, b
 
 
 def _check_ndim(ndim) -> int:
@@ -62,7 +52,7 @@ def real_space_spec(mesh, ndim: int = 3) -> P:
 
     X is split by the first mesh axis, Y by the second (if any); Z and batch axes are whole.
     """
-    a, b = _mesh_axes(mesh)
+    a, b = _axis_names(mesh)
     return P(*([None] * (_check_ndim(ndim) - 3)), a, b, None)
 
 
@@ -72,7 +62,7 @@ def k_space_spec(mesh, layout: str = "transposed", ndim: int = 3) -> P:
     transposed: global order (..., Y, Z, X); Y split by the first mesh axis, Z by the second.
     natural:    global order (..., X, Y, Z); the same split of Y and Z, X whole.
     """
-    a, b = _mesh_axes(mesh)
+    a, b = _axis_names(mesh)
     batch = [None] * (_check_ndim(ndim) - 3)
     if layout == "transposed":
         return P(*batch, a, b, None)

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 
 
-def exchange(x: jax.Array, axis_name: str | None, n: int, split: int, gather: int,
-             order: tuple[int, ...], algorithm: str = "alltoall") -> jax.Array:
+def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, gather: int,
+                     order: tuple[int, ...], algorithm: str = "alltoall") -> jax.Array:
     """Split local axis `split` into `n` chunks over mesh axis `axis_name`, gather axis `gather`.
 
     x is a per-device block.  Chunk j of axis `split` goes to peer j; the chunks received are

@@ -7,6 +7,8 @@ before jax creates its backend, hence at import time of this file.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 _N_LOCAL = int(os.environ.get("PENCILFFT_TEST_DEVICES", "8"))
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -18,14 +20,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from jax.sharding import AxisType  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
 
 import pencilfft  # noqa: E402
+from pencilfft._decomposition import fits, round_up  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 pencilfft.initialize()  # a no-op in a plain process; starts jax.distributed under mpirun/srun
 
 MULTI_PROCESS = jax.process_count() > 1
+RANK = jax.process_index()  # pencilfft.initialize() makes it the MPI rank
 
 # The meshes every transform is tested on: pencils, slabs both ways, and a 1-axis mesh.
 PDIMS = [(1, 8), (8, 1), (4, 2), (2, 4), (8,)]
@@ -61,6 +65,77 @@ def random_field(shape, dtype, seed=0) -> np.ndarray:
     return x.astype(dtype)
 
 
+def seeded_data(shape, dtype, seed: int = 0) -> np.ndarray:
+    """Data of any dtype the loaders take (integers too), the same on every rank."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        return rng.integers(-1000 if dtype.kind == "i" else 0, 1000, size=shape).astype(dtype)
+    x = rng.standard_normal(shape)
+    if dtype.kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+def root_only(data: np.ndarray, root: int = 0):
+    """`data` on rank `root`, None on the others (what scatter's callers pass)."""
+    return data if RANK == root else None
+
+
+def barrier() -> None:
+    """All ranks meet here (a no-op in one process)."""
+    if MULTI_PROCESS:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()
+
+
+def valid(shape, pdims) -> bool:
+    """Whether a real-space array of global `shape` can be split on `pdims` (the library's rule)."""
+    return fits(shape, pdims)
+
+
+def reference(x: np.ndarray, layout: str, norm: str = "backward") -> np.ndarray:
+    """numpy float64 fftn of the last three axes, in `layout` order (global shapes)."""
+    k = np.fft.fftn(x.astype(np.complex128), axes=(-3, -2, -1), norm=norm)
+    return np.moveaxis(k, -3, -1) if layout == "transposed" else k
+
+
+def padded_k_shape(shape, pdims, layout, real):
+    """The global k-space shape the contract promises: Y up to a multiple of Pa, Z (or Z//2+1)
+    of Pb.  Written out here rather than read from the plan, so that the tests check it."""
+    pa, pb = pdims[0], (pdims[1] if len(pdims) == 2 else 1)
+    *batch, X, Y, Z = shape
+    yp = round_up(Y, pa)
+    zp = round_up(Z // 2 + 1 if real else Z, pb)
+    return tuple(batch) + ((yp, zp, X) if layout == "transposed" else (X, yp, zp))
+
+
+def assert_same_spec(arr, spec):
+    """arr is split as `spec` says (mesh axes of size 1 may be named or not)."""
+    want = NamedSharding(arr.sharding.mesh, spec)
+    assert arr.sharding.is_equivalent_to(want, arr.ndim), f"sharding {arr.sharding.spec} != {spec}"
+
+
+# Launcher variables that must not leak from this (maybe mpirun-started) process into children.
+_LAUNCHER_PREFIXES = (
+    "PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYD", "SLURM_", "JAX_COORDINATOR", "JAX_LOCAL"
+)
+
+
+def clean_env(devices: int, **extra: str) -> dict[str, str]:
+    """The environment for a child process with `devices` simulated CPU devices and none of
+    this process's launcher variables (a child must not join this job)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    env.update(
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        JAX_PLATFORMS="cpu",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
 def rel_err(got, ref) -> float:
     got = np.asarray(got)
     ref = np.asarray(ref)
@@ -94,3 +169,17 @@ def pdims(request):
 @pytest.fixture(params=["explicit", "auto"])
 def axis_type(request):
     return request.param
+
+
+@pytest.fixture
+def shared_dir():
+    """One temporary directory for all ranks (pytest's tmp_path differs between processes)."""
+    path = tempfile.mkdtemp(prefix="pencilfft-io-") if RANK == 0 else None
+    if MULTI_PROCESS:
+        from mpi4py import MPI
+
+        path = MPI.COMM_WORLD.bcast(path, root=0)
+    yield path
+    barrier()
+    if RANK == 0:
+        shutil.rmtree(path, ignore_errors=True)

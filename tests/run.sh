@@ -15,18 +15,21 @@ MPIRUN=${MPIRUN:-$BIN/mpirun}
 export PYTHONPATH="$PWD/tests/mp${PYTHONPATH:+:$PYTHONPATH}"
 # -p no:cacheprovider: ranks must not race on .pytest_cache, nor reorder tests from it.
 PYTEST=("$PY" -m pytest -q -p pencilfft_mpi_plugin -p no:cacheprovider)
+# Each of the three steps is stopped after STEP_TIMEOUT seconds (default 1500: the three fit
+# in CI's 90 minutes; they take about 5, 8 and 12 minutes on a 2-core machine).
+STEP_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-1500}
 LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
 status=0
 
 echo "== single process, 8 devices"
-PENCILFFT_TEST_DEVICES=8 timeout -k 30 1200 "${PYTEST[@]}" "$@" || status=1
+PENCILFFT_TEST_DEVICES=8 timeout -k 30 "$STEP_TIMEOUT" "${PYTEST[@]}" "$@" || status=1
 
 for np in 2 4; do
   echo "== mpirun -np $np, $((8 / np)) devices per process"
   rm -f "$LOGS"/rank*
   rc=0
-  PENCILFFT_LOG_DIR=$LOGS PENCILFFT_TEST_DEVICES=$((8 / np)) timeout -k 30 900 \
+  PENCILFFT_LOG_DIR=$LOGS PENCILFFT_TEST_DEVICES=$((8 / np)) timeout -k 30 "$STEP_TIMEOUT" \
     "$MPIRUN" -np "$np" "${PYTEST[@]}" "$@" || rc=$?
   if [ "$rc" = 124 ]; then echo "== mpirun -np $np timed out"; fi
   for ((r = 1; r < np; r++)); do

@@ -8,8 +8,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import make_mesh, put_global, rel_err, to_numpy, tol
-from test_fft import random_field
+from conftest import make_mesh, put_global, random_field, rel_err, to_numpy, tol
 
 SHAPE = (8, 16, 8)
 

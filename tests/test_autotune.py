@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 import pencilfft
-from conftest import put_global, rel_err, to_numpy, tol
-from test_fft import random_field, reference
+from conftest import put_global, random_field, reference, rel_err, to_numpy, tol
 
 
 @pytest.mark.parametrize("dtype", [np.complex64, np.float32])

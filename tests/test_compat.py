@@ -177,7 +177,7 @@ def reference_fields(noise):
 
 @pytest.mark.single_process  # a fresh interpreter with 8 devices of its own
 def test_pm_code_for_jaxdecomp_runs_without_it(tmp_path, noise, reference_fields):
-    """(tests/test_pm.py runs the same pipeline through pencilfft.compat in-process, also under
+    """(tests/tooling/test_pm.py runs the same pipeline through pencilfft.compat in-process, also under
     mpirun, against the one-device run.)"""
     np.save(tmp_path / "noise.npy", noise)
     script = tmp_path / "pm_script.py"

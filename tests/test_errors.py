@@ -93,7 +93,7 @@ CASES = [
          ValueError, "`x.shape[2]`", "Y=30", "'y'", "=4"),
     case("x-indivisible-inverse",
          lambda e: (lambda a: pf.pirfft3d(a, (30, 16, 16), mesh=e.mesh), (np.zeros((16, 9, 30), complex),)),
-         ValueError, "X (=30)", "'x'", "(=4)", "(30, 16, 16)"),
+         ValueError, "`s[0]`", "X=30", "'x'", "(=4)", "(30, 16, 16)"),
     # -- norm and layout
     *[case(f"norm-{name}", lambda e, f=f: (lambda a: f(a, "bogus"), (e.xs if real_in else e.kr,)),
            ValueError, "`norm`", "'bogus'", "'backward'", "'ortho'", "'forward'")

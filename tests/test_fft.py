@@ -8,39 +8,14 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import make_mesh, put_global, rel_err, to_numpy, tol
+from conftest import (assert_same_spec, make_mesh, put_global, random_field, reference, rel_err,
+                      to_numpy, tol, valid)
 
 SHAPES = [(16, 32, 64), (64, 32, 16), (24, 40, 56)]
 
 
-def valid(shape, pdims) -> bool:
-    """Whether a real-space array of `shape` can be split on `pdims` (X by Pa, Y by Pb)."""
-    pb = pdims[1] if len(pdims) == 2 else 1
-    return shape[-3] % pdims[0] == 0 and shape[-2] % pb == 0
-
-
-def random_field(shape, dtype, seed=0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape)
-    if np.issubdtype(np.dtype(dtype), np.complexfloating):
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype)
-
-
-def reference(x: np.ndarray, layout: str, norm: str = "backward") -> np.ndarray:
-    """numpy float64 fftn of the last three axes, in `layout` order."""
-    k = np.fft.fftn(x.astype(np.complex128), axes=(-3, -2, -1), norm=norm)
-    return np.moveaxis(k, -3, -1) if layout == "transposed" else k
-
-
 def expected_k_spec(mesh, layout, ndim=3):
     return pencilfft.k_space_sharding(mesh, layout, ndim).spec
-
-
-def assert_same_spec(arr, spec):
-    """arr is split as `spec` says (mesh axes of size 1 may be named or not)."""
-    want = NamedSharding(arr.sharding.mesh, spec)
-    assert arr.sharding.is_equivalent_to(want, arr.ndim), f"sharding {arr.sharding.spec} != {spec}"
 
 
 @pytest.mark.parametrize("layout", ["transposed", "natural"])

@@ -11,9 +11,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import make_mesh, put_global, rel_err, to_numpy, tol
-from test_fft import valid
-from test_rfft import padded_k_shape
+from conftest import make_mesh, padded_k_shape, put_global, rel_err, to_numpy, tol, valid
 
 # Where X, Y, Z sit among k's last three axes.
 POSITION = {"transposed": (2, 0, 1), "natural": (0, 1, 2)}

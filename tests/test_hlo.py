@@ -17,6 +17,8 @@ import pytest
 
 import pencilfft
 from conftest import make_mesh, put_global, to_numpy
+from pencilfft._plan import plan_forward
+from pencilfft._stages import Exchange, Fft
 
 OPS = ("all-gather", "all-to-all", "all-reduce", "collective-permute", "reduce-scatter", "fft",
        "fusion", "copy", "transpose")
@@ -38,15 +40,18 @@ def compiled(fn, arg):
     return entry_ops(jax.jit(fn).lower(arg).compile().as_text())
 
 
-def expected(pdims, real, exchange):
-    """(FFT ops, all-to-alls, collective permutes, most fusions) of one transform."""
-    sizes = [n for n in (pdims[0], pdims[1] if len(pdims) == 2 else 1) if n > 1]
-    n_fft = 2 if len(pdims) == 1 or pdims[1] == 1 else 3
-    n_a2a = len(sizes) if exchange == "alltoall" else 0
-    n_permutes = sum(n - 1 for n in sizes) if exchange == "pairwise" else 0
+def expected(plan):
+    """(FFT ops, all-to-alls, collective permutes, most fusions) of one transform, from its
+    stages: one FFT op per Fft stage, and per Exchange stage one all_to_all or n-1 permutes."""
+    exchanges = [s for s in plan.stages if isinstance(s, Exchange) and s.n > 1]
+    n_fft = sum(isinstance(s, Fft) for s in plan.stages)
+    alg = {s.mesh_axis: plan.exchanges[s.mesh_axis] for s in exchanges}
+    n_a2a = sum(alg[s.mesh_axis] == "alltoall" for s in exchanges)
+    n_permutes = sum(s.n - 1 for s in exchanges if alg[s.mesh_axis] == "pairwise")
     # slicing fusions (one per peer) + one after each exchange; +1 for a pure local
     # transpose (slab over Y), +1 for the natural layout's final move, +1 for r2c's padding.
-    fusions = sum(sizes) + len(sizes) + (pdims[0] == 1) + 1 + real
+    fusions = (sum(s.n for s in exchanges) + len(exchanges) + (plan.pdims[0] == 1) + 1
+               + plan.real)
     return n_fft, n_a2a, n_permutes, fusions
 
 
@@ -70,7 +75,15 @@ def test_structure_of_compiled_transforms(pdims, layout, real, exchange):
         bwd = lambda k: pencilfft.pifft3d(k, **opts)  # noqa: E731
     k = jax.eval_shape(fwd, x)
     k = jax.ShapeDtypeStruct(k.shape, k.dtype, sharding=pencilfft.k_space_sharding(mesh, layout))
-    n_fft, n_a2a, n_permutes, max_fusions = expected(pdims, real, exchange)
+    plan = plan_forward(x, norm="backward", layout=layout, mesh=mesh, real=bool(real),
+                        exchange=exchange)
+    n_fft, n_a2a, n_permutes, max_fusions = expected(plan)
+    # The stages themselves: 3 FFTs for pencils, 2 for slabs (one of them 2-D); one exchange
+    # per mesh axis of size > 1, over b first.
+    pa, pb = plan.pdims
+    assert n_fft == (2 if pb == 1 else 3)
+    assert [s.n for s in plan.stages if isinstance(s, Exchange) and s.n > 1] == \
+        [n for n in (pb, pa) if n > 1]
     for direction, ops in (("forward", compiled(fwd, x)), ("backward", compiled(bwd, k))):
         where = f"{direction} {pdims} {layout} {exchange}: {dict(ops)}"
         for op in ("all-gather", "all-reduce", "reduce-scatter", "copy", "transpose"):

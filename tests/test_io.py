@@ -9,13 +9,12 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
-import tempfile
 
 import jax
 import numpy as np
 import pytest
-from conftest import MULTI_PROCESS, make_mesh, put_global, rel_err, to_numpy, tol
+from conftest import (MULTI_PROCESS, RANK, barrier, make_mesh, put_global, rel_err, root_only,
+                      seeded_data, to_numpy, tol)
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
@@ -23,7 +22,6 @@ from pencilfft import _io
 from pencilfft import gather, load, save, scatter
 from pencilfft._sharding import k_space_sharding, real_space_sharding
 
-RANK = jax.process_index()  # pencilfft.initialize() makes it the MPI rank
 LAST = jax.process_count() - 1
 
 # (global shape, dtype): a batch axis, odd Z, integers (accepted, as the transforms promote them).
@@ -34,43 +32,6 @@ CASES = [
     ((8, 16, 3), np.int32),
 ]
 CASE_IDS = ["x".join(map(str, s)) + "-" + np.dtype(d).name for s, d in CASES]
-
-
-def _data(shape, dtype, seed: int = 0) -> np.ndarray:
-    """The same array on every rank."""
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    if dtype.kind in "iu":
-        return rng.integers(-1000 if dtype.kind == "i" else 0, 1000, size=shape).astype(dtype)
-    x = rng.standard_normal(shape)
-    if dtype.kind == "c":
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype)
-
-
-def _root_only(data: np.ndarray, root: int = 0):
-    return data if RANK == root else None
-
-
-def _barrier() -> None:
-    if MULTI_PROCESS:
-        from mpi4py import MPI
-
-        MPI.COMM_WORLD.Barrier()
-
-
-@pytest.fixture
-def shared_dir():
-    """One temporary directory for all ranks (pytest's tmp_path differs between processes)."""
-    path = tempfile.mkdtemp(prefix="pencilfft-io-") if RANK == 0 else None
-    if MULTI_PROCESS:
-        from mpi4py import MPI
-
-        path = MPI.COMM_WORLD.bcast(path, root=0)
-    yield path
-    _barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _assert_blocks(x: jax.Array, data: np.ndarray, sharding) -> None:
@@ -97,8 +58,8 @@ def _assert_gathered(got, data: np.ndarray, root: int = 0) -> None:
 @pytest.mark.parametrize("shape,dtype", CASES, ids=CASE_IDS)
 def test_scatter_gather_roundtrip(pdims, shape, dtype):
     mesh = make_mesh(pdims)
-    data = _data(shape, dtype)
-    x = scatter(_root_only(data), mesh)
+    data = seeded_data(shape, dtype)
+    x = scatter(root_only(data), mesh)
     _assert_blocks(x, data, real_space_sharding(mesh, len(shape)))
     _assert_gathered(gather(x), data)
 
@@ -106,23 +67,23 @@ def test_scatter_gather_roundtrip(pdims, shape, dtype):
 @pytest.mark.parametrize("pdims", [(4, 2), (8,)], ids=["4x2", "8"])
 def test_scatter_gather_other_root(pdims):
     mesh = make_mesh(pdims)
-    data = _data((8, 8, 4), np.complex64)
-    x = scatter(_root_only(data, LAST), mesh, root=LAST)
+    data = seeded_data((8, 8, 4), np.complex64)
+    x = scatter(root_only(data, LAST), mesh, root=LAST)
     _assert_blocks(x, data, real_space_sharding(mesh))
     _assert_gathered(gather(x, root=LAST), data, root=LAST)
 
 
 def test_scatter_auto_mesh():
     mesh = make_mesh((2, 4), "auto")
-    data = _data((4, 8, 2), np.float64)
-    x = scatter(_root_only(data), mesh)
+    data = seeded_data((4, 8, 2), np.float64)
+    x = scatter(root_only(data), mesh)
     _assert_blocks(x, data, real_space_sharding(mesh))
 
 
 def test_scatter_receives_exactly_own_blocks(pdims, monkeypatch):
     """A non-root rank receives its distinct blocks, each once, and nothing else."""
     mesh = make_mesh(pdims)
-    data = _data((8, 16, 4), np.float64)
+    data = seeded_data((8, 16, 4), np.float64)
     received = []
     real_recv = _io._recv
 
@@ -131,7 +92,7 @@ def test_scatter_receives_exactly_own_blocks(pdims, monkeypatch):
         real_recv(comm, buf, source)
 
     monkeypatch.setattr(_io, "_recv", recording_recv)
-    x = scatter(_root_only(data), mesh)
+    x = scatter(root_only(data), mesh)
     _assert_blocks(x, data, real_space_sharding(mesh))
     index_map = real_space_sharding(mesh).addressable_devices_indices_map(data.shape)
     own = {_io._key(index, data.shape) for index in index_map.values()}
@@ -144,8 +105,8 @@ def test_scatter_gather_chunked_messages(monkeypatch, limit):
     """Blocks larger than MAX_MESSAGE_BYTES go in several messages (odd sizes split items)."""
     monkeypatch.setattr(_io, "MAX_MESSAGE_BYTES", limit)
     mesh = make_mesh((2, 4))
-    data = _data((4, 8, 3), np.complex128)
-    x = scatter(_root_only(data), mesh)
+    data = seeded_data((4, 8, 3), np.complex128)
+    x = scatter(root_only(data), mesh)
     _assert_blocks(x, data, real_space_sharding(mesh))
     _assert_gathered(gather(x), data)
 
@@ -168,7 +129,7 @@ class _RecordingComm:
 @pytest.mark.parametrize("limit,n_messages", [(1 << 30, 1), (160, 1), (100, 2), (64, 3), (7, 23)])
 def test_chunking_logic(monkeypatch, limit, n_messages):
     monkeypatch.setattr(_io, "MAX_MESSAGE_BYTES", limit)
-    block = _data((2, 4, 5), np.float64)[:, 1:3]  # 2*2*5*8 = 160 bytes, not contiguous
+    block = seeded_data((2, 4, 5), np.float64)[:, 1:3]  # 2*2*5*8 = 160 bytes, not contiguous
     block = np.ascontiguousarray(block)
     comm = _RecordingComm()
     _io._send(comm, block, dest=1)
@@ -182,7 +143,7 @@ def test_chunking_logic(monkeypatch, limit, n_messages):
 @pytest.mark.parametrize("layout", ["transposed", "natural"])
 def test_gather_k_space(pdims, layout):
     mesh = make_mesh(pdims)
-    data = _data((2, 8, 8, 8), np.complex128)
+    data = seeded_data((2, 8, 8, 8), np.complex128)
     _assert_gathered(gather(put_global(data, k_space_sharding(mesh, layout, 4))), data)
 
 
@@ -192,7 +153,7 @@ def test_gather_k_space(pdims, layout):
 def test_gather_replicated_blocks(spec):
     """Blocks held by several devices (maybe on several processes) arrive once and right."""
     mesh = make_mesh((2, 4))
-    data = _data((8, 8, 2), np.float32)
+    data = seeded_data((8, 8, 2), np.float32)
     x = put_global(data, NamedSharding(mesh, spec))
     _assert_gathered(gather(x), data)
     _assert_gathered(gather(x, root=LAST), data, root=LAST)
@@ -204,8 +165,8 @@ def test_fft_roundtrip_from_scatter_to_gather(pdims, layout):
     """scatter -> pfft3d -> pifft3d -> gather, and the gathered spectrum against numpy."""
     pfft3d, pifft3d = pencilfft.pfft3d, pencilfft.pifft3d
     mesh = make_mesh(pdims)
-    data = _data((8, 8, 8), np.complex128)
-    k = pfft3d(scatter(_root_only(data), mesh), layout=layout, mesh=mesh)
+    data = seeded_data((8, 8, 8), np.complex128)
+    k = pfft3d(scatter(root_only(data), mesh), layout=layout, mesh=mesh)
     spectrum = gather(k)
     back = gather(pifft3d(k, layout=layout, mesh=mesh))
     if RANK == 0:
@@ -224,7 +185,7 @@ def test_fft_roundtrip_from_scatter_to_gather(pdims, layout):
 @pytest.mark.parametrize("shape,dtype", CASES[:3], ids=CASE_IDS[:3])
 def test_save_load_roundtrip(pdims, shape, dtype, shared_dir):
     mesh = make_mesh(pdims)
-    data = _data(shape, dtype)
+    data = seeded_data(shape, dtype)
     path = os.path.join(shared_dir, "x.npy")
     save(path, put_global(data, real_space_sharding(mesh, len(shape))))
     if RANK == 0:
@@ -244,7 +205,7 @@ def test_save_any_sharding(sharding, shared_dir):
         "k-natural": k_space_sharding(mesh, "natural"),
         "replicated-y": NamedSharding(mesh, P(None, "x")),
     }[sharding]
-    data = _data((8, 8, 8), np.complex64)
+    data = seeded_data((8, 8, 8), np.complex64)
     path = os.path.join(shared_dir, "k.npy")
     save(path, put_global(data, sharding))
     if RANK == 0:
@@ -254,11 +215,11 @@ def test_save_any_sharding(sharding, shared_dir):
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_load_file_written_by_numpy(order, shared_dir):
     mesh = make_mesh((4, 2))
-    data = _data((8, 4, 3), np.float64)
+    data = seeded_data((8, 4, 3), np.float64)
     path = os.path.join(shared_dir, "np.npy")
     if RANK == 0:
         np.save(path, np.asfortranarray(data) if order == "F" else data)
-    _barrier()
+    barrier()
     y = load(path, mesh)
     _assert_blocks(y, data, real_space_sharding(mesh))
     np.testing.assert_array_equal(to_numpy(y), data)
@@ -270,15 +231,15 @@ def test_load_file_written_by_numpy(order, shared_dir):
 @pytest.mark.parametrize(
     "pdims,shape,message",
     [
-        ((4, 2), (6, 8, 4), r"axis 0 \(X\) has size 6, which is not divisible by mesh axis 'x' of size 4"),
-        ((2, 4), (8, 6, 4), r"axis 1 \(Y\) has size 6, which is not divisible by mesh axis 'y' of size 4"),
-        ((8,), (2, 4, 8, 8), r"axis 1 \(X\) has size 4, which is not divisible by mesh axis 'x' of size 8"),
+        ((4, 2), (6, 8, 4), r"axis 0 \(X=6\) must be divisible by mesh axis 'x' \(=4\)"),
+        ((2, 4), (8, 6, 4), r"axis 1 \(Y=6\) must be divisible by mesh axis 'y' \(=4\)"),
+        ((8,), (2, 4, 8, 8), r"axis 1 \(X=4\) must be divisible by mesh axis 'x' \(=8\)"),
         ((4, 2), (8, 8), r"at least 3 dimensions \(\.\.\., X, Y, Z\); got shape \(8, 8\)"),
     ],
 )
 def test_scatter_rejects_shape(pdims, shape, message):
     with pytest.raises(ValueError, match=message):
-        scatter(_root_only(np.zeros(shape)), make_mesh(pdims))
+        scatter(root_only(np.zeros(shape)), make_mesh(pdims))
 
 
 @pytest.mark.parametrize("dtype", [bool, object, "U3", "datetime64[s]"])
@@ -286,7 +247,7 @@ def test_scatter_rejects_dtype(dtype):
     data = np.zeros((8, 8, 2), dtype=dtype)
     message = "`data` must have an integer, float or complex dtype; got dtype " + str(np.dtype(dtype))
     with pytest.raises(TypeError, match=re.escape(message)):
-        scatter(_root_only(data), make_mesh((4, 2)))
+        scatter(root_only(data), make_mesh((4, 2)))
 
 
 def test_scatter_rejects_missing_data_on_root():
@@ -307,9 +268,9 @@ def test_scatter_rejects_data_on_other_ranks():
 
 @pytest.mark.parametrize("what", ["mesh", "root", "comm"])
 def test_scatter_rejects_arguments(what):
-    data = _root_only(np.zeros((8, 8, 2)))
+    data = root_only(np.zeros((8, 8, 2)))
     if what == "mesh":
-        with pytest.raises(TypeError, match=r"`mesh` must be a jax.sharding.Mesh; got tuple"):
+        with pytest.raises(TypeError, match=r"`mesh` must be a jax.sharding.Mesh .*; got tuple"):
             scatter(data, (4, 2))
     elif what == "root":
         message = f"`root` must be a rank in [0, {LAST + 1}); got {LAST + 1}"
@@ -371,8 +332,8 @@ def _write_bad_file(path: str, kind: str) -> None:
         ("pickle", ValueError, r"`path` '.*bad\.npy' is not a readable \.npy file"),
         ("bool", TypeError, r"the array in '.*bad\.npy' must have an integer, float or "
                             r"complex dtype; got dtype bool"),
-        ("shape", ValueError, r"the array in '.*bad\.npy' has shape \(8, 6, 4\): axis 1 \(Y\) has "
-                              r"size 6, which is not divisible by mesh axis 'y' of size 4"),
+        ("shape", ValueError, r"the array in '.*bad\.npy' has shape \(8, 6, 4\): axis 1 \(Y=6\) must "
+                              r"be divisible by mesh axis 'y' \(=4\)"),
         ("2d", ValueError, r"the array in '.*bad\.npy' must have at least 3 dimensions"),
     ],
 )
@@ -382,7 +343,7 @@ def test_load_rejects_bad_file(kind, error, message, shared_dir):
         _write_bad_file(path, kind)
         if kind == "npz":
             os.replace(path + ".npz", path)
-    _barrier()
+    barrier()
     with pytest.raises(error, match=message):
         load(path, make_mesh((2, 4)))
 
@@ -393,7 +354,7 @@ def test_load_error_on_one_rank_reaches_all(shared_dir):
     good = os.path.join(shared_dir, "good.npy")
     if RANK == 0:
         np.save(good, np.zeros((8, 8, 2)))
-    _barrier()
+    barrier()
     path = os.path.join(shared_dir, "missing.npy") if RANK == LAST else good
     with pytest.raises(FileNotFoundError, match=r"`path` names no file: '.*missing\.npy'"):
         load(path, make_mesh((4, 2)))
@@ -406,8 +367,8 @@ def test_scatter_gather_bfloat16():
     """bfloat16 is a float: the transforms take it, so scatter does (the message said otherwise)."""
     import jax.numpy as jnp
 
-    data = _data((8, 8, 2), np.float32).astype(jnp.bfloat16)
-    x = scatter(_root_only(data), make_mesh((4, 2)))
+    data = seeded_data((8, 8, 2), np.float32).astype(jnp.bfloat16)
+    x = scatter(root_only(data), make_mesh((4, 2)))
     assert x.dtype == jnp.bfloat16
     _assert_blocks(x, data, real_space_sharding(make_mesh((4, 2))))
     _assert_gathered(gather(x), data)
@@ -416,7 +377,7 @@ def test_scatter_gather_bfloat16():
 def test_save_refuses_bfloat16(shared_dir):
     import jax.numpy as jnp
 
-    x = put_global(_data((8, 8, 2), np.float32).astype(jnp.bfloat16),
+    x = put_global(seeded_data((8, 8, 2), np.float32).astype(jnp.bfloat16),
                    real_space_sharding(make_mesh((4, 2))))
     message = ("`x` has dtype bfloat16, which a .npy file cannot describe (numpy would read it "
                "back as raw bytes, dtype '<V2'); expected a bool, integer, float or complex dtype")
@@ -430,7 +391,7 @@ def test_scatter_rejects_long_double():
     data = np.zeros((8, 8, 2), dtype=np.longdouble)
     message = f"got dtype {np.dtype(np.longdouble)}, which jax does not support"
     with pytest.raises(TypeError, match=re.escape(message)):
-        scatter(_root_only(data), make_mesh((4, 2)))
+        scatter(root_only(data), make_mesh((4, 2)))
 
 
 def _x64_warnings(caught) -> list[str]:
@@ -445,16 +406,16 @@ def test_x64_off_narrows_with_a_warning(func, dtype, narrow, shared_dir):
     import warnings
 
     mesh = make_mesh((4, 2))
-    data = _data((8, 8, 2), dtype)
+    data = seeded_data((8, 8, 2), dtype)
     path = os.path.join(shared_dir, "w.npy")
     if RANK == 0:
         np.save(path, data)
-    _barrier()
+    barrier()
     with jax.enable_x64(False), warnings.catch_warnings(record=True) as caught:
         # Only this warning: a catch-all "always" can outlive the block in the C warnings
         # state and make Python print ResourceWarnings at exit.
         warnings.filterwarnings("always", message=r"pencilfft\.", category=UserWarning)
-        x = scatter(_root_only(data), mesh) if func == "scatter" else load(path, mesh)
+        x = scatter(root_only(data), mesh) if func == "scatter" else load(path, mesh)
         assert x.dtype == narrow
         _assert_blocks(x, data.astype(narrow), real_space_sharding(mesh))
     messages = _x64_warnings(caught)
@@ -474,7 +435,7 @@ def test_x64_warning_as_error_reaches_every_rank():
             warnings.filterwarnings("error", message=r"pencilfft\.", category=UserWarning)
         with pytest.raises(RuntimeError, match=r"UserWarning: pencilfft.scatter: `data` has dtype "
                                                r"float64, but jax_enable_x64 is off"):
-            scatter(_root_only(np.zeros((8, 8, 2))), make_mesh((4, 2)))
+            scatter(root_only(np.zeros((8, 8, 2))), make_mesh((4, 2)))
 
 
 def test_load_rejects_directory(shared_dir):
@@ -489,7 +450,7 @@ def test_load_rejects_unreadable_file(shared_dir, monkeypatch):
     path = os.path.join(shared_dir, "secret.npy")
     if RANK == 0:
         np.save(path, np.zeros((8, 8, 2)))
-    _barrier()
+    barrier()
     real_open = builtins.open
 
     def denied(file, *args, **kwargs):  # as chmod 000 would for anyone but root
@@ -524,7 +485,7 @@ def test_tracer_is_refused(func, shared_dir):
 def test_save_blocks_with_short_runs(spec, shared_dir):
     """Blocks split along the last axis are many short runs in the file: each lands right."""
     mesh = make_mesh((2, 4))
-    data = _data((2, 8, 3, 8), np.complex128)
+    data = seeded_data((2, 8, 3, 8), np.complex128)
     path = os.path.join(shared_dir, "runs.npy")
     save(path, put_global(data, NamedSharding(mesh, spec)))
     if RANK == 0:

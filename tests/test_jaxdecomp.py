@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 import pencilfft
-from conftest import make_mesh, put_global, rel_err, to_numpy, tol
-from test_fft import random_field, reference
+from conftest import make_mesh, put_global, random_field, reference, rel_err, to_numpy, tol
 
 jaxdecomp = pytest.importorskip("jaxdecomp")
 

@@ -29,16 +29,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import MULTI_PROCESS, make_mesh, put_global
+from conftest import (MULTI_PROCESS, RANK, barrier, clean_env, make_mesh, put_global, root_only,
+                      seeded_data)
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from test_distributed import _clean_env
-from test_io import _barrier, _data, _root_only, shared_dir  # noqa: F401 - a fixture
 
 import pencilfft
 from pencilfft import _io, gather, load, save, scatter
 from pencilfft._sharding import real_space_sharding
 
-RANK = jax.process_index()
 LAST = jax.process_count() - 1
 N = jax.process_count()
 DEADLINE = 60  # seconds an in-process test may take before it counts as hanging
@@ -69,7 +67,7 @@ def _mesh_x_y():
 
 
 def _x(data=None, mesh=None):
-    data = _data((8, 8, 2), np.float64) if data is None else data
+    data = seeded_data((8, 8, 2), np.float64) if data is None else data
     return put_global(data, real_space_sharding(mesh or _mesh_x_y(), data.ndim))
 
 
@@ -125,9 +123,9 @@ def _fail_memory(monkeypatch):
 def test_failed_save_leaves_target_untouched(failure, shared_dir, monkeypatch):
     """A full disk, an I/O error, a refused rename, no memory: on one rank, an error on all."""
     path = os.path.join(shared_dir, "field.npy")
-    old = _data((8, 8, 2), np.float64, seed=1)
+    old = seeded_data((8, 8, 2), np.float64, seed=1)
     save(path, _x(old))
-    new = _x(_data((8, 8, 2), np.float64, seed=2))
+    new = _x(seeded_data((8, 8, 2), np.float64, seed=2))
     kind, number = failure(monkeypatch)
     with pytest.raises(kind) as info:
         save(path, new)
@@ -135,16 +133,16 @@ def test_failed_save_leaves_target_untouched(failure, shared_dir, monkeypatch):
     if number is not None:
         assert info.value.errno == number
         assert f"cannot save {path!r}" in str(info.value) and "is unchanged" in str(info.value)
-    _barrier()
+    barrier()
     if RANK == 0:
         np.testing.assert_array_equal(np.load(path), old)
         assert _listing(shared_dir) == ["field.npy"]  # the temporary file is gone
-    _barrier()
+    barrier()
 
 
 def test_save_leaves_only_the_target(shared_dir):
     path = os.path.join(shared_dir, "field.npy")
-    data = _data((8, 8, 2), np.complex64)
+    data = seeded_data((8, 8, 2), np.complex64)
     save(path, _x(data))
     save(path, _x(data * 2))  # over an existing file
     if RANK == 0:
@@ -159,8 +157,8 @@ def test_save_keeps_permissions_and_symlinks(shared_dir):
         np.save(real, np.zeros(3))
         os.chmod(real, 0o640)
         os.symlink(real, link)
-    _barrier()
-    data = _data((8, 8, 2), np.float32)
+    barrier()
+    data = seeded_data((8, 8, 2), np.float32)
     save(link, _x(data))
     if RANK == 0:
         assert os.path.islink(link) and os.readlink(link) == real
@@ -189,7 +187,7 @@ def test_root_invalid_on_one_rank(func):
     message = f"`root` must be a rank in [0, {N}); got {N} (on rank {LAST})"
     with pytest.raises(ValueError, match=re.escape(message)):
         if func == "scatter":
-            scatter(_root_only(np.zeros((8, 8, 2))), mesh, root=root)
+            scatter(root_only(np.zeros((8, 8, 2))), mesh, root=root)
         else:
             gather(_x(mesh=mesh), root=root)
 
@@ -202,7 +200,7 @@ def test_root_differs_between_ranks(func):
     message = "`root` must be the same on every rank; got 0 on rank"
     with pytest.raises(ValueError, match=re.escape(message)):
         if func == "scatter":
-            scatter(_root_only(np.zeros((8, 8, 2))), mesh, root=root)
+            scatter(root_only(np.zeros((8, 8, 2))), mesh, root=root)
         else:
             gather(_x(mesh=mesh), root=root)
 
@@ -212,7 +210,7 @@ def _call(func: str, comm, shared_dir: str):
     mesh = _mesh_x_y()
     path = os.path.join(shared_dir, "c.npy")
     if func == "scatter":
-        return scatter(_root_only(np.zeros((8, 8, 2))), mesh, comm=comm)
+        return scatter(root_only(np.zeros((8, 8, 2))), mesh, comm=comm)
     if func == "gather":
         return gather(_x(mesh=mesh), comm=comm)
     if func == "save":
@@ -228,7 +226,7 @@ def test_comm_differs_on_one_rank(func, other, shared_dir):
 
     if func == "load" and RANK == 0:
         np.save(os.path.join(shared_dir, "c.npy"), np.zeros((8, 8, 2)))
-    _barrier()
+    barrier()
     world = MPI.COMM_WORLD
     # Dup is collective: every rank makes the duplicate, only the last one passes it.
     duplicate = world.Dup() if other == "duplicate" else None
@@ -260,7 +258,7 @@ def test_reordered_comm_names_root_in_its_order():
 
     reversed_comm = MPI.COMM_WORLD.Split(0, N - 1 - RANK)
     try:
-        data = _data((8, 8, 2), np.float64)
+        data = seeded_data((8, 8, 2), np.float64)
         x = scatter(data if RANK == LAST else None, _mesh_x_y(), root=0, comm=reversed_comm)
         got = gather(x, root=0, comm=reversed_comm)
     finally:
@@ -284,14 +282,14 @@ def _other_mesh(kind: str) -> Mesh:
 def test_mesh_differs_on_one_rank(func, kind, shared_dir):
     """Before, each rank built its blocks for its own mesh: a wrong array, no error."""
     mesh = _other_mesh(kind) if RANK == LAST else _mesh_x_y()
-    data = _data((8, 8, 2), np.float64)
+    data = seeded_data((8, 8, 2), np.float64)
     path = os.path.join(shared_dir, "m.npy")
     if RANK == 0:
         np.save(path, data)
-    _barrier()
+    barrier()
     with pytest.raises(ValueError, match=r"`mesh` must be the same on every rank; got axes"):
         if func == "scatter":
-            scatter(_root_only(data), mesh)
+            scatter(root_only(data), mesh)
         else:
             load(path, mesh)
 
@@ -303,7 +301,7 @@ def test_array_deleted_on_one_rank(func, shared_dir):
     x = _x()
     if RANK == LAST:
         x.delete()
-    with pytest.raises(ValueError, match=re.escape(f"`x` has been deleted") + ".*"
+    with pytest.raises(ValueError, match=re.escape("`x` has been deleted") + ".*"
                        + re.escape(f"(on rank {LAST})")):
         gather(x) if func == "gather" else save(os.path.join(shared_dir, "d.npy"), x)
     if RANK == 0:
@@ -314,7 +312,7 @@ def test_array_deleted_on_one_rank(func, shared_dir):
 @pytest.mark.parametrize("func", ["gather", "save"])
 @pytest.mark.parametrize("kind", ["dtype", "sharding"])
 def test_array_differs_on_one_rank(func, kind, shared_dir):
-    data = _data((8, 8, 2), np.float64)
+    data = seeded_data((8, 8, 2), np.float64)
     x = _x(data)
     if RANK == LAST:
         x = (_x(data.astype(np.float32)) if kind == "dtype"
@@ -337,7 +335,7 @@ def test_load_failure_on_one_rank_reaches_all(shared_dir, monkeypatch):
     path = os.path.join(shared_dir, "r.npy")
     if RANK == 0:
         np.save(path, np.zeros((8, 8, 2)))
-    _barrier()
+    barrier()
     if RANK == LAST:
         def failing(*args):
             raise OSError(errno.EIO, "Input/output error")
@@ -397,7 +395,7 @@ def test_uncaught_exception_ends_the_mpi_job():
     if not mpirun.exists():
         pytest.skip(f"no mpirun next to {sys.executable}")
     done, _ = _run([str(mpirun), "-np", "2", sys.executable, str(CHILD), "abort"],
-                   _clean_env(2), timeout=120)
+                   clean_env(2), timeout=120)
     ended = time.time()
     reports = _reports(done.stdout)
     hooks = sorted((r for r in reports if "rank" in r), key=lambda r: r["rank"])
@@ -419,7 +417,7 @@ def test_kill_during_save_keeps_the_old_file(tmp_path):
     old = old_array((8, 8, 4))
     np.save(path, old)
     child = subprocess.Popen([sys.executable, str(CHILD), "kill-save", str(path), str(marker)],
-                             env=_clean_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=clean_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
         deadline = time.monotonic() + 120
@@ -449,7 +447,7 @@ def test_size_limit_keeps_the_old_file(tmp_path):
     np.save(path, old)
     limit = os.path.getsize(path) + 4096  # the new array is 32 KiB
     done, _ = _run([sys.executable, str(CHILD), "size-limit", str(path), str(limit)],
-                   _clean_env(4), timeout=120)
+                   clean_env(4), timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     (report,) = _reports(done.stdout)
     assert report["error"] == "OSError" and report["errno"] == errno.EFBIG, report
@@ -477,7 +475,7 @@ def test_full_disk_is_an_error_not_a_crash():
         script = 'mount -t tmpfs -o size=1m none "$1" && shift && exec "$@"'
         done, _ = _run([unshare, "--user", "--map-root-user", "--mount", "sh", "-c", script,
                         "sh", directory, sys.executable, str(CHILD), "full-disk", directory],
-                       _clean_env(4), timeout=120)
+                       clean_env(4), timeout=120)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     assert done.returncode == 0, f"child ended with {done.returncode}:\n{done.stderr}"

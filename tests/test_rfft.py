@@ -14,30 +14,13 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import make_mesh, put_global, rel_err, to_numpy, tol
-from test_fft import assert_same_spec, random_field, reference, valid
+from conftest import (assert_same_spec, make_mesh, padded_k_shape, put_global, random_field,
+                      reference, rel_err, to_numpy, tol, valid)
 
 # Cubic, odd Z, and shapes whose Y or Z//2+1 the mesh does not divide.
 SHAPES = [(16, 16, 16), (16, 16, 9), (16, 30, 64), (8, 6, 10), (40, 12, 9)]
 # Shapes the complex transforms must pad (Y % Pa or Z % Pb nonzero on some mesh).
 UNEVEN = [(16, 30, 64), (8, 6, 10), (40, 12, 9)]
-
-
-def _pa_pb(pdims):
-    return pdims[0], (pdims[1] if len(pdims) == 2 else 1)
-
-
-def _round_up(n, m):
-    return -(-n // m) * m
-
-
-def padded_k_shape(shape, pdims, layout, real):
-    """The k-space shape the contract promises: Y up to a multiple of Pa, Z (or Z//2+1) of Pb."""
-    pa, pb = _pa_pb(pdims)
-    *batch, X, Y, Z = shape
-    yp = _round_up(Y, pa)
-    zp = _round_up(Z // 2 + 1 if real else Z, pb)
-    return tuple(batch) + ((yp, zp, X) if layout == "transposed" else (X, yp, zp))
 
 
 def rreference(x: np.ndarray, layout: str, norm: str = "backward") -> np.ndarray:

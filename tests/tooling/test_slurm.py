@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (tests/tooling/../..)
 SLURM = ROOT / "slurm"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

@@ -18,7 +18,7 @@ from conftest import rel_err, tol
 
 import pencilfft
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (tests/tooling/../..)
 if str(ROOT) not in sys.path:  # `benchmarks` is not installed: import it from the checkout
     sys.path.insert(0, str(ROOT))
 
