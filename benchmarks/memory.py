@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks import fft as bench
+from benchmarks import harness
 from benchmarks import steps
 
 TRANSFORMS = {"c2c": ("pfft3d", "pifft3d"), "r2c": ("prfft3d", "pirfft3d")}
@@ -54,7 +54,7 @@ def arguments(fns: dict[str, Callable[[Any], Any]], shape: Sequence[int], dtype:
 
     import pencilfft
 
-    in_dtype = bench.REAL_DTYPE[dtype] if transform == "r2c" else dtype
+    in_dtype = harness.REAL_DTYPE[dtype] if transform == "r2c" else dtype
     x = jax.ShapeDtypeStruct(tuple(shape), in_dtype, sharding=pencilfft.real_space_sharding(mesh))
     k = jax.eval_shape(fns["forward"], x)
     k = jax.ShapeDtypeStruct(k.shape, k.dtype, sharding=pencilfft.k_space_sharding(mesh, layout))
@@ -79,7 +79,7 @@ def analyse(fn: Callable[[Any], Any], arg, donate: bool) -> dict[str, int]:
         # column shows whether the donation was used.
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable")
         compiled = jax.jit(fn, donate_argnums=(0,) if donate else ()).lower(arg).compile()
-    stats = bench.memory_stats(compiled)
+    stats = harness.memory_stats(compiled)
     if stats["total"] is None:
         raise SystemExit("error: this backend gives no memory analysis of compiled programs")
     out = {"arg": stats["argument"], "out": stats["output"], "temp": stats["temp"],
@@ -124,7 +124,7 @@ def markdown(records: Sequence[dict[str, Any]]) -> str:
     head = ["pdims", "layout", "transform", "direction", "donate", "block MiB", *PARTS, "peak MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
-        cells = [bench.fmt_dims(r["pdims"]), r["layout"], r["transform"], r["direction"],
+        cells = [harness.fmt_dims(r["pdims"]), r["layout"], r["transform"], r["direction"],
                  "yes" if r["donate"] else "no", _mib(r["block_bytes"]),
                  *(f"{r[f'{k}_blocks']:.2f}" for k in PARTS), _mib(r["peak_bytes"])]
         lines.append("| " + " | ".join(cells) + " |")
@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Per-device memory (XLA memory analysis: arguments, outputs, temporaries, aliases) of "
         "pencilfft's compiled transforms, with and without donating the input; no timing."))
     steps.add_common_options(p, ["1x8", "2x4", "4x2", "8x1"])
-    p.add_argument("--layouts", nargs="+", choices=bench.LAYOUTS, default=list(bench.LAYOUTS),
+    p.add_argument("--layouts", nargs="+", choices=harness.LAYOUTS, default=list(harness.LAYOUTS),
                    help="k-space layouts (default: both)")
     p.add_argument("--transforms", nargs="+", choices=list(TRANSFORMS), default=list(TRANSFORMS),
                    help="c2c (pfft3d/pifft3d), r2c (prfft3d/pirfft3d) (default: both)")
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     context = steps.run_context("benchmarks.memory", argv)
     records = [r for pdims in meshes for r in mesh_records(pdims, args, context)]
     steps.write_records(args.out, records)
-    print(f"{bench.fmt_dims(args.shape)} {args.dtype}, exchange {args.exchange}: per-device bytes "
+    print(f"{harness.fmt_dims(args.shape)} {args.dtype}, exchange {args.exchange}: per-device bytes "
           f"in local input blocks (arg = 1), peak = arg + out + temp - alias\n")
     print(markdown(records))
     return 0

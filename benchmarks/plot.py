@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .fft import DIRECTIONS, IMPLS, LAYOUT_FREE, ONE_LAYOUT, fmt_dims, load_records
+from benchmarks.harness import DIRECTIONS, IMPLS, LAYOUT_FREE, ONE_LAYOUT, fmt_dims, load_records
 
 Record = dict[str, Any]
 

@@ -29,7 +29,7 @@ installed; 2-axis meshes), `1dev` (the same pipeline on one device with jnp.fft.
 reference every other run is checked against).
 
 Timed: the compiled `lax.scan` of `--steps` steps (state in, state out), `--repeats` times after
-`--warmup` calls, round-robin over the implementations as in benchmarks.fft; a step is the
+`--warmup` calls, round-robin over the implementations as in benchmarks.harness; a step is the
 median divided by `--steps`.  The LPT program (noise to initial displacements and velocities) is timed
 the same way.  Per-device memory is XLA's memory analysis of the compiled steps program.
 """
@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import fft as bench
+from benchmarks import harness
 
 SCHEMA = 1
 IMPLS: dict[str, str] = {
@@ -65,7 +65,7 @@ REFERENCE = "1dev"
 DTYPES = ("float32", "float64")
 # Acceptance of the check: max|dx - dx_ref| / max|dx_ref| after the run, per precision.
 CHECK_TOL = {"float32": 1e-4, "float64": 1e-10}
-CHECK_MAX_POINTS_MP = bench.CHECK_MAX_POINTS_MP
+CHECK_MAX_POINTS_MP = harness.CHECK_MAX_POINTS_MP
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,9 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Implementations:\n" + "\n".join(f"  {k:<14} {v}" for k, v in IMPLS.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--shapes", "--shape", nargs="+", type=bench.parse_shape,
-                   default=[bench.parse_shape("64")], metavar="N|XxYxZ")
-    p.add_argument("--pdims", nargs="+", type=bench.parse_pdims, default=["auto"],
+    p.add_argument("--shapes", "--shape", nargs="+", type=harness.parse_shape,
+                   default=[harness.parse_shape("64")], metavar="N|XxYxZ")
+    p.add_argument("--pdims", nargs="+", type=harness.parse_pdims, default=["auto"],
                    metavar="PxQ|P|auto", help="meshes, as benchmarks.fft (default: auto)")
     p.add_argument("--impls", nargs="+", choices=list(IMPLS), default=list(IMPLS))
     p.add_argument("--skip", nargs="+", choices=list(IMPLS), default=[], metavar="IMPL")
@@ -447,17 +447,17 @@ def _build(impl: str, shape, pdims, args, phys: Physics, noise) -> Run:
     try:
         if impl == REFERENCE:
             if jax.process_count() > 1 and math.prod(shape) > CHECK_MAX_POINTS_MP:
-                raise bench.Skip("one-device run skipped under several processes above 256^3")
+                raise harness.Skip("one-device run skipped under several processes above 256^3")
             run.grid, ops = Grid(tuple(shape), None, args.halo), one_device_ops(shape)
-            run.noise = jax.device_put(bench.to_numpy(noise), jax.local_devices()[0])
+            run.noise = jax.device_put(harness.to_numpy(noise), jax.local_devices()[0])
         else:
             if impl == "jaxdecomp":
                 if len(pdims) != 2:
-                    raise bench.Skip("jaxdecomp needs a 2-axis mesh")
+                    raise harness.Skip("jaxdecomp needs a 2-axis mesh")
                 try:
                     lib = importlib.import_module("jaxdecomp")
                 except Exception as e:  # noqa: BLE001
-                    raise bench.Skip(f"jaxdecomp not importable ({type(e).__name__}: {e})")
+                    raise harness.Skip(f"jaxdecomp not importable ({type(e).__name__}: {e})")
                 ops = ops_from_module(lib)
             elif impl == "pencilfft-c2c":
                 ops = ops_from_module(importlib.import_module("pencilfft.compat"))
@@ -472,9 +472,9 @@ def _build(impl: str, shape, pdims, args, phys: Physics, noise) -> Run:
         t0 = time.perf_counter()
         steps = run.progs["steps"].lower(run.state).compile()
         run.compile_s["steps"] = time.perf_counter() - t0
-        run.mem = bench.memory_stats(steps)
+        run.mem = harness.memory_stats(steps)
         run.progs.update(lpt=lpt, steps=steps)
-    except bench.Skip as e:
+    except harness.Skip as e:
         run.fail("skipped", str(e))
     except Exception as e:  # noqa: BLE001 - one broken implementation must not stop the others
         run.fail("error", e)
@@ -493,7 +493,7 @@ def _check(runs: list[Run], dtype: str) -> None:
         try:
             dx = r.progs["steps"](r.state)[0]
             rho = r.progs["density"](dx)
-            results[r.impl] = bench.to_numpy(dx), bench.to_numpy(rho)
+            results[r.impl] = harness.to_numpy(dx), harness.to_numpy(rho)
         except Exception as e:  # noqa: BLE001
             r.fail("error", e)
     for r in runs:
@@ -520,8 +520,8 @@ def run_case(shape, pdims, args, context) -> list[dict[str, Any]]:
     mesh = jax.make_mesh(pdims, ("x", "y")[: len(pdims)], axis_types=(AxisType.Auto,) * len(pdims),
                          devices=devices)
     grid = Grid(tuple(shape), mesh, args.halo)
-    noise = bench.make_input(shape, NamedSharding(mesh, grid.spec()), args.dtype, args.seed)
-    label = f"{bench.fmt_dims(shape)} {args.dtype} pdims {bench.fmt_dims(pdims)}"
+    noise = harness.make_input(shape, NamedSharding(mesh, grid.spec()), args.dtype, args.seed)
+    label = f"{harness.fmt_dims(shape)} {args.dtype} pdims {harness.fmt_dims(pdims)}"
     load_start = _loadavg()
     runs = []
     for impl in [i for i in args.impls if i not in args.skip]:
@@ -542,7 +542,7 @@ def run_case(shape, pdims, args, context) -> list[dict[str, Any]]:
         for j, prog in enumerate(("lpt", "steps")):
             if r.status == "ok" and len(r.times[prog]) == args.repeats:
                 t[i, j] = r.times[prog]
-    t = bench.gather_max(t)
+    t = harness.gather_max(t)
     if args.check and (jax.process_count() == 1 or math.prod(shape) <= CHECK_MAX_POINTS_MP):
         _check(runs, args.dtype)
     # Other jobs on the machine slow every implementation: the load averages tell a reader.
@@ -613,7 +613,7 @@ def markdown_table(records: Sequence[dict[str, Any]]) -> str:
         err = ("—" if r["max_rel_err_dx"] is None else
                f"{r['max_rel_err_dx']:.1e}, {r['max_rel_err_density']:.1e}")
         lines.append("| " + " | ".join([
-            bench.fmt_dims(r["shape"]), r["dtype"], bench.fmt_dims(r["pdims"]), r["impl"],
+            harness.fmt_dims(r["shape"]), r["dtype"], harness.fmt_dims(r["pdims"]), r["impl"],
             _ms(r["step_median_s"]), _ms(r["lpt_median_s"]), _mib(r["mem_bytes"]),
             err, "—" if r["max_displacement"] is None else f"{r['max_displacement']:.2f}",
             r["status"] + (f" ({r['note']})" if r["status"] not in ("ok",) and r["note"] else ""),
@@ -622,7 +622,7 @@ def markdown_table(records: Sequence[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    bench.configure_devices(args.devices)
+    harness.configure_devices(args.devices)
     import jax
 
     import pencilfft
@@ -630,11 +630,11 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     pencilfft.initialize()
     if args.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    cases = bench.make_cases(argparse.Namespace(shapes=args.shapes, dtypes=[args.dtype], pdims=args.pdims),
-                             jax.device_count(), exact=jax.process_count() > 1)
+    cases = harness.make_cases(argparse.Namespace(shapes=args.shapes, dtypes=[args.dtype], pdims=args.pdims),
+                               jax.device_count(), exact=jax.process_count() > 1)
     context = {
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": bench.machine_info(), "versions": bench.versions(),
+        "machine": harness.machine_info(), "versions": harness.versions(),
         "command": "python -m benchmarks.pm " + shlex.join(argv),
     }
     is_main = jax.process_index() == 0
@@ -659,18 +659,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "table":
         if len(argv) < 2:
             raise SystemExit("usage: python -m benchmarks.pm table FILE...")
-        print(markdown_table(bench.load_records(argv[1:])))
+        print(markdown_table(harness.load_records(argv[1:])))
         return 0
     args = build_parser().parse_args(argv)
     check_args(args)
     if args.dry_run:
-        cases = bench.make_cases(argparse.Namespace(shapes=args.shapes, dtypes=[args.dtype],
-                                                    pdims=args.pdims), args.devices)
+        cases = harness.make_cases(argparse.Namespace(shapes=args.shapes, dtypes=[args.dtype],
+                                                      pdims=args.pdims), args.devices)
         impls = [i for i in args.impls if i not in args.skip]
         print(f"{len(cases)} case(s) x {len(impls)} implementation(s), {args.steps} steps, halo "
               f"{args.halo}; {args.warmup} warm-up + {args.repeats} timed runs; results -> {args.out}")
         for c in cases:
-            print(f"  case {bench.fmt_dims(c.shape)} {args.dtype} pdims {bench.fmt_dims(c.pdims)}")
+            print(f"  case {harness.fmt_dims(c.shape)} {args.dtype} pdims {harness.fmt_dims(c.pdims)}")
         return 0
     return run(args, argv)
 

@@ -5,7 +5,7 @@
 
 For a global complex (X, Y, Z) array split P("x", "y", None) over an Explicit ("x", "y") mesh,
 one process times side by side (compiled ahead of time, timed call-to-`block_until_ready`,
-interleaved round-robin as in benchmarks/fft.py, medians):
+interleaved round-robin as in benchmarks/harness.py, medians):
 
 * `fftn-1dev`: `jnp.fft.fftn` of the same array on one device, the reference of every ratio;
 * `pfft3d`: the full transform (transposed layout);
@@ -34,9 +34,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import fft as bench
+from benchmarks import harness
+from benchmarks.report import fmt_ms
 
-REFERENCE = bench.BASELINE  # "fftn-1dev"
+REFERENCE = harness.BASELINE  # "fftn-1dev"
 FLOOR_FFTS = "3 local FFTs"
 LOCAL_COPY = "local copy"
 FLOOR_LINE = "floor (3 local FFTs + bare exchanges)"
@@ -179,7 +180,7 @@ def build_programs(shape: Sequence[int], pdims: Sequence[int], dtype: str, excha
     from pencilfft._plan import plan_forward
 
     mesh = make_mesh(pdims)
-    x = bench.make_input(tuple(shape), pencilfft.real_space_sharding(mesh), dtype, seed)
+    x = harness.make_input(tuple(shape), pencilfft.real_space_sharding(mesh), dtype, seed)
     plan = plan_forward(x, norm="backward", layout="transposed", mesh=mesh, real=False,
                         exchange=exchange)
     spec = P(*plan.axes, None)  # any 3-D block: global = blocks concatenated, nothing moves
@@ -272,18 +273,18 @@ def markdown(records: Sequence[dict[str, Any]]) -> str:
     """The table of one case and the floor line under it."""
     lines = ["| program | ms | ratio to fftn-1dev | step cost ms |", "|---|---|---|---|"]
     for r in records:
-        step = "" if r["step_s"] is None else bench._ms(r["step_s"])
-        lines.append(f"| {r['program']} | {bench._ms(r['median_s'])} | {r['ratio_to_fftn_1dev']:.2f} | {step} |")
+        step = "" if r["step_s"] is None else fmt_ms(r["step_s"])
+        lines.append(f"| {r['program']} | {fmt_ms(r['median_s'])} | {r['ratio_to_fftn_1dev']:.2f} | {step} |")
     ref = records[0]["median_s"]
     floor = floor_seconds(records)
-    lines += ["", f"{FLOOR_LINE} = {bench._ms(floor)} ms = {floor / ref:.2f}x of one-device fftn"]
+    lines += ["", f"{FLOOR_LINE} = {fmt_ms(floor)} ms = {floor / ref:.2f}x of one-device fftn"]
     return "\n".join(lines)
 
 
 def case_title(records: Sequence[dict[str, Any]]) -> str:
     r = records[0]
     algs = ", ".join(f"{alg} over {name}" for name, alg in r["exchanges"].items())
-    return (f"{bench.fmt_dims(r['shape'])} {r['dtype']}, pdims {bench.fmt_dims(r['pdims'])}, "
+    return (f"{harness.fmt_dims(r['shape'])} {r['dtype']}, pdims {harness.fmt_dims(r['pdims'])}, "
             f"exchange {algs}; median of {r['repeats']}, interleaved")
 
 
@@ -296,13 +297,13 @@ def add_common_options(p: argparse.ArgumentParser, pdims_default: Sequence[str])
     p.add_argument("--devices", type=int, default=8, metavar="N",
                    help="simulated CPU devices (sets jax_num_cpu_devices unless XLA_FLAGS already "
                         "has --xla_force_host_platform_device_count; default: 8)")
-    p.add_argument("--shape", type=bench.parse_shape, default=bench.parse_shape("256"),
+    p.add_argument("--shape", type=harness.parse_shape, default=harness.parse_shape("256"),
                    metavar="N|XxYxZ", help="global grid (default: 256)")
-    p.add_argument("--pdims", nargs="+", type=bench.parse_pdims,
-                   default=[bench.parse_pdims(s) for s in pdims_default], metavar="PxQ|P",
+    p.add_argument("--pdims", nargs="+", type=harness.parse_pdims,
+                   default=[harness.parse_pdims(s) for s in pdims_default], metavar="PxQ|P",
                    help=f"meshes: PxQ on a 2-axis mesh (Q = 1: slabs over X), P on a 1-axis mesh "
                         f"(default: {' '.join(pdims_default)})")
-    p.add_argument("--dtype", choices=bench.DTYPES, default="complex64",
+    p.add_argument("--dtype", choices=harness.DTYPES, default="complex64",
                    help="k-space precision (default: complex64)")
     p.add_argument("--exchange", choices=EXCHANGE_CHOICES, default="auto",
                    help="pencilfft's exchange algorithm (default: auto)")
@@ -311,15 +312,15 @@ def add_common_options(p: argparse.ArgumentParser, pdims_default: Sequence[str])
 
 def start_jax(args: argparse.Namespace) -> list[tuple[int, ...]]:
     """Configure the devices and precision, then the validated meshes of `args.pdims`."""
-    bench.configure_devices(args.devices)
+    harness.configure_devices(args.devices)
     import jax
 
     if args.dtype == "complex128":
         jax.config.update("jax_enable_x64", True)
     if jax.process_count() > 1:
         raise SystemExit("error: run this tool in a single process")
-    cases = bench.make_cases(argparse.Namespace(shapes=[args.shape], dtypes=[args.dtype],
-                                                pdims=args.pdims), jax.device_count())
+    cases = harness.make_cases(argparse.Namespace(shapes=[args.shape], dtypes=[args.dtype],
+                                                  pdims=args.pdims), jax.device_count())
     return [c.pdims for c in cases]
 
 
@@ -327,8 +328,8 @@ def run_context(prog: str, argv: Sequence[str]) -> dict[str, Any]:
     """What every record stores about the run."""
     return {
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": bench.machine_info(),
-        "versions": bench.versions(),
+        "machine": harness.machine_info(),
+        "versions": harness.versions(),
         "command": f"python -m {prog} " + shlex.join(argv),
     }
 

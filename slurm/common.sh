@@ -59,7 +59,7 @@ pencilfft_account() {
   [[ $acc == *@* ]] && echo "$acc" || echo "${acc}@${ACCOUNT_SUFFIX}"
 }
 
-# square_pdims N: the most square PxQ with P*Q = N and P <= Q (as benchmarks.fft.square_pdims).
+# square_pdims N: the most square PxQ with P*Q = N and P <= Q (as benchmarks.harness.square_pdims).
 square_pdims() {
   local n=$1 p
   p=$(awk -v n="$n" 'BEGIN { printf "%d", sqrt(n) + 1e-9 }')

@@ -1,4 +1,5 @@
-"""The benchmark harness (benchmarks/fft.py), its tables and the plots (benchmarks/plot.py).
+"""The FFT benchmark: its command line (benchmarks/fft.py), harness, implementations, tables
+(benchmarks/harness.py, impls.py, report.py) and the plots (benchmarks/plot.py).
 
 The end-to-end smoke test runs the CLI in a subprocess at 16^3 (single process only); one
 in-process run also goes through the multi-process path when the suite runs under mpirun.
@@ -25,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout (tests/tooling/../..)
 if str(ROOT) not in sys.path:  # `benchmarks` is not installed: import it from the checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import fft as bench  # noqa: E402
+from benchmarks import fft as cli  # noqa: E402
+from benchmarks import harness, impls, report  # noqa: E402
 from benchmarks import plot as bplot  # noqa: E402
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -45,11 +47,11 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 def check_record(r: dict) -> None:
     """Every field present; the numbers of a successful measurement positive and consistent."""
-    missing = [k for k in bench.RECORD_FIELDS if k not in r]
+    missing = [k for k in harness.RECORD_FIELDS if k not in r]
     assert not missing, f"missing fields {missing}"
     assert r["status"] in ("ok", "skipped", "error", "wrong"), r["status"]
-    assert r["schema"] == bench.SCHEMA
-    assert r["direction"] in bench.DIRECTIONS and r["impl"] in bench.IMPLS
+    assert r["schema"] == harness.SCHEMA
+    assert r["direction"] in harness.DIRECTIONS and r["impl"] in harness.IMPLS
     assert r["n_points"] == math.prod(r["shape"])
     assert r["mesh_devices"] == math.prod(r["pdims"])
     for key in ("backend", "device_kind", "device_count", "process_count", "hostname"):
@@ -58,7 +60,7 @@ def check_record(r: dict) -> None:
     if r["status"] != "ok":
         assert r["note"], f"a {r['status']} record must say why"
         return
-    for key in bench.POSITIVE_FIELDS:
+    for key in harness.POSITIVE_FIELDS:
         assert isinstance(r[key], (int, float)) and r[key] > 0, (key, r[key])
     assert r["min_s"] <= r["median_s"] <= r["max_s"]
     if r["machine"]["process_count"] == 1:  # the one-device baseline exists
@@ -68,13 +70,13 @@ def check_record(r: dict) -> None:
     assert len(r["times_s"]) == r["repeats"]
     assert r["lower_s"] is not None and 0 < r["lower_s"] <= r["compile_s"]
     assert r["gflops"] == pytest.approx(r["flops"] / r["median_s"] / 1e9)
-    expected = bench.fft_flops(r["shape"], r["impl"] == "pencilfft-r2c")
+    expected = harness.fft_flops(r["shape"], r["impl"] == "pencilfft-r2c")
     assert r["flops"] == pytest.approx(expected)
     if r["mem_bytes"] is not None:
         assert r["mem_bytes"] == r["mem_argument_bytes"] + r["mem_output_bytes"] + r["mem_temp_bytes"]
         assert r["mem_argument_bytes"] > 0 and r["mem_output_bytes"] > 0
     if r["max_rel_err"] is not None:
-        assert r["max_rel_err"] < bench.CHECK_TOL[r["dtype"]]
+        assert r["max_rel_err"] < harness.CHECK_TOL[r["dtype"]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,70 +84,76 @@ def check_record(r: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def test_parse_shape_and_pdims():
-    assert bench.parse_shape("16") == (16, 16, 16)
-    assert bench.parse_shape("32x16x8") == (32, 16, 8)
-    assert bench.parse_pdims("4x2") == (4, 2)
-    assert bench.parse_pdims("8") == (8,)
-    assert bench.parse_pdims("auto") == "auto"
+    assert harness.parse_shape("16") == (16, 16, 16)
+    assert harness.parse_shape("32x16x8") == (32, 16, 8)
+    assert harness.parse_pdims("4x2") == (4, 2)
+    assert harness.parse_pdims("8") == (8,)
+    assert harness.parse_pdims("auto") == "auto"
     for bad in ("16x16", "0", "ax2", "-4"):
         with pytest.raises(Exception):
-            bench.parse_shape(bad)
+            harness.parse_shape(bad)
     for bad in ("2x2x2", "0x4", "x"):
         with pytest.raises(Exception):
-            bench.parse_pdims(bad)
+            harness.parse_pdims(bad)
 
 
 def test_square_pdims_is_most_square():
     for n in range(1, 300):
-        p, q = bench.square_pdims(n)
+        p, q = harness.square_pdims(n)
         assert p * q == n and p <= q
         best = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
         assert p == best, n
 
 
 def test_flops_and_validation():
-    assert bench.fft_flops((16, 16, 16), real=False) == pytest.approx(5 * 4096 * 12)
-    assert bench.fft_flops((16, 16, 16), real=True) == pytest.approx(2.5 * 4096 * 12)
-    assert bench.validate_case((16, 16, 16), (4, 2)) is None
-    assert "X=10" in bench.validate_case((10, 16, 16), (4, 2))
-    assert "Y=6" in bench.validate_case((16, 6, 16), (4, 4))
-    assert bench.validate_case((16, 6, 16), (8,)) is None  # slabs: only X is split
+    assert harness.fft_flops((16, 16, 16), real=False) == pytest.approx(5 * 4096 * 12)
+    assert harness.fft_flops((16, 16, 16), real=True) == pytest.approx(2.5 * 4096 * 12)
+    assert harness.validate_case((16, 16, 16), (4, 2)) is None
+    assert "X=10" in harness.validate_case((10, 16, 16), (4, 2))
+    assert "Y=6" in harness.validate_case((16, 6, 16), (4, 4))
+    assert harness.validate_case((16, 6, 16), (8,)) is None  # slabs: only X is split
 
 
 def test_variant_ok_only_when_status_ok():
     """A variant the check marked "wrong" keeps its timings (`ran`) but is not `ok`."""
-    states = {s: bench.Variant("pencilfft", "natural", status=s) for s in ("ok", "wrong", "error", "skipped")}
+    states = {s: harness.Variant("pencilfft", "natural", status=s) for s in ("ok", "wrong", "error", "skipped")}
     assert [s for s, v in states.items() if v.ok] == ["ok"]
     assert [s for s, v in states.items() if v.ran] == ["ok", "wrong"]
 
 
 def test_variant_plan_layouts():
-    plan = bench.variant_plan(list(bench.IMPLS), ["transposed", "natural"])
+    plan = harness.variant_plan(list(harness.IMPLS), ["transposed", "natural"])
     assert ("jaxdecomp", "transposed") in plan and ("jaxdecomp", "natural") not in plan
     assert ("pencilfft", "natural") in plan and ("pencilfft", "transposed") in plan
     assert plan.count(("fftn-1dev", "natural")) == 1  # layout-free: once per case
-    only_nat = bench.variant_plan(["pencilfft", "jaxdecomp", "fftn-1dev"], ["natural"])
+    only_nat = harness.variant_plan(["pencilfft", "jaxdecomp", "fftn-1dev"], ["natural"])
     assert only_nat == [("pencilfft", "natural"), ("fftn-1dev", "natural")]
     assert ("naive-pencil", "natural") in plan and ("naive-pencil", "transposed") not in plan
 
 
+def test_every_implementation_has_a_builder():
+    """The CLI offers harness.IMPLS (table column order); impls builds each of them."""
+    assert list(impls.IMPLEMENTATIONS) == list(harness.IMPLS)
+    assert all(callable(b) for b in impls.IMPLEMENTATIONS.values())
+
+
 def test_dry_run_prints_plan_and_rejects_bad_cases(capsys):
-    assert bench.main(["--shapes", "16", "32x16x16", "--pdims", "4x2", "8", "--dry-run"]) == 0
+    assert cli.main(["--shapes", "16", "32x16x16", "--pdims", "4x2", "8", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "4 case(s)" in out and "variant pencilfft [natural]" in out
     with pytest.raises(SystemExit, match="divisible"):
-        bench.main(["--shapes", "12", "--pdims", "8", "--dry-run"])
+        cli.main(["--shapes", "12", "--pdims", "8", "--dry-run"])
     with pytest.raises(SystemExit, match="needs 16 devices"):
-        bench.main(["--shapes", "16", "--pdims", "4x4", "--devices", "8", "--dry-run"])
+        cli.main(["--shapes", "16", "--pdims", "4x4", "--devices", "8", "--dry-run"])
     with pytest.raises(SystemExit, match="every implementation is skipped"):
-        bench.main(["--impls", "pencilfft", "--skip", "pencilfft", "--dry-run"])
+        cli.main(["--impls", "pencilfft", "--skip", "pencilfft", "--dry-run"])
     with pytest.raises(SystemExit):
-        bench.main(["--impls", "nonsense", "--dry-run"])
+        cli.main(["--impls", "nonsense", "--dry-run"])
 
 
 def test_help_lists_implementations():
     proc = run_cli("benchmarks.fft", "--help", timeout=60)
-    for impl in bench.IMPLS:
+    for impl in harness.IMPLS:
         assert impl in proc.stdout
     assert "--repeats" in proc.stdout and "--devices" in proc.stdout
     assert "--outdir" in run_cli("benchmarks.plot", "--help", timeout=60).stdout
@@ -156,7 +164,7 @@ def test_help_lists_implementations():
 # ---------------------------------------------------------------------------------------------
 
 def fake_record(impl, layout, direction, shape, pdims, n_devices, median, status="ok", note=""):
-    r = {k: None for k in bench.RECORD_FIELDS}
+    r = {k: None for k in harness.RECORD_FIELDS}
     r.update(impl=impl, layout=layout, direction=direction, shape=list(shape), pdims=list(pdims),
              n_points=math.prod(shape), dtype="complex64", n_devices=n_devices,
              mesh_devices=math.prod(pdims), status=status, note=note)
@@ -169,7 +177,7 @@ def synthetic_records():
     recs = []
     for n, pd in ((1, (1, 1)), (2, (1, 2)), (4, (2, 2)), (8, (2, 4)), (8, (4, 2))):
         weak_shape = {1: (16, 16, 16), 2: (32, 16, 16), 4: (32, 32, 16), 8: (32, 32, 32)}[n]
-        for d in bench.DIRECTIONS:
+        for d in harness.DIRECTIONS:
             for shape in {(32, 32, 32), weak_shape}:
                 t = 1e-3 * math.prod(shape) / 4096 / n * (1 + 0.1 * n)
                 recs.append(fake_record("pencilfft", "transposed", d, shape, pd, n, t))
@@ -191,7 +199,7 @@ def test_markdown_pivot_table():
                     "skipped", "needs a GPU"),
     ]
     recs[0]["speedup_vs_fftn_1dev"] = 2.0
-    text = bench.markdown_table(recs)
+    text = report.markdown_table(recs)
     lines = [ln for ln in text.splitlines() if ln.startswith("|")]
     assert lines[0] == "| grid | dtype | pdims | layout | dir | pencilfft | jaxdecomp | fftn-1dev |"
     rows = {ln.split(" | ")[3]: ln for ln in lines[2:]}
@@ -199,22 +207,22 @@ def test_markdown_pivot_table():
     assert "| 2 (2.00x) | error | 4 |" in rows["transposed"]
     assert "| 3 | — | 4 |" in rows["natural"]  # baseline shown in both layout rows
     assert "Not available here: `jaxdecomp-cudecomp` (needs a GPU)" in text
-    long = bench.markdown_table(recs, "long").splitlines()
+    long = report.markdown_table(recs, "long").splitlines()
     assert len(long) == 2 + len(recs) and long[0].startswith("| grid | dtype | pdims | impl |")
 
 
 def test_table_cli(tmp_path, capsys):
     path = tmp_path / "r.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in synthetic_records()) + "\n\n")
-    assert bench.main(["table", str(path), "--format", "markdown"]) == 0
+    assert cli.main(["table", str(path), "--format", "markdown"]) == 0
     out = capsys.readouterr().out
     assert "| grid | dtype | pdims | layout | dir | pencilfft | jaxdecomp | fftn-1dev |" in out
-    assert bench.main(["table", str(path), "--status", "ok"]) == 0
+    assert cli.main(["table", str(path), "--status", "ok"]) == 0
     assert "pencilfft" in capsys.readouterr().out
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
     with pytest.raises(SystemExit, match="bad.jsonl:1"):
-        bench.main(["table", str(bad)])
+        cli.main(["table", str(bad)])
 
 
 def test_plots_from_synthetic_records(tmp_path, capsys):
@@ -265,7 +273,7 @@ def test_smoke_cli_run_then_table_and_plot(tmp_path):
     for r in records:
         check_record(r)
     by = {(r["impl"], r["layout"], tuple(r["pdims"]), r["direction"]): r for r in records}
-    plan = bench.variant_plan(list(bench.IMPLS), list(bench.LAYOUTS))
+    plan = harness.variant_plan(list(harness.IMPLS), list(harness.LAYOUTS))
     assert len(records) == len(by) == 2 * len(plan) * 2  # meshes x variants x directions
     assert all(r["repeats"] == repeats and r["machine"]["device_count"] == 8 for r in records)
 
@@ -274,12 +282,12 @@ def test_smoke_cli_run_then_table_and_plot(tmp_path):
         return r["status"], r["note"]
 
     for pd in ((4, 2), (8,)):
-        for d in bench.DIRECTIONS:
+        for d in harness.DIRECTIONS:
             assert status("fftn-1dev", "natural", pd, d)[0] == "ok"
             assert by[("fftn-1dev", "natural", pd, d)]["speedup_vs_fftn_1dev"] == pytest.approx(1.0)
             assert by[("fftn-1dev", "natural", pd, d)]["n_devices"] == 1
             assert status("fftn-sharded", "natural", pd, d)[0] == "ok"
-            for lay in bench.LAYOUTS:
+            for lay in harness.LAYOUTS:
                 assert status("pencilfft", lay, pd, d) == ("ok", "")
                 if hasattr(pencilfft, "prfft3d"):
                     assert status("pencilfft-r2c", lay, pd, d) == ("ok", "")
@@ -314,7 +322,7 @@ def test_in_process_run_complex128_inverse_only(tmp_path, capsys):
     argv = ["--shapes", "8x16x16", "--pdims", "2x4", "--dtypes", "complex128", "--directions",
             "inverse", "--repeats", "2", "--warmup", "0", "--out", str(out), "--quiet",
             "--impls", "pencilfft", "jaxdecomp", "fftn-1dev", "--layouts", "natural", "transposed"]
-    assert bench.main(argv) == 0
+    assert cli.main(argv) == 0
     if jax.process_index() != 0:
         assert not out.exists()
         return
@@ -346,7 +354,7 @@ def test_in_process_naive_pencil_natural(tmp_path, axis_type):
     argv = ["--shapes", "16", "--pdims", "4x2", "2x4", "--dtypes", "complex128", "--norm", "ortho",
             "--axis-type", axis_type, "--repeats", "1", "--warmup", "0", "--out", str(out), "--quiet",
             "--impls", "naive-pencil", "pencilfft", "fftn-1dev", "--layouts", "natural"]
-    assert bench.main(argv) == 0
+    assert cli.main(argv) == 0
     if jax.process_index() != 0:
         assert not out.exists()
         return
@@ -356,7 +364,7 @@ def test_in_process_naive_pencil_natural(tmp_path, axis_type):
     records = [r for r in records if r["impl"] != "fftn-1dev"]
     assert {(r["impl"], r["layout"], tuple(r["pdims"]), r["direction"]) for r in records} == {
         (impl, "natural", pd, d) for impl in ("naive-pencil", "pencilfft") for pd in ((4, 2), (2, 4))
-        for d in bench.DIRECTIONS}
+        for d in harness.DIRECTIONS}
     for r in records:
         assert r["status"] == "ok", (r["impl"], r["pdims"], r["note"])
         assert r["norm"] == "ortho" and r["axis_type"] == axis_type
@@ -366,14 +374,14 @@ def test_in_process_naive_pencil_natural(tmp_path, axis_type):
 def test_naive_pencil_only_natural_and_skips_clearly():
     """Like jaxdecomp in the natural layout: not planned in the transposed one; meshes it cannot
     run on are recorded as skipped with the reason (no jax computation here)."""
-    assert bench.variant_plan(["naive-pencil", "pencilfft"], ["transposed"]) == [("pencilfft", "transposed")]
-    assert bench.variant_plan(["naive-pencil"], ["transposed"]) == []
-    assert bench.variant_plan(["naive-pencil"], ["natural", "transposed"]) == [("naive-pencil", "natural")]
-    assert list(bench.IMPLS).index("naive-pencil") == list(bench.IMPLS).index("pencilfft-r2c") + 1
-    args = bench.build_parser().parse_args(["--impls", "naive-pencil"])
+    assert harness.variant_plan(["naive-pencil", "pencilfft"], ["transposed"]) == [("pencilfft", "transposed")]
+    assert harness.variant_plan(["naive-pencil"], ["transposed"]) == []
+    assert harness.variant_plan(["naive-pencil"], ["natural", "transposed"]) == [("naive-pencil", "natural")]
+    assert list(harness.IMPLS).index("naive-pencil") == list(harness.IMPLS).index("pencilfft-r2c") + 1
+    args = cli.build_parser().parse_args(["--impls", "naive-pencil"])
 
     def build(shape, pdims, layout="natural"):
-        runner = bench.CaseRunner(bench.Case(shape, "complex64", pdims), args, ["naive-pencil"])
+        runner = harness.CaseRunner(harness.Case(shape, "complex64", pdims), args, impls.IMPLEMENTATIONS)
         v = runner.build("naive-pencil", layout)
         return v.status, v.note
 
@@ -392,12 +400,12 @@ def test_make_input_is_blockwise_and_reproducible():
 
     mesh = make_mesh((4, 2))
     sh = NamedSharding(mesh, P("x", "y"))
-    a = to_numpy(bench.make_input((8, 8, 4), sh, "complex64", seed=3))
-    b = to_numpy(bench.make_input((8, 8, 4), sh, "complex64", seed=3))
-    c = to_numpy(bench.make_input((8, 8, 4), sh, "complex64", seed=4))
+    a = to_numpy(harness.make_input((8, 8, 4), sh, "complex64", seed=3))
+    b = to_numpy(harness.make_input((8, 8, 4), sh, "complex64", seed=3))
+    c = to_numpy(harness.make_input((8, 8, 4), sh, "complex64", seed=4))
     assert a.dtype == np.complex64 and a.shape == (8, 8, 4)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
     assert np.std(a.real) > 0.5 and np.std(a.imag) > 0.5
-    r = to_numpy(bench.make_input((8, 8, 4), sh, "float64", seed=3))
+    r = to_numpy(harness.make_input((8, 8, 4), sh, "float64", seed=3))
     assert r.dtype == np.float64

@@ -21,7 +21,8 @@ SLURM = ROOT / "slurm"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import fft as bench  # noqa: E402
+from benchmarks import fft as cli  # noqa: E402
+from benchmarks import harness  # noqa: E402
 
 # IDRIS facts: GPUs per node, CPUs per task (cores / GPUs), constraint, arch module, QoS prefix.
 PARTITIONS = {
@@ -96,7 +97,7 @@ def check_job(words: list[str], arch: str, gpus: int | None = None, qos: str = "
     assert Path(script) == SLURM / "bench.slurm"
     assert all(p == total for p in pdims_products(args)), (args, total)
     # The harness accepts the arguments (parsing and case validation, no jax).
-    assert bench.main([*args, "--dry-run"]) == 0
+    assert cli.main([*args, "--dry-run"]) == 0
     return {"nodes": nodes, "gpus": total, "args": args, "opts": opts}
 
 
@@ -135,7 +136,7 @@ def test_submit_single_and_multi_node(arch, capsys):
         (words,) = sbatch_lines(out)
         job = check_job(words, arch, gpus)
         assert job["nodes"] == max(1, gpus // gpn)
-        assert harness_arg(job["args"], "--pdims") == "x".join(map(str, bench.square_pdims(gpus)))
+        assert harness_arg(job["args"], "--pdims") == "x".join(map(str, harness.square_pdims(gpus)))
     # harness arguments after --, the wrapper, QoS and account forms
     out = sh(SLURM / f"{arch}.sh", "--nodes", "2", "--qos", "dev", "--dry-run", "--",
              "--shapes", "256", "512", "--pdims", f"{gpn}x2", "--repeats", "3").stdout
@@ -183,7 +184,7 @@ def test_sweep_dry_run(arch, tmp_path, capsys):
     assert [j["gpus"] for j in strong] == counts and [j["gpus"] for j in weak] == counts
     assert {harness_arg(j["args"], "--shapes") for j in strong} == {"1024"}
     for j in weak:  # fixed points per GPU
-        shape = bench.parse_shape(harness_arg(j["args"], "--shapes"))
+        shape = harness.parse_shape(harness_arg(j["args"], "--shapes"))
         assert math.prod(shape) == 512**3 * j["gpus"]
     # the plot job waits for every benchmark job, on one GPU with the dev QoS
     opts, script, args = parse_sbatch(plot)
@@ -219,7 +220,7 @@ def test_bench_slurm_runs_the_harness(arch):
     gpus = 2 * PARTITIONS[arch]["gpus"]
     env = {"PENCILFFT_DRY_RUN": "1", "SLURM_NTASKS": str(gpus), "SLURM_JOB_NUM_NODES": "2",
            "SLURM_JOB_CONSTRAINTS": PARTITIONS[arch]["constraint"], "PENCILFFT_ROOT": str(ROOT)}
-    pd = "x".join(map(str, bench.square_pdims(gpus)))
+    pd = "x".join(map(str, harness.square_pdims(gpus)))
     proc = sh("bash", SLURM / "bench.slurm", "--shapes", "64", "--pdims", pd, env=env)
     lines = proc.stdout.splitlines()
     assert lines[0] == "module purge"
@@ -230,7 +231,7 @@ def test_bench_slurm_runs_the_harness(arch):
     srun = shlex.split(lines[-1])
     assert srun[0] == "srun" and srun[srun.index("python"):] == [
         "python", "-m", "benchmarks.fft", "--shapes", "64", "--pdims", pd]
-    assert bench.main([*srun[srun.index("benchmarks.fft") + 1:], "--dry-run"]) == 0
+    assert cli.main([*srun[srun.index("benchmarks.fft") + 1:], "--dry-run"]) == 0
     assert "warning" not in proc.stderr
     # a mesh that does not use every task is reported
     warn = sh("bash", SLURM / "bench.slurm", "--pdims", "1x2", env=env)
@@ -259,9 +260,9 @@ def test_shell_helpers_agree_with_python():
         kind, n, value = line.split()
         n = int(n)
         if kind == "p":
-            assert value == "x".join(map(str, bench.square_pdims(n))), (n, value)
+            assert value == "x".join(map(str, harness.square_pdims(n))), (n, value)
         else:
-            shape = bench.parse_shape(value)
+            shape = harness.parse_shape(value)
             assert math.prod(shape) == n * 64**3 and max(shape) <= 2 * min(shape), (n, value)
     bad = sh("bash", "-c", f"source {SLURM / 'common.sh'}; weak_shape 64 6", ok=False)
     assert bad.returncode != 0 and "power-of-two" in bad.stderr
