@@ -36,21 +36,25 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from benchmarks import harness
+
 EXCHANGES = ("auto", "alltoall", "pairwise")
 ROWS = tuple(f"pencilfft/{e}" for e in EXCHANGES) + (
     "mpi4py-fft", "exchange: jax all_to_all", "exchange: MPI Alltoall", "local FFTs")
 
 
 def parse_pdims(text: str) -> tuple[int, int]:
-    parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    """harness.parse_pdims, but only PxQ: a process grid here always has two sizes."""
+    dims = harness.parse_pdims(text)
+    if not isinstance(dims, tuple) or len(dims) != 2:
         raise argparse.ArgumentTypeError(f"pdims {text!r}: expected PxQ, e.g. 2x1")
-    return int(parts[0]), int(parts[1])
+    return dims
 
 
 def _timer(comm, repeats: int, warmup: int) -> Callable[[Callable[[], Any]], float]:
     """Median seconds of a call, every call started after a barrier, max over the processes."""
     import jax
+    from mpi4py import MPI
 
     def timed(call: Callable[[], Any]) -> float:
         for _ in range(warmup):
@@ -61,15 +65,9 @@ def _timer(comm, repeats: int, warmup: int) -> Callable[[Callable[[], Any]], flo
             t0 = time.perf_counter()
             jax.block_until_ready(call())
             times.append(time.perf_counter() - t0)
-        return comm.allreduce(statistics.median(times), op=_max())
+        return comm.allreduce(statistics.median(times), op=MPI.MAX)
 
     return timed
-
-
-def _max():
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 def _programs(shape: tuple[int, int, int], pdims: tuple[int, int], comm) -> dict[str, Callable]:
@@ -205,17 +203,12 @@ def table(records: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def read(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["table"]:
         p = argparse.ArgumentParser(prog="python -m benchmarks.mpi table")
         p.add_argument("file")
-        print(table(read(p.parse_args(argv[1:]).file)))
+        print(table(harness.load_records([p.parse_args(argv[1:]).file])))
         return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks.mpi", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", type=int, nargs="+", default=[128])

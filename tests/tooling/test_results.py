@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import mpi
+from benchmarks import harness, mpi
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = (ROOT / "benchmarks" / "RESULTS.md").read_text()
@@ -21,7 +21,7 @@ def test_results_has_tables_from_committed_data():
 @pytest.mark.parametrize("path,block", BLOCKS, ids=[p for p, _ in BLOCKS])
 def test_table_is_regenerated_from_its_data(path, block):
     assert (ROOT / path).is_file(), f"{path} is named in RESULTS.md but not committed"
-    assert block.strip() == mpi.table(mpi.read(ROOT / path)).strip()
+    assert block.strip() == mpi.table(harness.load_records([ROOT / path])).strip()
 
 
 def test_table_marks_the_ratio_to_mpi4py_fft():
@@ -49,7 +49,7 @@ def test_mpi_benchmark_runs_under_mpirun(tmp_path):
     proc = subprocess.run(cmd, env=clean_env(1), cwd=ROOT, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    records = mpi.read(out)
+    records = harness.load_records([out])
     rows = {r["row"] for r in records}
     assert {"pencilfft/auto", "exchange: jax all_to_all", "exchange: MPI Alltoall",
             "local FFTs"} <= rows
