@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType
 
-from ._decomposition import fits
+from ._decomposition import fits, process_grids
 from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
 from ._measure import median_time
 from ._plan import EXCHANGES
@@ -154,7 +154,7 @@ def _check_pdims(pdims, n_devices: int) -> list[tuple[int, int]] | None:
 
 def _candidates(shape, n_devices, pdims) -> list[tuple[int, int]]:
     if pdims is None:
-        pdims = [(p, n_devices // p) for p in range(1, n_devices + 1) if n_devices % p == 0]
+        pdims = process_grids(n_devices)
     valid = [tuple(p) for p in pdims if fits(shape, p) and p[0] * p[1] == n_devices]
     if not valid:
         raise ValueError(

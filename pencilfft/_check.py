@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding
 
-from ._decomposition import fits
+from ._decomposition import fits, process_grids
 from ._fft import pfft3d, pifft3d
 from ._measure import max_rel_err, median_time
 from ._sharding import real_space_sharding
@@ -36,7 +36,7 @@ class Row:
 
 
 def default_meshes(n: int) -> list[tuple[int, ...]]:
-    return [(p, n // p) for p in range(1, n + 1) if n % p == 0] + [(n,)]
+    return [*process_grids(n), (n,)]
 
 
 def _jaxdecomp_error(x_np, mesh_shape, k, dtype) -> tuple[float | None, str]:

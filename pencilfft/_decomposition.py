@@ -14,7 +14,8 @@ from typing import Any
 
 from jax.sharding import AbstractMesh, Mesh
 
-__all__ = ["mesh_axes", "check_mesh", "split_problem", "check_split", "fits", "round_up"]
+__all__ = ["mesh_axes", "check_mesh", "split_problem", "check_split", "fits", "round_up",
+           "process_grids"]
 
 Axes = tuple[str | None, str | None]
 Pdims = tuple[int, int]
@@ -86,3 +87,8 @@ def fits(shape: Sequence[int], pdims: Sequence[int]) -> bool:
 def round_up(n: int, m: int) -> int:
     """n padded to a multiple of m: the length of a k-space axis of n points split m ways."""
     return -(-n // m) * m
+
+
+def process_grids(n: int) -> list[Pdims]:
+    """Every (P, Q) with P * Q = n, P ascending: the meshes n devices can form."""
+    return [(p, n // p) for p in range(1, n + 1) if n % p == 0]
