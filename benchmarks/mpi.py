@@ -38,7 +38,7 @@ from typing import Any
 
 from benchmarks import harness
 
-EXCHANGES = ("auto", "alltoall", "pairwise")
+EXCHANGES = ("auto", "alltoall", "pairwise", "mpi")
 ROWS = tuple(f"pencilfft/{e}" for e in EXCHANGES) + (
     "mpi4py-fft", "exchange: jax all_to_all", "exchange: MPI Alltoall", "local FFTs")
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType
 
+from . import _mpi_exchange
 from ._decomposition import fits, process_grids
 from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
 from ._measure import median_time
@@ -201,9 +202,14 @@ def _check_memory(shape, dtype: np.dtype, devices) -> None:
         )
 
 
+def _default_exchanges(devices: Sequence[jax.Device]) -> tuple[str, ...]:
+    mpi = _mpi_exchange.available(len(devices), devices[0].platform)
+    return ("alltoall", "pairwise") + (("mpi",) if mpi else ())
+
+
 def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transposed",
              devices: Sequence[jax.Device] | None = None, pdims=None,
-             exchanges: Sequence[str] = ("alltoall", "pairwise"), repeats: int = 3) -> Tuning:
+             exchanges: Sequence[str] | None = None, repeats: int = 3) -> Tuning:
     """Time every mesh shape P x Q of `devices` and every exchange on a grid of global `shape`.
 
     Args:
@@ -212,7 +218,9 @@ def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transpo
       devices: default all devices (every process must call autotune, with the same arguments).
       pdims: candidate (P, Q) pairs with P * Q = len(devices); default every factorisation of
         the device count.  Those the grid does not fit (X % P or Y % Q) are skipped.
-      exchanges: candidate exchange algorithms (a non-empty sequence of names).
+      exchanges: candidate exchange algorithms (a non-empty sequence of names); default
+        ("alltoall", "pairwise"), and "mpi" where it can run (CPU processes with one device
+        each under mpirun, `devices` all of them).
       repeats: timed forward + inverse pairs per candidate (after one warm-up).
     Returns a `Tuning`; every process gets the same answer (process 0's timings decide).
     A grid that cannot fit in the devices' memory (about 4 blocks of the grid's share per
@@ -222,9 +230,9 @@ def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transpo
     dtype = _check_dtype(dtype)
     if layout not in LAYOUTS:
         raise ValueError(f"`layout` must be one of {LAYOUTS}; got {layout!r}")
-    exchanges = _check_exchanges(exchanges)
     repeats = _check_repeats(repeats)
     devices = _check_devices(devices)
+    exchanges = _check_exchanges(_default_exchanges(devices) if exchanges is None else exchanges)
     candidates = _candidates(shape, len(devices), _check_pdims(pdims, len(devices)))
     _check_memory(shape, dtype, devices)
     real = dtype.kind == "f"

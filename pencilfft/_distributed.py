@@ -38,11 +38,18 @@ _SLURM_VARS = (
 )
 # Set to 0 (or false/no/off) to keep the default exception handling under a launcher.
 _ABORT_ENV = "PENCILFFT_ABORT_ON_ERROR"
+# Set to 0 (or false/no/off) to leave the CPU affinity of processes alone under mpirun.
+_BIND_ENV = "PENCILFFT_BIND_CPUS"
+# (local rank, processes on this node), as MPI launchers set them: MPICH/Hydra and Intel MPI,
+# Open MPI.
+_LOCAL_VARS = (("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+               ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"))
 # Which accelerators the launcher left visible to this process.
 _VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
-def initialize(*, verbose: bool = False, abort_on_error: bool | None = None, **overrides) -> None:
+def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
+               bind_cpus: bool | None = None, **overrides) -> None:
     """Start `jax.distributed` if this process was started by mpirun/mpiexec or srun.
 
     Call it once at the top of the program, before anything that touches jax devices (jax
@@ -59,6 +66,14 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None, **o
         minutes.  Default: on, unless the environment variable PENCILFFT_ABORT_ON_ERROR is
         0/false/no/off; `initialize(abort_on_error=False)` also removes a hook installed
         before.  Not installed in an interactive interpreter.
+      bind_cpus: under mpirun/mpiexec with several processes on a node that the launcher did
+        not bind (each may run on every core), give each process its own equal share of the
+        node's cores (`os.sched_setaffinity`) before jax starts its backend, so that XLA sizes
+        its thread pools to that share.  Unbound, every process starts pools as wide as the
+        node and they fight over the cores: binding made the local FFTs of `mpirun -np 2` on
+        2 cores 1.5x faster (benchmarks/RESULTS.md).  A process the launcher already bound
+        (`mpirun -bind-to`, srun's --cpu-bind) is left as it is.  Default: on, unless the
+        environment variable PENCILFFT_BIND_CPUS is 0/false/no/off.
       **overrides: passed on to `jax.distributed.initialize` and taking precedence over what
         was detected (e.g. `coordinator_address`, `local_device_ids`,
         `initialization_timeout`).  Without a launcher, jax is started only when a
@@ -66,7 +81,8 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None, **o
         `num_processes` and `process_id` too): a hand-made multi-process set-up.
     """
     _check_overrides(overrides)
-    abort_on_error = _abort_wanted(abort_on_error)
+    abort_on_error = _switch(abort_on_error, "abort_on_error", _ABORT_ENV)
+    bind_cpus = _switch(bind_cpus, "bind_cpus", _BIND_ENV)
     if not abort_on_error:
         _remove_abort_hook()
     if jax.distributed.is_initialized():
@@ -80,6 +96,8 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None, **o
         # The caller chose jax's own detection explicitly: do not second-guess it.
         started = _start(verbose, "explicit cluster_detection_method", overrides)
     elif _launched_by_mpi(env) and (kwargs := _mpi_arguments(env, overrides)) is not None:
+        if bind_cpus:
+            _bind_cpus(env, verbose)
         started = _start(verbose, "MPI", kwargs)
     elif all(v in env for v in _SLURM_VARS) and int(env["SLURM_NTASKS"]) > 1:
         started = _start(verbose, "SLURM", _slurm_arguments(env, overrides))
@@ -107,23 +125,57 @@ def _check_overrides(overrides: dict) -> None:
         )
 
 
-def _abort_wanted(abort_on_error) -> bool:
-    if abort_on_error is None:
-        value = os.environ.get(_ABORT_ENV, "1").strip().lower()
-        if value in ("0", "false", "no", "off"):
+def _switch(value, argname: str, env_name: str) -> bool:
+    """An on/off argument; None reads `env_name` (default on)."""
+    if value is None:
+        text = os.environ.get(env_name, "1").strip().lower()
+        if text in ("0", "false", "no", "off"):
             return False
-        if value in ("", "1", "true", "yes", "on"):
+        if text in ("", "1", "true", "yes", "on"):
             return True
         raise ValueError(
-            f"environment variable {_ABORT_ENV} must be 1/true/yes/on or 0/false/no/off; "
-            f"got {os.environ[_ABORT_ENV]!r}"
+            f"environment variable {env_name} must be 1/true/yes/on or 0/false/no/off; "
+            f"got {os.environ[env_name]!r}"
         )
-    if not isinstance(abort_on_error, bool):
+    if not isinstance(value, bool):
         raise TypeError(
-            f"`abort_on_error` must be True, False or None (from {_ABORT_ENV}); got "
-            f"{abort_on_error!r} ({type(abort_on_error).__name__})"
+            f"`{argname}` must be True, False or None (from {env_name}); got "
+            f"{value!r} ({type(value).__name__})"
         )
-    return abort_on_error
+    return value
+
+
+# ------------------------------------------------------------------------------ CPU binding
+
+
+def cpu_share(local_rank: int, local_size: int, cpus: Sequence[int]) -> list[int]:
+    """The CPUs of process `local_rank` of the `local_size` on a node that has `cpus`: the
+    local_rank-th of equal contiguous shares, or one CPU, round-robin, when there are more
+    processes than CPUs (leftover CPUs stay unused, as with srun's block distribution)."""
+    cpus = sorted(cpus)
+    share = len(cpus) // local_size
+    if share == 0:
+        return [cpus[local_rank % len(cpus)]]
+    return cpus[local_rank * share:(local_rank + 1) * share]
+
+
+def _bind_cpus(env: Mapping[str, str], verbose: bool) -> None:
+    """Pin this process to its share of the node's CPUs if nobody has bound it yet."""
+    if not hasattr(os, "sched_setaffinity"):
+        return  # not Linux
+    for rank_var, size_var in _LOCAL_VARS:
+        if rank_var in env and size_var in env:
+            local_rank, local_size = int(env[rank_var]), int(env[size_var])
+            break
+    else:
+        return
+    cpus = os.sched_getaffinity(0)
+    if local_size <= 1 or len(cpus) < (os.cpu_count() or 0):
+        return  # alone on the node, or the launcher chose already
+    share = cpu_share(local_rank, local_size, cpus)
+    os.sched_setaffinity(0, share)
+    _say(verbose, f"local process {local_rank} of {local_size}: bound to CPUs {share} "
+                  f"({_BIND_ENV}=0 to leave them alone)")
 
 
 # ------------------------------------------------------------------------- uncaught errors

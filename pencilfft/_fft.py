@@ -55,7 +55,8 @@ def forward_stage(plan: Plan, stage: Stage, k: jax.Array) -> jax.Array:
         return _pad_axis(k, stage.axis, stage.padded)
     if isinstance(stage, Exchange):
         return transpose_blocks(k, plan.axes[stage.mesh_axis], stage.n, stage.split, stage.gather,
-                                stage.order, algorithm=plan.exchanges[stage.mesh_axis])
+                                stage.order, algorithm=plan.exchanges[stage.mesh_axis],
+                                other_axis=plan.axes[1 - stage.mesh_axis])
     return jnp.moveaxis(k, stage.source, stage.destination)
 
 
@@ -109,6 +110,12 @@ def _place(x, plan: Plan, spec):
 def _run(plan: Plan, block_fn, x, in_spec, out_spec, exchange: str):
     if plan.mesh is None:
         if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
+            if exchange == "mpi":
+                raise ValueError(
+                    "`exchange`='mpi' needs the mesh when the transform is traced (its ordered "
+                    "host callback cannot live inside the compiler-partitioned transform): pass "
+                    "`mesh=`, call it under `jax.set_mesh(mesh)`, or use an Explicit mesh"
+                )
             t = Transform(plan, block_fn, block_fn is _forward_block, exchange, tuple(x.shape))
             return apply(t, x)
         _check_one_device(x)
@@ -157,8 +164,10 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
       layout: "transposed" (default): global k-space order (..., Y, Z, X), as jaxdecomp;
         "natural": (..., X, Y, Z).  Either way Y is split by a and Z by b.
       mesh: the mesh; by default x's sharding, x's type under jit, then the ambient mesh.
-      exchange: "auto" (default), "alltoall" or "pairwise": how blocks move between devices
-        (same result; see `_plan._exchanges` for what "auto" picks).
+      exchange: "auto" (default), "alltoall", "pairwise" or "mpi": how blocks move between
+        devices (same result; see `_plan._exchanges` for what "auto" picks).  "mpi" sends them
+        with mpi4py from the host: CPU processes under mpirun with one device each, the mesh
+        known when traced (README "Several processes").
 
     Returns:
       The k-space array, global shape (..., Y', Z', X) or (..., X, Y', Z') where Y' = Y and

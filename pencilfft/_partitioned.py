@@ -32,6 +32,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import Mesh, NamedSharding
 
+from ._jax_private import needs_devices_when_lowered
 from ._plan import Plan, plan_backward, plan_forward
 
 __all__ = ["LinearOp", "Transform", "apply"]
@@ -241,15 +242,7 @@ batching.primitive_batchers[transform_p] = _batch
 mlir.register_lowering(transform_p, mlir.lower_fun(_lower, multiple_results=False))
 
 
-def _needs_devices_when_lowered(prim) -> None:
-    """jit only hands the device assignment to lowering rules of primitives in this set, and
-    custom_partitioning's lowering needs it.  A private jax name (jaxdecomp relies on it too)."""
-    from jax._src import dispatch
-
-    dispatch.prim_requires_devices_during_lowering.add(prim)
-
-
-_needs_devices_when_lowered(transform_p)
+needs_devices_when_lowered(transform_p)
 
 
 def apply(t: LinearOp, x: Any) -> jax.Array:

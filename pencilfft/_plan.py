@@ -21,12 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from . import _mpi_exchange
 from ._decomposition import check_mesh, check_split, mesh_axes, round_up, split_problem
+from ._jax_private import legacy_mesh
 from ._sharding import LAYOUTS, k_space_spec, real_space_spec
 from ._stages import Stage, forward_stages
 
 NORMS = ("backward", "ortho", "forward")
-EXCHANGES = ("auto", "alltoall", "pairwise")
+EXCHANGES = ("auto", "alltoall", "pairwise", "mpi")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,20 +139,10 @@ def find_mesh(x, mesh):
     ambient = jax.sharding.get_abstract_mesh()
     if ambient is not None and not ambient.empty:
         return check_mesh(ambient)
-    legacy = _legacy_mesh()
+    legacy = legacy_mesh()
     if legacy is not None:
         return check_mesh(legacy)
     return None
-
-
-def _legacy_mesh():
-    """The mesh of an enclosing `with mesh:` block (the pre-`jax.set_mesh` idiom many codes use)."""
-    try:
-        from jax._src.mesh import thread_resources
-    except ImportError:  # a jax without it: nothing to find
-        return None
-    mesh = thread_resources.env.physical_mesh
-    return None if mesh.empty else mesh
 
 
 def _current_spec(x):
@@ -237,18 +229,26 @@ def _exchanges(exchange: str, mesh, pdims, block_bytes: int) -> tuple[str, str]:
     """The exchange algorithm for each mesh axis.
 
     "alltoall": one all_to_all.  "pairwise": n-1 collective permutes, each peer's chunk sent
-    on its own (cuDecomp's pairwise option).  "auto" picks what measured faster: on CPUs (XLA's
-    in-process collectives) pairwise for axes of 2 to 4 devices once the per-device block
-    (`block_bytes`) reaches PAIRWISE_MIN_BYTES: all_to_all also copies the device's own chunk,
-    while each permute costs a rendezvous, which dominates for small blocks.  all_to_all
-    otherwise and on GPUs, where one grouped collective beats n-1 separate ones.  The
-    measurements are in benchmarks/RESULTS.md.
+    on its own (cuDecomp's pairwise option).  "mpi": mpi4py from the host (`_mpi_exchange`),
+    for CPU processes with one device each under mpirun; never picked by "auto": on one node
+    the hand-over to the host costs what MPI's shared memory saves over gloo (measured in
+    benchmarks/RESULTS.md); between nodes, where gloo's TCP is the slow part, `autotune` times
+    it.  "auto" picks what measured faster: on CPUs (XLA's in-process collectives) pairwise
+    for axes of 2 to 4 devices once the per-device block (`block_bytes`) reaches
+    PAIRWISE_MIN_BYTES: all_to_all also copies the device's own chunk, while each permute costs
+    a rendezvous, which dominates for small blocks.  all_to_all otherwise and on GPUs, where
+    one grouped collective beats n-1 separate ones.
     """
     if exchange not in EXCHANGES:
         raise ValueError(f"`exchange` must be one of {EXCHANGES}; got {exchange!r}")
+    platform = _platform(mesh)
+    if exchange == "mpi" and mesh is not None:
+        why = _mpi_exchange.unavailable_reason(mesh.size, platform)
+        if why is not None:
+            raise ValueError(f"`exchange`='mpi' cannot run here: {why}")
     if exchange != "auto":
         return (exchange, exchange)
-    pairwise_ok = _platform(mesh) == "cpu" and block_bytes >= PAIRWISE_MIN_BYTES
+    pairwise_ok = platform == "cpu" and block_bytes >= PAIRWISE_MIN_BYTES
     return tuple("pairwise" if pairwise_ok and 1 < n <= 4 else "alltoall" for n in pdims)
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from . import _mpi_exchange
+
 
 def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, gather: int,
-                     order: tuple[int, ...], algorithm: str = "alltoall") -> jax.Array:
+                     order: tuple[int, ...], algorithm: str = "alltoall",
+                     other_axis: str | None = None) -> jax.Array:
     """Split local axis `split` into `n` chunks over mesh axis `axis_name`, gather axis `gather`.
 
     x is a per-device block.  Chunk j of axis `split` goes to peer j; the chunks received are
@@ -22,7 +25,8 @@ def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, ga
     The chunk axis is made the leading one before the communication, so every message is one
     contiguous buffer, and the received chunks are interleaved back in the same transpose that
     applies `order`: two local passes over the data, whatever `order` is.  `algorithm` is
-    "alltoall" (one all_to_all) or "pairwise" (n-1 collective permutes).
+    "alltoall" (one all_to_all), "pairwise" (n-1 collective permutes) or "mpi" (mpi4py from the
+    host, `_mpi_exchange`; `other_axis` names the mesh's other axis, None on a 1-axis mesh).
     """
     if n == 1 or axis_name is None:
         return jnp.transpose(x, order)
@@ -30,7 +34,10 @@ def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, ga
     chunked = list(shape)
     chunked[split] = shape[split] // n
     y = _chunk_major(x, n, split, order)
-    y = _SEND[algorithm](y, axis_name, n)  # (c, ...) -> (c_src, ...)
+    if algorithm == "mpi":
+        y = _mpi_exchange.exchange(y, axis_name, n, other_axis)
+    else:
+        y = _SEND[algorithm](y, axis_name, n)  # (c, ...) -> (c_src, ...)
     return _interleave(y, gather, order, chunked, shape[gather] * n)
 
 

@@ -101,6 +101,28 @@ def test_mpi_ranks_are_jax_processes():
     assert len(jax.devices()) == 8
 
 
+@pytest.mark.skipif(not MULTI_PROCESS, reason="needs mpirun")
+def test_processes_of_a_node_got_their_own_cpus():
+    """conftest's initialize() under an unbinding mpirun gave each local process its share."""
+    import os
+    import socket
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    mine = sorted(os.sched_getaffinity(0))
+    every = node.allgather(mine)
+    if os.environ.get("PENCILFFT_BIND_CPUS", "1") in ("0", "false", "no", "off"):
+        pytest.skip("binding turned off")
+    if "MPI_LOCALNRANKS" not in os.environ and "OMPI_COMM_WORLD_LOCAL_SIZE" not in os.environ:
+        pytest.skip(f"launcher on {socket.gethostname()} names no local ranks")
+    expected = [_distributed.cpu_share(r, node.size, range(os.cpu_count())) for r in range(node.size)]
+    if any(len(cpus) < os.cpu_count() for cpus in every) and every != expected:
+        pytest.skip(f"the launcher bound the processes itself: {every}")
+    assert every == expected
+
+
 # -------------------------------------------------------------------------- in children
 
 
@@ -277,22 +299,62 @@ def test_initialize_rejects_bad_abort_on_error(value):
         initialize(abort_on_error=value)
 
 
+@pytest.mark.parametrize("argname,env_name", [
+    ("abort_on_error", "PENCILFFT_ABORT_ON_ERROR"), ("bind_cpus", "PENCILFFT_BIND_CPUS"),
+])
 @pytest.mark.parametrize("value,expected", [
     (None, True), ("1", True), ("", True), ("on", True), ("0", False), ("False", False),
     ("off", False), ("no", False), ("maybe", ValueError),
 ])
-def test_abort_on_error_environment(monkeypatch, value, expected):
+def test_switch_environment(monkeypatch, argname, env_name, value, expected):
     if value is None:
-        monkeypatch.delenv("PENCILFFT_ABORT_ON_ERROR", raising=False)
+        monkeypatch.delenv(env_name, raising=False)
     else:
-        monkeypatch.setenv("PENCILFFT_ABORT_ON_ERROR", value)
+        monkeypatch.setenv(env_name, value)
     if expected is ValueError:
-        with pytest.raises(ValueError, match=r"PENCILFFT_ABORT_ON_ERROR must be 1/true/yes/on or "
+        with pytest.raises(ValueError, match=rf"{env_name} must be 1/true/yes/on or "
                                              r"0/false/no/off; got 'maybe'"):
-            _distributed._abort_wanted(None)
+            _distributed._switch(None, argname, env_name)
     else:
-        assert _distributed._abort_wanted(None) is expected
-    assert _distributed._abort_wanted(False) is False  # the argument wins
+        assert _distributed._switch(None, argname, env_name) is expected
+    assert _distributed._switch(False, argname, env_name) is False  # the argument wins
+
+
+@pytest.mark.parametrize("value", ["yes", 1])
+def test_initialize_rejects_bad_bind_cpus(value):
+    with pytest.raises(TypeError, match=r"`bind_cpus` must be True, False or None"):
+        initialize(bind_cpus=value)
+
+
+@pytest.mark.parametrize("rank,size,cpus,expected", [
+    (0, 2, range(2), [0]), (1, 2, range(2), [1]),
+    (1, 2, range(8), [4, 5, 6, 7]), (2, 3, range(8), [4, 5]),
+    (3, 4, range(2), [1]), (2, 4, range(2), [0]),  # more processes than CPUs: round-robin
+    (1, 2, [6, 2, 4, 3], [4, 6]),  # the CPUs this process may use, in order
+])
+def test_cpu_share(rank, size, cpus, expected):
+    assert _distributed.cpu_share(rank, size, cpus) == expected
+
+
+def _fake_affinity(monkeypatch, cpus):
+    calls = []
+    monkeypatch.setattr(_distributed.os, "sched_getaffinity", lambda pid: set(cpus))
+    monkeypatch.setattr(_distributed.os, "sched_setaffinity", lambda pid, c: calls.append(list(c)))
+    monkeypatch.setattr(_distributed.os, "cpu_count", lambda: 8)
+    return calls
+
+
+@pytest.mark.parametrize("env,cpus,expected", [
+    ({"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, range(8), [[4, 5, 6, 7]]),
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, range(8), [[0, 1]]),
+    ({"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}, range(8), []),  # alone on its node
+    ({"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, [2, 3], []),  # the launcher bound it
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, range(8), []),  # no local rank: nothing to go by
+])
+def test_bind_cpus(monkeypatch, env, cpus, expected):
+    calls = _fake_affinity(monkeypatch, cpus)
+    _distributed._bind_cpus(env, verbose=False)
+    assert calls == expected
 
 
 def test_abort_hook_only_with_several_processes():
