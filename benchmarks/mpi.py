@@ -10,7 +10,7 @@ For each grid and process grid PxQ (X split P ways, Y Q ways), complex64, on the
 in one run, interleaved round-robin so that load drifts hit every row alike:
 
 * `pencilfft/<exchange>`: `jax.jit(lambda v: pifft3d(pfft3d(v)))` (forward + inverse), for
-  `exchange` auto, alltoall and pairwise;
+  `exchange` auto, alltoall, pairwise and mpi (the exchange through mpi4py);
 * `mpi4py-fft`: `PFFT(comm, shape, axes=(0, 1, 2), grid=(P, Q), backend="fftw")`, `forward`
   then `backward` (only if mpi4py_fft is installed; it needs FFTW);
 and the breakdown of one exchange and of the local work:
