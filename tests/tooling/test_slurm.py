@@ -274,3 +274,22 @@ def test_readme_mentions_every_script():
         assert script.name in readme, script.name
     for env in ("PENCILFFT_ACCOUNT", "PENCILFFT_QOS", "PENCILFFT_MODULES", "PENCILFFT_VENV", "--dry-run"):
         assert env in readme
+
+
+def test_cpu_slurm_runs_the_mpi_benchmark():
+    """The CPU-partition job (dry run): one task per core, bound by srun, benchmarks.mpi with the
+    most square grid of the job's tasks; arguments given win over the defaults."""
+    env = {"PENCILFFT_DRY_RUN": "1", "SLURM_NTASKS": "32", "PENCILFFT_ROOT": str(ROOT),
+           "PENCILFFT_MODULES": "python/3.11 openmpi/4 fftw/3"}
+    lines = sh("bash", SLURM / "cpu.slurm", "--repeats", "5", env=env).stdout.splitlines()
+    assert lines[:2] == ["module purge", "module load python/3.11 openmpi/4 fftw/3"]
+    srun = shlex.split(lines[-1])
+    assert srun[:3] == ["srun", "--kill-on-bad-exit=1", "--cpu-bind=cores"]
+    assert srun[srun.index("python"):] == [
+        "python", "-m", "benchmarks.mpi", "--repeats", "5", "--shapes", "256", "512",
+        "--pdims", "4x8", "--out", str(ROOT / "results/jeanzay/mpi-cpu-32tasks.jsonl")]
+    given = sh("bash", SLURM / "cpu.slurm", "--shapes", "64", "--pdims", "2x16", env=env)
+    srun = shlex.split(given.stdout.splitlines()[-1])
+    assert srun.count("--pdims") == 1 and srun[srun.index("--pdims") + 1] == "2x16"
+    assert srun.count("--shapes") == 1
+    assert "#SBATCH --partition=cpu_p1" in (SLURM / "cpu.slurm").read_text()
