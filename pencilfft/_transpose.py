@@ -34,18 +34,17 @@ def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, ga
     chunked = list(shape)
     chunked[split] = shape[split] // n
     y = _chunk_major(x, n, split, order)
-    if algorithm == "mpi":
-        y = _mpi_exchange.exchange(y, axis_name, n, other_axis)
-    else:
-        y = _SEND[algorithm](y, axis_name, n)  # (c, ...) -> (c_src, ...)
+    y = _SEND[algorithm](y, axis_name, n, other_axis)  # (c, ...) -> (c_src, ...)
     return _interleave(y, gather, order, chunked, shape[gather] * n)
 
 
-def _alltoall(y: jax.Array, axis_name: str, n: int) -> jax.Array:
+# Every algorithm takes (chunk-major block, mesh axis, n, the mesh's other axis); only "mpi"
+# needs the other axis, to tell apart the groups that exchange.
+def _alltoall(y: jax.Array, axis_name: str, n: int, other_axis: str | None) -> jax.Array:
     return jax.lax.all_to_all(y, axis_name, 0, 0, tiled=True)
 
 
-def _pairwise(y: jax.Array, axis_name: str, n: int) -> jax.Array:
+def _pairwise(y: jax.Array, axis_name: str, n: int, other_axis: str | None) -> jax.Array:
     """At step `shift` every device sends the chunk of peer i - shift and receives its own from
     peer i + shift; its own chunk never moves (all_to_all copies it too).  The chunks arrive
     rotated by i, which a dynamic roll undoes inside the pass that interleaves them."""
@@ -59,7 +58,7 @@ def _pairwise(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     return jnp.roll(jnp.concatenate(pieces, 0), i, axis=0)  # in source order
 
 
-_SEND = {"alltoall": _alltoall, "pairwise": _pairwise}
+_SEND = {"alltoall": _alltoall, "pairwise": _pairwise, "mpi": _mpi_exchange.exchange}
 
 
 def _chunk_major(x: jax.Array, n: int, split: int, order: tuple[int, ...]) -> jax.Array:
