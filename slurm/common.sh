@@ -29,6 +29,17 @@ pencilfft_arch() {
   esac
 }
 
+# pencilfft_usage: the running script's header comment (its lines 2 up to `set -euo`).
+pencilfft_usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+# pencilfft_arch_arg ARG: the first argument of submit.sh and sweep.sh.  None, -h or --help:
+# the usage, and the script ends (status 0); an unknown architecture ends it with status 2;
+# otherwise the partition variables are set.
+pencilfft_arch_arg() {
+  if [[ -z ${1:-} || $1 == -h || $1 == --help ]]; then pencilfft_usage; exit 0; fi
+  pencilfft_arch "$1" || exit
+}
+
 # Modules loaded after `module purge` (and the arch/ module).  The versions on Jean Zay change:
 # override with PENCILFFT_MODULES="cuda/12.x nccl/... openmpi/...-cuda python/3.x" after
 # checking `module avail cuda nccl openmpi python` (take the CUDA-aware "-cuda" openmpi).

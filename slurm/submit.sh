@@ -24,12 +24,9 @@ ROOT=$(cd "$HERE/.." && pwd)
 # shellcheck source=slurm/common.sh
 source "$HERE/common.sh"
 
-usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
-
-ARCH=${1:-}
-if [[ -z $ARCH || $ARCH == -h || $ARCH == --help ]]; then usage; exit 0; fi
+pencilfft_arch_arg "${1:-}"
+ARCH=$1
 shift
-pencilfft_arch "$ARCH"
 
 GPUS="" NODES_OPT="" TIME=00:30:00 QOS=${PENCILFFT_QOS:-t3} RESULTS=results/jeanzay
 JOB_NAME="" DEPENDENCY="" DRY_RUN=0
@@ -43,7 +40,7 @@ while (( $# )); do
     --job-name) JOB_NAME=$2; shift 2 ;;
     --dependency) DEPENDENCY=$2; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
-    -h | --help) usage; exit 0 ;;
+    -h | --help) pencilfft_usage; exit 0 ;;
     --) shift; break ;;
     *) echo "error: unknown option '$1' (harness arguments go after --)" >&2; exit 2 ;;
   esac

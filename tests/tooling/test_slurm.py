@@ -164,6 +164,16 @@ def test_submit_errors():
         assert "sbatch" not in proc.stdout
 
 
+@pytest.mark.parametrize("script", ["submit.sh", "sweep.sh"])
+@pytest.mark.parametrize("args", [[], ["-h"], ["--help"], ["h100", "--help"]])
+def test_usage_is_the_script_header(script, args):
+    """No argument or a help flag prints the script's own header comment, submits nothing."""
+    proc = sh(SLURM / script, *args)
+    header = (SLURM / script).read_text().split("set -euo", 1)[0].splitlines()[1]
+    assert proc.stdout.splitlines()[0] == header.removeprefix("# ")
+    assert f"slurm/{script} ARCH" in proc.stdout and not sbatch_lines(proc.stdout)
+
+
 @pytest.mark.parametrize("arch", PARTITIONS)
 def test_sweep_dry_run(arch, tmp_path, capsys):
     results = tmp_path / "sweep"
