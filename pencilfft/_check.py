@@ -144,6 +144,7 @@ def run_check(args: argparse.Namespace) -> int:
         import jaxdecomp  # noqa: F401
     except ImportError:
         console.print("err vs jaxdecomp n/a: jaxdecomp is not installed "
-                      "(pip install jaxdecomp packaging, or pip install -e '.[test]')")
+                      "(pip install jaxdecomp packaging, or pip install -e '.[test]')",
+                      markup=False)  # rich would take "[test]" for a style and drop it
     console.print("all checks passed" if not failed else f"[red]{failed} case(s) failed")
     return 1 if failed else 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -26,6 +27,17 @@ def test_check_in_process_prints_once_and_passes(capsys):
         assert "FAIL" not in out
     else:
         assert out == ""
+
+
+def test_check_without_jaxdecomp_says_how_to_install_it(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "jaxdecomp", None)  # import jaxdecomp raises ImportError
+    args = build_parser().parse_args(
+        ["check", "--shape", "8", "--mesh", "2x4", "--layout", "transposed", "--repeats", "1"])
+    assert run_check(args) == 0
+    out = capsys.readouterr().out
+    if jax.process_index() == 0:
+        assert re.search(r"│ +n/a │", out) and "all checks passed" in out
+        assert "pip install jaxdecomp packaging, or pip install -e '.[test]'" in out
 
 
 @pytest.mark.single_process
