@@ -113,18 +113,25 @@ quote_cmd() {
   echo "${out% }"
 }
 
-# pencilfft_load_env ARCH: modules and python environment inside a job.
+# pencilfft_load_env ARCH: modules and python environment inside a GPU job.
 #   PENCILFFT_MODULES  modules to load (default: PENCILFFT_DEFAULT_MODULES)
 #   PENCILFFT_VENV     a virtualenv to activate afterwards (pip install -e ".[bench]" and mpi4py built against the site MPI; slurm/README.md)
 # With DRY_RUN=1 the commands are printed instead.
 pencilfft_load_env() {
   pencilfft_arch "$1" || return
-  local mods=${PENCILFFT_MODULES:-$PENCILFFT_DEFAULT_MODULES}
+  # shellcheck disable=SC2086  # word splitting of the module list is intended
+  pencilfft_load_modules "$ARCH_MODULE" ${PENCILFFT_MODULES:-$PENCILFFT_DEFAULT_MODULES}
+}
+
+# pencilfft_load_modules ARCH_MODULE MODULE...: `module purge`, ARCH_MODULE first if not
+# empty, then the modules, then PENCILFFT_VENV if set (printed instead when DRY_RUN=1).
+pencilfft_load_modules() {
+  local arch_module=$1
+  shift
   run_or_print module purge
   # IDRIS: on gpu_p5/gpu_p6 the arch/ module must come first, it selects the matching software stack.
-  if [[ -n $ARCH_MODULE ]]; then run_or_print module load "$ARCH_MODULE"; fi
-  # shellcheck disable=SC2086  # word splitting of the module list is intended
-  run_or_print module load $mods
+  if [[ -n $arch_module ]]; then run_or_print module load "$arch_module"; fi
+  run_or_print module load "$@"
   if [[ -n ${PENCILFFT_VENV:-} ]]; then
     if [[ ${DRY_RUN:-0} == 1 ]]; then echo "source $PENCILFFT_VENV/bin/activate"
     else
@@ -132,6 +139,42 @@ pencilfft_load_env() {
       source "$PENCILFFT_VENV/bin/activate"
     fi
   fi
+}
+
+# pencilfft_job_arch: the architecture a GPU job runs on: PENCILFFT_ARCH, else read off the
+# job's constraint (v100 when there is none: gpu_p13 is the default partition).
+pencilfft_job_arch() {
+  if [[ -n ${PENCILFFT_ARCH:-} ]]; then echo "$PENCILFFT_ARCH"; return; fi
+  case "${SLURM_JOB_CONSTRAINTS:-}" in
+    *h100*) echo h100 ;;
+    *a100*) echo a100 ;;
+    *) echo v100 ;;
+  esac
+}
+
+# pencilfft_check_pdims NTASKS ARG...: one GPU per task, so every mesh after --pdims in the
+# harness arguments must use exactly NTASKS GPUs; a warning on stderr for each that does not.
+pencilfft_check_pdims() {
+  local ntasks=$1 take=0 a prod
+  shift
+  for a in "$@"; do
+    if [[ $a == --pdims ]]; then take=1; continue; fi
+    if [[ $a == --* ]]; then take=0; continue; fi
+    if (( take )) && [[ $a != auto ]]; then
+      prod=$(( ${a//x/*} ))
+      if (( prod != ntasks )); then
+        echo "warning: pdims $a uses $prod GPUs but the job has $ntasks tasks (one per GPU)" >&2
+      fi
+    fi
+  done
+}
+
+# has_arg OPTION ARG...: whether OPTION is one of the ARGs (a harness argument given already).
+has_arg() {
+  local want=$1 a
+  shift
+  for a in "$@"; do [[ $a == "$want" ]] && return 0; done
+  return 1
 }
 
 # run_or_print CMD...: run it, or print it when DRY_RUN=1.

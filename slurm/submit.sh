@@ -53,9 +53,8 @@ GPUS=${GPUS:-$GPUS_PER_NODE}
 
 [[ $RESULTS == /* ]] && RESULTS_ABS=$RESULTS || RESULTS_ABS=$ROOT/$RESULTS
 (( ${#HARNESS[@]} )) || HARNESS=(--shapes 512)
-has() { local o; for o in "${HARNESS[@]}"; do [[ $o == "$1" ]] && return 0; done; return 1; }
-has --pdims || HARNESS+=(--pdims "$(square_pdims "$GPUS")")
-has --out || HARNESS+=(--out "$RESULTS_ABS/$ARCH-${GPUS}gpu.jsonl")
+has_arg --pdims "${HARNESS[@]}" || HARNESS+=(--pdims "$(square_pdims "$GPUS")")
+has_arg --out "${HARNESS[@]}" || HARNESS+=(--out "$RESULTS_ABS/$ARCH-${GPUS}gpu.jsonl")
 
 pencilfft_sbatch_opts "$ARCH" "$GPUS" "$QOS" "$TIME"
 JOB_NAME=${JOB_NAME:-pencilfft-$ARCH-${GPUS}gpu}
