@@ -32,7 +32,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,15 +55,15 @@ def _timer(comm, repeats: int, warmup: int) -> Callable[[Callable[[], Any]], flo
     import jax
     from mpi4py import MPI
 
+    from pencilfft._measure import time_once
+
     def timed(call: Callable[[], Any]) -> float:
         for _ in range(warmup):
             jax.block_until_ready(call())
         times = []
         for _ in range(repeats):
             comm.Barrier()
-            t0 = time.perf_counter()
-            jax.block_until_ready(call())
-            times.append(time.perf_counter() - t0)
+            times.append(time_once(call)[0])
         return comm.allreduce(statistics.median(times), op=MPI.MAX)
 
     return timed
