@@ -71,7 +71,7 @@ def split_problem(shape: Sequence[int], pdims: Sequence[int],
     return None
 
 
-def check_split(shape: Sequence[int], axes: Axes, pdims: Sequence[int], argname: str) -> None:
+def check_split(shape: Sequence[int], pdims: Sequence[int], axes: Axes, argname: str) -> None:
     """ValueError naming `argname` unless `shape` splits on the mesh (see `split_problem`)."""
     problem = split_problem(shape, pdims, axes)
     if problem is not None:

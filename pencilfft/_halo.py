@@ -197,7 +197,7 @@ def _check_array(x) -> tuple[int, ...]:
 
 def _check_blocks(shape, extents, sizes, names) -> None:
     """Each block must split evenly and hold at least as many interior cells as its halo."""
-    check_split(shape, names, sizes, "x")
+    check_split(shape, sizes, names, "x")
     for i, (h, n, name, label) in enumerate(zip(extents, sizes, names, _LABELS)):
         axis = len(shape) - 3 + i
         size = shape[axis]

@@ -195,7 +195,7 @@ def _check_real_input(x, shape, mesh, axes, pdims, argname: str) -> None:
             f"`{argname}` is sharded along Z (its last axis, spec {P(*spec)}); in real space only "
             f"X and Y may be split: expected {real_space_spec(mesh, len(shape))}"
         )
-    check_split(shape, axes, pdims, argname)
+    check_split(shape, pdims, axes, argname)
 
 
 def _check_array(x, argname: str) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -104,9 +105,6 @@ def test_mpi_ranks_are_jax_processes():
 @pytest.mark.skipif(not MULTI_PROCESS, reason="needs mpirun")
 def test_processes_of_a_node_got_their_own_cpus():
     """conftest's initialize() under an unbinding mpirun gave each local process its share."""
-    import os
-    import socket
-
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
