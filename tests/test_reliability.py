@@ -410,6 +410,50 @@ def test_uncaught_exception_ends_the_mpi_job():
     assert "pencilfft: uncaught RuntimeError in process 1 of 2; aborting" in done.stderr
 
 
+def test_abort_hook_prints_then_waits_then_aborts(monkeypatch, capsys):
+    from pencilfft import _distributed
+
+    calls = []
+    monkeypatch.setattr(_distributed, "_wait_until_read", lambda: calls.append("wait"))
+    monkeypatch.setattr(_distributed, "_abort_job", lambda: calls.append("abort"))
+    hook = _distributed._make_abort_hook(lambda *a: calls.append("traceback"), 1, 2)
+    hook(RuntimeError, RuntimeError("boom"), None)
+    assert calls == ["traceback", "wait", "abort"]
+    assert "pencilfft: uncaught RuntimeError in process 1 of 2; aborting" in capsys.readouterr().err
+
+
+def test_abort_waits_until_the_launcher_read_the_output():
+    """The launcher kills its own forwarder with the job: the traceback's end was lost before."""
+    import threading
+
+    from pencilfft._distributed import _wait_until_read
+
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"RuntimeError: boom\n")
+        got = []
+        reader = threading.Timer(0.3, lambda: got.append(os.read(read_end, 100)))
+        start = time.monotonic()
+        reader.start()
+        _wait_until_read((write_end,), timeout=20)
+        waited = time.monotonic() - start
+        reader.join()
+        assert got == [b"RuntimeError: boom\n"]
+        assert 0.25 < waited < 10, waited  # returned once read, not at the timeout
+
+        os.write(write_end, b"nobody reads this")  # a stuck reader: give up after the timeout
+        start = time.monotonic()
+        _wait_until_read((write_end,), timeout=0.3)
+        assert 0.25 < time.monotonic() - start < 10
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    with tempfile.TemporaryFile() as f:  # not a pipe: nothing to wait for
+        start = time.monotonic()
+        _wait_until_read((f.fileno(),), timeout=20)
+        assert time.monotonic() - start < 10
+
+
 @pytest.mark.single_process
 def test_kill_during_save_keeps_the_old_file(tmp_path):
     """kill -9 in the middle of writing the blocks: the target holds the old array."""
