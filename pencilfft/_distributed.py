@@ -19,6 +19,7 @@ import inspect
 import os
 import re
 import socket
+import stat
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -63,9 +64,8 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
       abort_on_error: when jax.distributed runs, install a `sys.excepthook` that prints the
         traceback of an uncaught exception, waits (at most 2 s) until the launcher has read
         it, and then ends every process of the job (`MPI.COMM_WORLD.Abort(1)`, or
-        `os._exit(1)` without MPI).  Without it the failing
-        process waits in jax's shutdown and the others in their next collective, for
-        minutes.  Default: on, unless the environment variable PENCILFFT_ABORT_ON_ERROR is
+        `os._exit(1)` without MPI).  Without it the failing process waits in jax's shutdown
+        and the others in their next collective, for minutes.  Default: on, unless the environment variable PENCILFFT_ABORT_ON_ERROR is
         0/false/no/off; `initialize(abort_on_error=False)` also removes a hook installed
         before.  Not installed in an interactive interpreter.
       bind_cpus: under mpirun/mpiexec with several processes on a node that the launcher did
@@ -234,7 +234,6 @@ def _wait_until_read(fds: Sequence[int] = (1, 2), timeout: float = 2.0) -> None:
     """
     try:
         import fcntl
-        import stat
         import termios
     except ImportError:  # not POSIX
         return
