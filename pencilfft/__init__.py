@@ -5,8 +5,7 @@ from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
 from ._io import gather, load, save, scatter
 from ._freq import fftfreq3d, rfftfreq3d
 from ._halo import halo_exchange
-from ._sharding import k_space_sharding, real_space_sharding
-from .compat import get_fft_output_sharding
+from ._sharding import get_fft_output_sharding, k_space_sharding, real_space_sharding
 
 __version__ = "0.1.0"
 

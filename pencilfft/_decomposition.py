@@ -1,9 +1,12 @@
 """The decomposition rules, in one place: which mesh axes split which array axes, what must
 divide what, and how uneven sizes are padded.
 
-A real-space array (..., X, Y, Z) is split X over the mesh's first axis `a` (size Pa) and Y over
-its second `b` (size Pb; absent, size 1, on a 1-axis "slab" mesh).  X must be divisible by Pa
-and Y by Pb; the k-space axes that do not divide are padded at their end (`round_up`).
+A real-space array (..., X, Y, Z) is split X over the mesh's pencil axis `a` (size Pa) and Y over
+`b` (size Pb; absent, size 1, on a 1-axis "slab" mesh): the last two axes of a mesh of two or
+more, the only axis of a 1-axis mesh.  Mesh axes before those two are *batch* axes: the i-th
+splits the i-th leading axis of the array (an ensemble of fields), and nothing moves across
+them.  X must be divisible by Pa, Y by Pb and each leading axis by its batch axis; the k-space
+axes that do not divide are padded at their end (`round_up`).
 Everything here is static (shapes and meshes only) and raises ValueError/TypeError that name
 the argument.
 """
@@ -14,42 +17,75 @@ from typing import Any
 
 from jax.sharding import AbstractMesh, Mesh
 
-__all__ = ["mesh_axes", "check_mesh", "split_problem", "check_split", "fits", "round_up",
-           "process_grids"]
+__all__ = ["mesh_axes", "batch_axes", "check_mesh", "split_problem", "check_split",
+           "check_batch", "fits", "round_up", "process_grids"]
 
 Axes = tuple[str | None, str | None]
 Pdims = tuple[int, int]
 
 
 def check_mesh(mesh: Any, *, concrete: bool = False) -> Any:
-    """`mesh` itself if it is a Mesh or AbstractMesh with 1 axis (slab) or 2 axes (pencil).
+    """`mesh` itself if it is a Mesh or AbstractMesh with at least one axis.
 
+    Its last two axes (its only axis) split (X, Y) (X); axes before them are batch axes.
     `concrete`: refuse an AbstractMesh too (the loaders place data on the mesh's devices; the
     planner also takes the abstract mesh of a traced array under jit)."""
     if not isinstance(mesh, Mesh if concrete else (Mesh, AbstractMesh)):
         got = "None" if mesh is None else type(mesh).__name__
         raise TypeError(
-            f"`mesh` must be a jax.sharding.Mesh with 1 axis (slab) or 2 axes (pencil), e.g. "
-            f"jax.make_mesh((4, 2), ('x', 'y')); got {got}"
+            f"`mesh` must be a jax.sharding.Mesh, e.g. jax.make_mesh((4, 2), ('x', 'y')) for "
+            f"4x2 pencils or jax.make_mesh((2, 4, 2), ('b', 'x', 'y')) for a batch split in 2; "
+            f"got {got}"
         )
-    if len(mesh.axis_names) not in (1, 2):
-        raise ValueError(
-            f"`mesh` must have 1 axis (slab) or 2 axes (pencil); got {len(mesh.axis_names)} axes "
-            f"{tuple(mesh.axis_names)} of sizes {tuple(mesh.axis_sizes)}"
-        )
+    if len(mesh.axis_names) == 0:
+        raise ValueError("`mesh` has no axes; expected 1 (slab), 2 (pencil) or more (batch axes "
+                         "first, then the pencil axes)")
     return mesh
 
 
 def mesh_axes(mesh: Any) -> tuple[Axes, Pdims]:
-    """((a, b), (Pa, Pb)): the axis names splitting (X, Y) in real space and their sizes; b is
-    None and Pb 1 on a 1-axis mesh; ((None, None), (1, 1)) for no mesh (one device)."""
+    """((a, b), (Pa, Pb)): the axis names splitting (X, Y) in real space and their sizes (the
+    mesh's last two axes); b is None and Pb 1 on a 1-axis mesh; ((None, None), (1, 1)) for no
+    mesh (one device)."""
     if mesh is None:
         return (None, None), (1, 1)
     check_mesh(mesh)
     names = tuple(mesh.axis_names)
     sizes = dict(zip(names, mesh.axis_sizes))
-    a, b = names[0], (names[1] if len(names) == 2 else None)
+    a, b = (names[0], None) if len(names) == 1 else names[-2:]
     return (a, b), (sizes[a], sizes[b] if b is not None else 1)
+
+
+def batch_axes(mesh: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(names, sizes) of the mesh's batch axes: every axis before the last two (none for no
+    mesh, a 1-axis or a 2-axis mesh).  The i-th splits the array's i-th leading axis."""
+    if mesh is None or len(mesh.axis_names) <= 2:
+        return (), ()
+    names = tuple(mesh.axis_names)[:-2]
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    return names, tuple(sizes[n] for n in names)
+
+
+def check_batch(shape: Sequence[int], mesh: Any, argname: str) -> None:
+    """ValueError naming `argname` unless the array's leading axes carry the mesh's batch axes:
+    one leading axis per batch axis, each divisible by its size."""
+    names, sizes = batch_axes(mesh)
+    if not names:
+        return
+    n_lead = len(shape) - 3
+    if n_lead < len(names):
+        raise ValueError(
+            f"`{argname}` has shape {tuple(shape)}: {n_lead} leading (batch) axes before "
+            f"(X, Y, Z), but the mesh's batch axes {names} (the axes before its last two, of "
+            f"sizes {sizes}) each split one: give it at least {len(names)} leading axes (e.g. "
+            f"an ensemble of fields stacked on axis 0), or use a mesh of the pencil axes only"
+        )
+    for i, (name, n) in enumerate(zip(names, sizes)):
+        if shape[i] % n:
+            raise ValueError(
+                f"`{argname}.shape[{i}]` (={shape[i]}) must be divisible by mesh batch axis "
+                f"{name!r} (={n}), which splits that leading axis"
+            )
 
 
 def _pdims2(pdims: Sequence[int]) -> Pdims:

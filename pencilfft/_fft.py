@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from ._plan import Plan, _is_tracer, has_explicit_axes, plan_backward, plan_forward
-from ._partitioned import Transform, apply
+from ._plan import Plan, _is_tracer, plan_backward, plan_forward
+from ._partitioned import Transform, apply, place
 from ._stages import Exchange, Fft, Pad, Stage
 from ._transpose import transpose_blocks
 
@@ -95,18 +95,6 @@ def _backward_block(plan: Plan, k: jax.Array) -> jax.Array:
 # Global wrappers
 
 
-def _place(x, plan: Plan, spec):
-    """Put x (a global array, numpy or jax, concrete or traced) into sharding `spec`."""
-    target = NamedSharding(plan.mesh, spec)
-    if not _is_tracer(x):
-        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(target, x.ndim):
-            return x
-        return jax.device_put(x, target)
-    if has_explicit_axes(plan.mesh):
-        return jax.sharding.reshard(x, target)
-    return jax.lax.with_sharding_constraint(x, target)
-
-
 def _run(plan: Plan, block_fn, x, in_spec, out_spec, exchange: str):
     if plan.mesh is None:
         if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
@@ -120,7 +108,7 @@ def _run(plan: Plan, block_fn, x, in_spec, out_spec, exchange: str):
             return apply(t, x)
         _check_one_device(x)
         return _local(jnp.asarray(x), plan=plan, block_fn=block_fn)
-    return _on_mesh(_place(x, plan, in_spec), plan=plan, block_fn=block_fn,
+    return _on_mesh(place(x, NamedSharding(plan.mesh, in_spec)), plan=plan, block_fn=block_fn,
                     in_spec=in_spec, out_spec=out_spec)
 
 

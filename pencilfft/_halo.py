@@ -3,18 +3,22 @@
 A real-space array (..., X, Y, Z) split P(a, b) over a mesh (a, b) whose every device block has
 been padded by `hx` cells on both sides of X and `hy` on both sides of Y: blocks of
 (X/Pa, Y/Pb, Z) = (ix + 2 hx, iy + 2 hy, Z) global cells, of which the inner (ix, iy) are the
-device's own ("interior") cells.  The exchange overwrites each block's halo cells with the
-interior cells of the blocks they stand for, corners included: with G the array of all interior
-cells (shape (Pa ix, Pb iy, Z)), every block becomes its window of `np.pad(G, wrap)`.  Halo cells
-beyond a non-periodic edge of G keep their values.  A mesh axis of size 1 wraps within the block
-(periodic) or leaves the halo alone.
+device's own ("interior") cells.  The exchange overwrites each block's halo cells with its
+neighbours' cells as they were before the call, corners included: the low halo of width h gets
+the lower neighbour's slice [-2h:-h], the high one the upper neighbour's [h:2h], the corners
+the diagonal neighbour's.  Where h <= the interior, that is: with G the array of all interior
+cells (shape (Pa ix, Pb iy, Z)), every block becomes its window of `np.pad(G, wrap)`; a wider
+halo (jaxdecomp takes any block of at least 2h cells) receives part of the neighbour's own halo.
+Halo cells beyond a non-periodic edge of G keep their values (jaxdecomp's rule, which `compat`
+follows: they become 0).  A mesh axis of size 1 wraps within the block (periodic) or leaves the
+halo alone (jaxdecomp: leaves it alone).
 
-Per device it is two rounds of neighbour sends (`ppermute`), X then Y: the X round carries the
-X-halo rows of the interior columns only, the Y round whole columns, X halos included, so the
-corners arrive from the diagonal neighbour in two hops without a third round.  Like the
-transforms, it runs in `shard_map` when the mesh is known and through the compiler-partitioned
-path (`_partitioned.py`) when it is not; the adjoint (for grad) is `jax.linear_transpose` of the
-same body: each halo's cotangent goes back to the interior cell it was copied from.
+Per device it is two rounds of neighbour sends (`ppermute`), X then Y: the X round carries
+whole X-halo rows, the Y round whole columns, X halos included, so the corners arrive from the
+diagonal neighbour in two hops without a third round.  Like the transforms, it runs in
+`shard_map` when the mesh is known and through the compiler-partitioned path
+(`_partitioned.py`) when it is not; the adjoint (for grad) is `jax.linear_transpose` of the
+same body: each halo's cotangent goes back to the cell it was copied from.
 """
 from __future__ import annotations
 
@@ -28,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ._decomposition import check_split, mesh_axes
-from ._partitioned import LinearOp, apply
-from ._plan import _current_spec, _is_tracer, find_mesh, has_explicit_axes
+from ._decomposition import check_batch, check_split, mesh_axes
+from ._partitioned import LinearOp, apply, place, run
+from ._plan import _current_spec, _is_tracer, batch_mesh, find_mesh, has_explicit_axes
 from ._sharding import real_space_spec
 
 __all__ = ["halo_exchange", "HaloExchange"]
@@ -42,19 +46,30 @@ _LABELS = ("X", "Y")
 # Per-device body (all shapes here are local blocks (..., bx, by, Z))
 
 
-def _exchange_block(x: jax.Array, *, extents, periods, names, sizes) -> jax.Array:
-    """Fill the halos of one device's block; `names`/`sizes`: mesh axes splitting (X, Y)."""
+def _exchange_block(x: jax.Array, *, extents, periods, names, sizes,
+                    like_jaxdecomp: bool = False) -> jax.Array:
+    """Fill the halos of one device's block; `names`/`sizes`: mesh axes splitting (X, Y).
+
+    Every halo gets the cells its neighbour held *before* the call (jaxdecomp's rule): the low
+    halo of width h the slice [-2h:-h] of the lower neighbour, the high one its upper
+    neighbour's [h:2h], the corners the diagonal neighbour's.  Where h is wider than a block's
+    interior those slices reach into the sender's own halo, as jaxdecomp's do (JaxPM paints
+    into the halos, exchanges them, then folds them back).  The X round covers whole rows, Y
+    halo columns included, so that the Y round, which sends whole columns, carries the corners
+    from the diagonal neighbour in a second hop.  `like_jaxdecomp`: zero the halos beyond a
+    non-periodic edge and leave the halos along a mesh axis of size 1 alone (jaxdecomp's
+    values), instead of keeping the former and wrapping the latter within the block.
+    """
     hx, hy = extents
-    bx, by = x.shape[-3], x.shape[-2]
-    if hx:
-        # Interior columns only: the Y round below must find this block's Y halos untouched,
-        # so that halos beyond a non-periodic Y edge keep their own values.
-        x = _exchange_axis(x, x.ndim - 3, hx, periods[0], names[0], sizes[0],
-                           cols=slice(hy, by - hy), keep_rows=None)
-    if hy:
-        keep = None if periods[0] else (hx, names[0], sizes[0])
-        x = _exchange_axis(x, x.ndim - 2, hy, periods[1], names[1], sizes[1],
-                           cols=slice(0, bx), keep_rows=keep)
+    orig = x
+    if hx and not (like_jaxdecomp and sizes[0] == 1):
+        x = _exchange_axis(x, orig, x.ndim - 3, hx, periods[0], names[0], sizes[0],
+                           keep_rows=None, zero_edges=like_jaxdecomp)
+    if hy and not (like_jaxdecomp and sizes[1] == 1):
+        # Native: the corners beyond a non-periodic X edge keep their values too.
+        keep = None if periods[0] or like_jaxdecomp or not hx else (hx, names[0], sizes[0])
+        x = _exchange_axis(x, orig, x.ndim - 2, hy, periods[1], names[1], sizes[1],
+                           keep_rows=keep, zero_edges=like_jaxdecomp)
     return x
 
 
@@ -63,47 +78,45 @@ def _index(name, size):
     return jax.lax.axis_index(name) if size > 1 else 0
 
 
-def _exchange_axis(x, axis: int, h: int, periodic: bool, name, n: int, cols: slice, keep_rows):
-    """One round along `axis`: the low and high halos of width h, over `cols` of the other axis.
+def _exchange_axis(x, orig, axis: int, h: int, periodic: bool, name, n: int, keep_rows,
+                   zero_edges: bool):
+    """One round along `axis`: the low and high halos of width h, sent from `x` (whole slabs
+    across the other axes); what a halo keeps comes from `orig`, the block before the call.
 
-    `keep_rows` = (hx, name, n) of X when X is not periodic: in the Y round, the X-halo rows of
-    the blocks on the global X edges keep their values (those corners lie beyond that edge).
+    `keep_rows` = (hx, name, n) of X when X is not periodic (native rule, Y round): the X-halo
+    rows of the blocks on the global X edges keep their values (those corners lie beyond that
+    edge).  `zero_edges`: halos beyond a non-periodic edge become 0 (jaxdecomp) instead of
+    keeping their values.
     """
-    other = x.ndim - 2 if axis == x.ndim - 3 else x.ndim - 3
     b = x.shape[axis]
 
-    def part(lo, hi, c=cols):
-        idx = [slice(None)] * x.ndim
-        idx[axis], idx[other] = slice(lo, hi), c
-        return tuple(idx)
+    def part(v, lo, hi):
+        return jax.lax.slice_in_dim(v, lo, hi, axis=axis)
 
-    low_edge, high_edge = x[part(h, 2 * h)], x[part(b - 2 * h, b - h)]
-    old_low, old_high = x[part(0, h)], x[part(b - h, b)]
-    if n == 1:
-        if not periodic:
-            return x
-        new_low, new_high = high_edge, low_edge  # wrap within the block
+    low_edge, high_edge = part(x, h, 2 * h), part(x, b - 2 * h, b - h)
+    old_low, old_high = part(orig, 0, h), part(orig, b - h, b)
+    if n == 1:  # both halos lie beyond the global edges: wrap within the block, or keep
+        new_low, new_high = (high_edge, low_edge) if periodic else (old_low, old_high)
     else:
         up = [(j, j + 1) for j in range(n - 1)] + ([(n - 1, 0)] if periodic else [])
         down = [(j + 1, j) for j in range(n - 1)] + ([(0, n - 1)] if periodic else [])
         new_low = jax.lax.ppermute(high_edge, name, up)
         new_high = jax.lax.ppermute(low_edge, name, down)
-        if not periodic:  # ppermute left zeros on the edge blocks: their halos keep their values
+        if not (periodic or zero_edges):  # ppermute left zeros on the edge blocks: keep
             i = _index(name, n)
             new_low = jnp.where(i == 0, old_low, new_low)
             new_high = jnp.where(i == n - 1, old_high, new_high)
     if keep_rows is not None:
+        other = x.ndim - 3  # the X axis: rows of the Y halos
         new_low = _keep_x_edges(new_low, old_low, *keep_rows, axis=other)
         new_high = _keep_x_edges(new_high, old_high, *keep_rows, axis=other)
-    x = x.at[part(0, h)].set(new_low)
-    return x.at[part(b - h, b)].set(new_high)
+    x = jax.lax.dynamic_update_slice_in_dim(x, new_low, 0, axis=axis)
+    return jax.lax.dynamic_update_slice_in_dim(x, new_high, b - h, axis=axis)
 
 
 def _keep_x_edges(new, old, hx: int, name, n: int, axis: int):
     """`new` with its first (last) hx rows along `axis` taken from `old` on the low (high)
     global X edge."""
-    if hx == 0:
-        return new
     i = _index(name, n)
     rows = jax.lax.broadcasted_iota(jnp.int32, new.shape, axis)
     keep = ((rows < hx) & (i == 0)) | ((rows >= new.shape[axis] - hx) & (i == n - 1))
@@ -122,6 +135,8 @@ class HaloExchange(LinearOp):
     dtype: Any  # a numpy dtype (hashable)
     extents: tuple[int, int]
     periods: tuple[bool, bool]
+    like_jaxdecomp: bool = False  # jaxdecomp's values at non-periodic edges and size-1 axes
+    deferred: Any = None  # a named mesh whose batch axes x (traced) lacks: see _plan.batch_mesh
     transposed: bool = False
 
     @property
@@ -133,18 +148,24 @@ class HaloExchange(LinearOp):
     def batched(self, n: int) -> HaloExchange:
         return dataclasses.replace(self, shape=(n,) + self.shape)
 
+    def check_local(self) -> None:
+        if self.deferred is not None:
+            check_batch(self.shape, self.deferred, "x")
+
     def primal_local(self, x: jax.Array) -> jax.Array:
-        _check_blocks(self.shape, self.extents, (1, 1), (None, None))
-        return _exchange_block(x, extents=self.extents, periods=self.periods,
-                               names=(None, None), sizes=(1, 1))
+        return self._body(None)(x)
 
     def primal_on_mesh(self, mesh):
-        names, sizes = mesh_axes(mesh)
-        _check_blocks(self.shape, self.extents, sizes, names)
-        body = functools.partial(_exchange_block, extents=self.extents, periods=self.periods,
-                                 names=names, sizes=sizes)
+        check_batch(self.shape, mesh, "x")
         spec = real_space_spec(mesh, len(self.shape))
-        return body, spec, spec
+        return self._body(mesh), spec, spec
+
+    def _body(self, mesh):
+        """The per-device body on `mesh` (None: one device), after checking the blocks."""
+        names, sizes = mesh_axes(mesh)
+        _check_blocks(self.shape, self.extents, sizes, names, self.like_jaxdecomp)
+        return functools.partial(_exchange_block, extents=self.extents, periods=self.periods,
+                                 names=names, sizes=sizes, like_jaxdecomp=self.like_jaxdecomp)
 
     def primal_rule(self) -> tuple[str, str]:
         return "i j k", "i j k"
@@ -195,20 +216,23 @@ def _check_array(x) -> tuple[int, ...]:
     return shape
 
 
-def _check_blocks(shape, extents, sizes, names) -> None:
-    """Each block must split evenly and hold at least as many interior cells as its halo."""
+def _check_blocks(shape, extents, sizes, names, like_jaxdecomp: bool = False) -> None:
+    """Each block must split evenly and, along every axis exchanged, hold its two halos: a
+    block of at least 2h cells (jaxdecomp's rule; the sender's slices [h:2h] and [-2h:-h])."""
     check_split(shape, sizes, names, "x")
     for i, (h, n, name, label) in enumerate(zip(extents, sizes, names, _LABELS)):
+        if h == 0 or (like_jaxdecomp and n == 1):  # no round along this axis
+            continue
         axis = len(shape) - 3 + i
         size = shape[axis]
         where = f"mesh axis {name!r} (={n})" if name is not None else "one block (no mesh axis)"
         block = size // n
-        if block - 2 * h < h:
+        if block < 2 * h:
             raise ValueError(
                 f"`halo_extents[{i}]` ({h}) is too large for the blocks along {label}: "
-                f"{label}={size} split by {where} gives blocks of {block} cells, of which "
-                f"2*{h} are halo and {block - 2 * h} interior; the interior must hold at least "
-                f"{h} cells (blocks of at least {3 * h})"
+                f"{label}={size} split by {where} gives padded blocks of {block} cells, fewer "
+                f"than its two halos (2*{h}); a block padded by h cells on each side must hold "
+                f"at least 2h cells"
             )
 
 
@@ -232,7 +256,8 @@ def _check_spec(x, mesh, spec, ndim: int) -> None:
     current = _current_spec(x)
     if current is None:
         return
-    if _canonical(current, mesh, ndim) != _canonical(spec, mesh, ndim):
+    # Only the (X, Y, Z) blocks matter: leading (batch) axes are resharded as need be.
+    if _canonical(current, mesh, ndim)[-3:] != _canonical(spec, mesh, ndim)[-3:]:
         raise ValueError(
             f"`x` is sharded as {P(*current)}; halo_exchange fills the halos of padded blocks "
             f"split {spec} (X by the first mesh axis, Y by the second): place it with "
@@ -251,9 +276,13 @@ def halo_exchange(x, halo_extents, halo_periods=(True, True), *, mesh=None) -> j
     Args:
       x: global array of shape (..., X, Y, Z), split P(a, b) over (X, Y) on a mesh (a, b) (P(a)
         on a 1-axis mesh), whose every device block, of (X/Pa, Y/Pb, Z) cells, is already padded
-        by `hx` cells on both sides of X and `hy` on both sides of Y.  Leading axes are an
-        unsharded batch.  X/Pa must be at least 3 hx and Y/Pb at least 3 hy.
-      halo_extents: (hx, hy), the halo widths (per side, per device block).
+        by `hx` cells on both sides of X and `hy` on both sides of Y.  Leading axes are a
+        batch, split by the mesh's batch axes if it has any (a mesh (c, ..., a, b)).  X/Pa must
+        be at least 2 hx and Y/Pb at least 2 hy.
+      halo_extents: (hx, hy), the halo widths (per side, per device block).  A halo may be
+        wider than the block's interior (as jaxdecomp allows): the neighbours then send part of
+        their own halos (the low halo gets the lower neighbour's cells [-2h:-h], the high one
+        the upper neighbour's [h:2h], as they were before the call).
       halo_periods: (along X, along Y): wrap around the global edges of the interior grid where
         True; where False the halo cells beyond the edge keep their values.
       mesh: the mesh; by default x's sharding, x's type under jit (Explicit axes), the ambient
@@ -261,28 +290,31 @@ def halo_exchange(x, halo_extents, halo_periods=(True, True), *, mesh=None) -> j
 
     Returns:
       An array like `x` (same global shape, dtype and sharding) whose halo cells hold the
-      neighbouring blocks' interior edge cells, corners included.  A mesh axis of size 1 wraps
+      neighbouring blocks' edge cells, corners included.  A mesh axis of size 1 wraps
       within the block (periodic) or leaves those halos alone.
     """
+    return exchange_halos(x, halo_extents, halo_periods, mesh, like_jaxdecomp=False)
+
+
+def exchange_halos(x, halo_extents, halo_periods, mesh, *, like_jaxdecomp: bool) -> jax.Array:
+    """`halo_exchange`; `like_jaxdecomp` gives jaxdecomp's values where the two differ (zeros
+    beyond non-periodic edges, size-1 mesh axes untouched): `pencilfft.compat`'s."""
     extents = _check_extents(halo_extents)
     periods = _check_periods(halo_periods)
     shape = _check_array(x)
-    op = HaloExchange(shape, np.dtype(x.dtype), extents, periods)
-    mesh = find_mesh(x, mesh)
+    mesh, deferred = batch_mesh(x, shape, find_mesh(x, mesh), "x")
+    op = HaloExchange(shape, np.dtype(x.dtype), extents, periods, like_jaxdecomp, deferred)
     if mesh is None:
         if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
             # What can be told without the mesh (the rest is checked when XLA partitions).
-            _check_blocks(shape, extents, (1, 1), (None, None))
+            _check_blocks(shape, extents, (1, 1), (None, None), like_jaxdecomp)
             return apply(op, x) if extents != (0, 0) else x
         _refuse_unsharded(x)
-    names, sizes = mesh_axes(mesh)
-    _check_blocks(shape, extents, sizes, names)
-    spec = real_space_spec(mesh, len(shape))
-    _check_spec(x, mesh, spec, len(shape))
-    x = _place(x, mesh, spec)
+    _, sharding, _ = op.on_mesh(mesh)  # validates the sizes
+    _check_spec(x, mesh, sharding.spec, len(shape))
     if extents == (0, 0):
-        return x
-    return _on_mesh(x, op=op, mesh=mesh, spec=spec)
+        return place(x, sharding)
+    return run(op, x, mesh)
 
 
 def _refuse_unsharded(x) -> None:
@@ -299,20 +331,3 @@ def _refuse_unsharded(x) -> None:
         "mesh; place it with jax.device_put(x, pencilfft.real_space_sharding(mesh)) or pass "
         "`mesh=`"
     )
-
-
-def _place(x, mesh, spec):
-    target = NamedSharding(mesh, spec)
-    if not _is_tracer(x):
-        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(target, x.ndim):
-            return x
-        return jax.device_put(x, target)
-    if has_explicit_axes(mesh):
-        return x  # its type's sharding was checked against spec
-    return jax.lax.with_sharding_constraint(x, target)
-
-
-@functools.partial(jax.jit, static_argnames=("op", "mesh", "spec"))
-def _on_mesh(x, *, op: HaloExchange, mesh, spec):
-    body, _, _ = op.on_mesh(mesh)
-    return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(x)

@@ -64,11 +64,19 @@ def available(mesh_size: int, platform: str) -> bool:
 
 def exchange(y: jax.Array, axis_name: str, n: int, other_axis: str | None) -> jax.Array:
     """Inside shard_map: the all_to_all of a chunk-major block (n, ...) over mesh axis
-    `axis_name` (chunk j to peer j; the result's chunk j came from peer j).  `other_axis` is the
-    mesh's other axis (None on a 1-axis mesh): it tells apart the groups that exchange."""
-    coords = [jax.lax.axis_index(axis_name)]
-    coords.append(jax.lax.axis_index(other_axis) if other_axis is not None else 0)
-    where = jnp.asarray(coords, dtype=jnp.int32)
+    `axis_name` (chunk j to peer j; the result's chunk j came from peer j).
+
+    The devices that exchange together are those that share their coordinates along every
+    other mesh axis (the other pencil axis `other_axis`, and any batch axes): their flat index
+    over those axes tells the groups apart."""
+    del other_axis  # the shard_map's mesh names every other axis, batch axes included
+    mesh = jax.sharding.get_abstract_mesh()
+    group = 0
+    for name, size in zip(mesh.axis_names, mesh.axis_sizes):
+        if name != axis_name:
+            group = group * size + jax.lax.axis_index(name)
+    where = jnp.stack([jnp.asarray(jax.lax.axis_index(axis_name), jnp.int32),
+                       jnp.asarray(group, jnp.int32)])
     return exchange_p.bind(y, where, n=n)
 
 

@@ -33,9 +33,10 @@ from jax.interpreters import ad, batching, mlir
 from jax.sharding import Mesh, NamedSharding
 
 from ._jax_private import needs_devices_when_lowered
-from ._plan import Plan, plan_backward, plan_forward
+from ._decomposition import check_batch
+from ._plan import Plan, _is_tracer, has_explicit_axes, plan_backward, plan_forward
 
-__all__ = ["LinearOp", "Transform", "apply"]
+__all__ = ["LinearOp", "Transform", "apply", "place", "run"]
 
 
 class LinearOp:
@@ -61,9 +62,13 @@ class LinearOp:
 
     def local(self, x: jax.Array) -> jax.Array:
         """The whole map on one device (global arrays)."""
+        self.check_local()
         if self.transposed:
             return jax.linear_transpose(self.primal_local, self.primal_in)(x)[0]
         return self.primal_local(x)
+
+    def check_local(self) -> None:
+        """Raise if the map cannot run on one device (a mesh the caller named forbids it)."""
 
     def on_mesh(self, mesh) -> tuple[Callable, NamedSharding, NamedSharding]:
         """(per-device body, input sharding, output sharding) on `mesh`; validates the sizes."""
@@ -118,6 +123,12 @@ class Transform(LinearOp):
         plan = dataclasses.replace(self.plan, batch=(n,) + self.plan.batch)
         return dataclasses.replace(self, plan=plan, in_shape=(n,) + self.in_shape)
 
+    def check_local(self) -> None:
+        # A mesh with batch axes that was named (mesh=, jax.set_mesh, an Explicit type) but
+        # that the array, traced with too few leading axes and not under vmap, cannot carry.
+        if self.plan.deferred is not None:
+            check_batch(self.in_shape, self.plan.deferred, "x" if self.forward else "k")
+
     def primal_local(self, x: jax.Array) -> jax.Array:
         return self.block_fn(self.plan, x)
 
@@ -167,16 +178,25 @@ def _mesh_of(mesh, arg_infos) -> Mesh:
     return mesh
 
 
+def _checked_on_mesh(t: LinearOp, mesh, arg_infos):
+    """t.on_mesh on the input's mesh.  A bad size can only be found here, inside XLA's
+    partitioner, which reports it as an INTERNAL error carrying the exception's traceback:
+    re-raised from here, that traceback is two frames and the last line pencilfft's message."""
+    try:
+        return t.on_mesh(_mesh_of(mesh, arg_infos))
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"pencilfft (when XLA partitioned the jit-compiled program): {e}") from None
+
+
 def _partition(t: LinearOp, mesh, arg_infos, result_infos):
     del result_infos  # we say what the output sharding is; XLA reshards downstream if it must
-    mesh = _mesh_of(mesh, arg_infos)
-    body, in_sharding, out_sharding = t.on_mesh(mesh)
-    return mesh, body, out_sharding, (in_sharding,)
+    body, in_sharding, out_sharding = _checked_on_mesh(t, mesh, arg_infos)
+    return in_sharding.mesh, body, out_sharding, (in_sharding,)
 
 
 def _infer_sharding(t: LinearOp, mesh, arg_infos, result_infos):
     del result_infos  # GSPMD (jax_use_shardy_partitioner=False) asks this instead of the rule
-    return t.on_mesh(_mesh_of(mesh, arg_infos))[2]
+    return _checked_on_mesh(t, mesh, arg_infos)[2]
 
 
 def _rule(t: LinearOp, mesh, value_types, result_types) -> str:
@@ -185,6 +205,15 @@ def _rule(t: LinearOp, mesh, value_types, result_types) -> str:
 
 
 def _local_call(x, t: LinearOp):
+    # custom_partitioning traces this one-device implementation on the global value, whose type
+    # on an Explicit mesh names the mesh axes; slicing a split axis there is a typing error, so
+    # the whole map is traced with those axes made Auto (the partitioner replaces it anyway).
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is not None and not mesh.empty and has_explicit_axes(mesh):
+        with jax.sharding.use_abstract_mesh(mesh):
+            return jax.sharding.auto_axes(t.local, out_sharding=NamedSharding(
+                mesh, jax.sharding.PartitionSpec()))(x)
     return t.local(x)
 
 
@@ -248,3 +277,40 @@ needs_devices_when_lowered(transform_p)
 def apply(t: LinearOp, x: Any) -> jax.Array:
     """Apply `t` to the global array x (usually a tracer whose mesh is unknown)."""
     return transform_p.bind(x, t=t)
+
+
+# ----------------------------------------------------------------------------------------------
+# Running a LinearOp where its mesh is known, or leaving it to the partitioner
+
+
+def place(x, sharding: NamedSharding):
+    """x (a global array, numpy or jax, concrete or traced) in `sharding`."""
+    if not _is_tracer(x):
+        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+            return x
+        return jax.device_put(x, sharding)
+    if has_explicit_axes(sharding.mesh):
+        return jax.sharding.reshard(x, sharding)
+    return jax.lax.with_sharding_constraint(x, sharding)
+
+
+def run(t: LinearOp, x, mesh) -> jax.Array:
+    """t(x): in shard_map on `mesh`, or, with no mesh (None), through the compiler-partitioned
+    primitive for a traced x and on its one device for a concrete one (the caller refuses a
+    concrete array spread over several devices with no mesh to read)."""
+    if mesh is None:
+        return apply(t, x) if _is_tracer(x) else _local(jnp.asarray(x), t=t)
+    _, in_sharding, _ = t.on_mesh(mesh)  # validates the sizes at the call
+    return _on_mesh(place(x, in_sharding), t=t, mesh=mesh)
+
+
+@functools.partial(jax.jit, static_argnames=("t",))
+def _local(x, *, t: LinearOp):
+    return t.local(x)
+
+
+@functools.partial(jax.jit, static_argnames=("t", "mesh"))
+def _on_mesh(x, *, t: LinearOp, mesh):
+    body, in_sharding, out_sharding = t.on_mesh(mesh)
+    return jax.shard_map(body, mesh=mesh, in_specs=in_sharding.spec,
+                         out_specs=out_sharding.spec)(x)

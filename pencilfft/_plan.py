@@ -5,7 +5,8 @@ traced transform (`_fft.py`) only follows it.  All user-input validation lives h
 input fails at the call with a message naming the argument, never inside XLA.
 
 Naming: a real-space array has global shape (..., X, Y, Z) and is split P(a, b) over (X, Y)
-for a mesh with axes (a, b) (b absent on a 1-axis mesh).  The k-space array is split over
+for a mesh with axes (a, b) (b absent on a 1-axis mesh; a mesh (c, ..., a, b) also splits the
+leading axes by its batch axes c, ...: P(c, ..., a, b), which no stage ever crosses).  The k-space array is split over
 (Y, Z) by the same (a, b): global order (..., Y, Z, X) in the "transposed" layout and
 (..., X, Y, Z) in the "natural" one.  Z (or Z//2+1 for real transforms) is padded at its end to a
 multiple of Pb and Y to a multiple of Pa where they do not divide.
@@ -22,7 +23,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from . import _mpi_exchange
-from ._decomposition import check_mesh, check_split, mesh_axes, round_up, split_problem
+from ._decomposition import (batch_axes, check_batch, check_mesh, check_split, mesh_axes,
+                             round_up, split_problem)
 from ._jax_private import legacy_mesh
 from ._sharding import LAYOUTS, k_space_spec, real_space_spec
 from ._stages import Stage, forward_stages
@@ -50,6 +52,9 @@ class Plan:
     real_dtype: Any  # dtype in real space (complex for c2c, float for r2c)
     k_dtype: Any  # complex dtype in k space
     exchanges: tuple[str, str] = ("alltoall", "alltoall")  # algorithm over (a, b)
+    # The mesh, when its batch axes are left to the partitioner (`batch_mesh`): mesh is None
+    # then, and this one is checked when the transform is compiled for one device.
+    deferred: Any = None
 
     @property
     def zc(self) -> int:
@@ -187,15 +192,22 @@ def _float_dtype(cdtype):
     return np.dtype(np.float64 if np.dtype(cdtype) == np.complex128 else np.float32)
 
 
-def _check_real_input(x, shape, mesh, axes, pdims, argname: str) -> None:
-    """The real-space array must split X over the first mesh axis and Y over the second."""
-    spec = _current_spec(x) if mesh is not None else None
-    if spec is not None and spec[-1] is not None:
-        raise ValueError(
-            f"`{argname}` is sharded along Z (its last axis, spec {P(*spec)}); in real space only "
-            f"X and Y may be split: expected {real_space_spec(mesh, len(shape))}"
-        )
-    check_split(shape, pdims, axes, argname)
+def batch_mesh(x, shape, mesh, argname: str) -> tuple[Any, Any]:
+    """(mesh, None), or (None, mesh) where its batch axes must be left to XLA's partitioner.
+
+    A mesh (c, ..., a, b) splits one leading axis of the array per batch axis c, ....  Under
+    `jax.vmap` the transform sees each field without the batch axis that vmap maps (and that
+    the mesh splits); planning on the mesh there would let shard_map gather that axis.  So a
+    traced array with too few leading axes takes the compiler-partitioned path, which sees the
+    batched array and its sharding when XLA partitions it (and says so if it cannot carry them);
+    a concrete one is refused here.
+    """
+    if mesh is None or not batch_axes(mesh)[0]:
+        return mesh, None
+    if _is_tracer(x) and len(shape) - 3 < len(batch_axes(mesh)[0]):
+        return None, mesh
+    check_batch(shape, mesh, argname)
+    return mesh, None
 
 
 def _check_array(x, argname: str) -> tuple[int, ...]:
@@ -252,10 +264,11 @@ def _exchanges(exchange: str, mesh, pdims, block_bytes: int) -> tuple[str, str]:
     return tuple("pairwise" if pairwise_ok and 1 < n <= 4 else "alltoall" for n in pdims)
 
 
-def _block_bytes(batch, real_shape, pdims, dtype) -> int:
-    """Bytes of one device's k-space block (complex), the larger side of every exchange."""
-    n = int(np.prod(batch, dtype=np.int64)) * int(np.prod(real_shape, dtype=np.int64))
-    return n * np.dtype(dtype).itemsize // (pdims[0] * pdims[1])
+def _block_bytes(shape, mesh, dtype) -> int:
+    """Bytes of one device's k-space block (complex, global real-space `shape`), the larger
+    side of every exchange."""
+    n = int(np.prod(shape, dtype=np.int64))
+    return n * np.dtype(dtype).itemsize // (mesh.size if mesh is not None else 1)
 
 
 def _platform(mesh) -> str:
@@ -280,12 +293,12 @@ def plan_forward(x, *, norm, layout, mesh, real: bool, exchange: str = "auto",
         real_dtype = _float_dtype(k_dtype)
     else:
         k_dtype = real_dtype = _fft_dtype(dtype, argname)
-    mesh = find_mesh(x, mesh)
+    mesh, deferred = batch_mesh(x, shape, find_mesh(x, mesh), argname)
     axes, pdims = mesh_axes(mesh)
-    _check_real_input(x, shape, mesh, axes, pdims, argname)
-    block_bytes = _block_bytes(shape[:-3], shape[-3:], pdims, k_dtype)
+    check_split(shape, pdims, axes, argname)  # any other placement is resharded
+    block_bytes = _block_bytes(shape, mesh, k_dtype)
     return Plan(mesh, axes, pdims, shape[:-3], shape[-3:], real, layout, norm or "backward",
-                real_dtype, k_dtype, _exchanges(exchange, mesh, pdims, block_bytes))
+                real_dtype, k_dtype, _exchanges(exchange, mesh, pdims, block_bytes), deferred)
 
 
 def plan_backward(k, s, *, norm, layout, mesh, real: bool, exchange: str = "auto",
@@ -299,7 +312,7 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool, exchange: str = "auto
     shape = _check_array(k, argname)
     dtype = k.dtype
     k_dtype = _fft_dtype(dtype, argname)
-    mesh = find_mesh(k, mesh)
+    mesh, deferred = batch_mesh(k, shape, find_mesh(k, mesh), argname)
     axes, pdims = mesh_axes(mesh)
     kx, ky, kz = _xyz(shape[-3:], layout)
     if s is None:
@@ -308,10 +321,10 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool, exchange: str = "auto
         s = (kx, ky, kz)
     else:
         s = _check_s(s)
-    block_bytes = _block_bytes(shape[:-3], s, pdims, k_dtype)
+    block_bytes = _block_bytes(shape[:-3] + s, mesh, k_dtype)
     plan = Plan(mesh, axes, pdims, shape[:-3], s, real, layout, norm or "backward",
                 _float_dtype(k_dtype) if real else k_dtype, k_dtype,
-                _exchanges(exchange, mesh, pdims, block_bytes))
+                _exchanges(exchange, mesh, pdims, block_bytes), deferred)
     if (kx, ky, kz) not in {_xyz(plan.k_shape, layout), _xyz(plan.exact_k_shape, layout)}:
         raise ValueError(
             f"`{argname}.shape[-3:]` = {shape[-3:]} does not fit the real-space shape `s` = {s} "

@@ -9,9 +9,10 @@ import operator
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ._decomposition import check_mesh, mesh_axes
+from ._decomposition import batch_axes, check_mesh, mesh_axes
 
-__all__ = ["real_space_spec", "k_space_spec", "real_space_sharding", "k_space_sharding", "LAYOUTS"]
+__all__ = ["real_space_spec", "k_space_spec", "real_space_sharding", "k_space_sharding",
+           "get_fft_output_sharding", "LAYOUTS"]
 
 LAYOUTS = ("transposed", "natural")
 
@@ -21,6 +22,20 @@ def _axis_names(mesh) -> tuple[str, str | None]:
     # AbstractMesh too: the planner passes the abstract mesh of a traced array under jit.
     (a, b), _ = mesh_axes(check_mesh(mesh))
     return a, b
+
+
+def _lead(mesh, ndim) -> list:
+    """The spec entries of the leading (batch) axes: the mesh's batch axes in order, then None.
+
+    `ndim` None: 3 plus one per batch axis (the smallest array the mesh splits)."""
+    names, sizes = batch_axes(mesh)
+    n = len(names) + 3 if ndim is None else _check_ndim(ndim)
+    if n - 3 < len(names):
+        raise ValueError(
+            f"`ndim` (={n}) is too small for the mesh's batch axes {names} (of sizes {sizes}), "
+            f"which split one leading axis each: expected at least {len(names) + 3}"
+        )
+    return list(names) + [None] * (n - 3 - len(names))
 
 
 def _check_ndim(ndim) -> int:
@@ -47,23 +62,26 @@ def _describe(v) -> str:
     return f"{v!r} ({type(v).__name__})" if isinstance(v, (int, float, str)) else type(v).__name__
 
 
-def real_space_spec(mesh, ndim: int = 3) -> P:
+def real_space_spec(mesh, ndim: int | None = None) -> P:
     """PartitionSpec of a real-space array of `ndim` global dimensions (..., X, Y, Z).
 
-    X is split by the first mesh axis, Y by the second (if any); Z and batch axes are whole.
+    X is split by the pencil axis a (the mesh's second-to-last axis, its only one on a 1-axis
+    mesh), Y by b (its last, if any); Z is whole; the leading axes are split by the mesh's
+    batch axes in order, the rest whole.  `ndim` None: 3 plus one per batch axis.
     """
     a, b = _axis_names(mesh)
-    return P(*([None] * (_check_ndim(ndim) - 3)), a, b, None)
+    return P(*_lead(mesh, ndim), a, b, None)
 
 
-def k_space_spec(mesh, layout: str = "transposed", ndim: int = 3) -> P:
+def k_space_spec(mesh, layout: str = "transposed", ndim: int | None = None) -> P:
     """PartitionSpec of a k-space array in `layout`.
 
-    transposed: global order (..., Y, Z, X); Y split by the first mesh axis, Z by the second.
+    transposed: global order (..., Y, Z, X); Y split by the pencil axis a, Z by b.
     natural:    global order (..., X, Y, Z); the same split of Y and Z, X whole.
+    Leading axes as in `real_space_spec`.
     """
     a, b = _axis_names(mesh)
-    batch = [None] * (_check_ndim(ndim) - 3)
+    batch = _lead(mesh, ndim)
     if layout == "transposed":
         return P(*batch, a, b, None)
     if layout == "natural":
@@ -71,11 +89,38 @@ def k_space_spec(mesh, layout: str = "transposed", ndim: int = 3) -> P:
     raise ValueError(f"`layout` must be one of {LAYOUTS}; got {layout!r}")
 
 
-def real_space_sharding(mesh: Mesh, ndim: int = 3) -> NamedSharding:
+def real_space_sharding(mesh: Mesh, ndim: int | None = None) -> NamedSharding:
     """NamedSharding of a real-space array (global shape (..., X, Y, Z)) on `mesh`."""
     return NamedSharding(mesh, real_space_spec(mesh, ndim))
 
 
-def k_space_sharding(mesh: Mesh, layout: str = "transposed", ndim: int = 3) -> NamedSharding:
+def k_space_sharding(mesh: Mesh, layout: str = "transposed",
+                     ndim: int | None = None) -> NamedSharding:
     """NamedSharding of the k-space array that pfft3d returns on `mesh` in `layout`."""
     return NamedSharding(mesh, k_space_spec(mesh, layout, ndim))
+
+
+def get_fft_output_sharding(fft_sharding, *, layout: str = "transposed",
+                            ndim: int | None = None) -> NamedSharding:
+    """The sharding of `pfft3d`'s output for an input in `fft_sharding` (jaxdecomp's function,
+    also `pencilfft.get_fft_output_sharding`).
+
+    Args:
+      fft_sharding: a NamedSharding, the input's (pfft3d reshards any input to X split by the
+        mesh's pencil axis a and Y by b, so only the mesh matters).
+      layout: pfft3d's `layout` (`compat`'s follows jaxdecomp's `transpose_axis_contiguous`).
+      ndim: number of global dimensions of the array (default: len(sharding.spec), at least 3
+        plus one per batch axis of the mesh); leading axes beyond 3 are a batch, split by the
+        mesh's batch axes (those before its last two) in order.
+    Returns the k-space NamedSharding: Y split by a and Z by b, X whole.  On a (P, 1) mesh
+    jaxdecomp's splits Z instead.
+    """
+    if not isinstance(fft_sharding, NamedSharding):
+        raise TypeError(
+            f"`fft_sharding` must be a jax.sharding.NamedSharding (e.g. x.sharding); got "
+            f"{type(fft_sharding).__name__}"
+        )
+    mesh = fft_sharding.mesh
+    if ndim is None:
+        ndim = max(3 + len(batch_axes(mesh)[0]), len(fft_sharding.spec))
+    return k_space_sharding(mesh, layout, ndim)

@@ -101,6 +101,51 @@ def reference(x: np.ndarray, layout: str, norm: str = "backward") -> np.ndarray:
     return np.moveaxis(k, -3, -1) if layout == "transposed" else k
 
 
+def halo_reference(x: np.ndarray, pdims, extents, periods, like_jaxdecomp=False) -> np.ndarray:
+    """numpy halo exchange of x (global (..., X, Y, Z), padded blocks on `pdims`), region by region.
+
+    Every block is cut into 3 x 3 regions (low halo, middle, high halo along X and Y); each halo
+    region takes the cells of the neighbouring block in that direction as they were before the
+    call: the low halo of width h that block's slice [-2h:-h], the high one its [h:2h] (for
+    h <= the interior: the neighbour's edge cells, i.e. np.pad(wrap) of the interior grid).
+    Beyond a non-periodic edge a halo keeps its values (`like_jaxdecomp`: becomes 0); along a
+    mesh axis of size 1 it wraps within the block (`like_jaxdecomp`: nothing moves along it).
+    """
+    pdims = tuple(pdims) + (1,) * (2 - len(pdims))
+    lead = x.ndim - 3
+    blocks = (x.shape[lead] // pdims[0], x.shape[lead + 1] // pdims[1])
+    parts = []  # per axis: (destination slice, neighbour offset, source slice)
+    for n, b, h in zip(pdims, blocks, extents):
+        if h == 0 or (like_jaxdecomp and n == 1):
+            parts.append([(slice(0, b), 0, slice(0, b))])
+        else:
+            parts.append([(slice(0, h), -1, slice(b - 2 * h, b - h)),
+                          (slice(h, b - h), 0, slice(h, b - h)),
+                          (slice(b - h, b), 1, slice(h, 2 * h))])
+
+    def at(i, j, sx, sy):
+        return (Ellipsis, slice(i * blocks[0] + sx.start, i * blocks[0] + sx.stop),
+                slice(j * blocks[1] + sy.start, j * blocks[1] + sy.stop), slice(None))
+
+    out = x.copy()
+    for i in range(pdims[0]):
+        for j in range(pdims[1]):
+            for dx, ox, sx in parts[0]:
+                for dy, oy, sy in parts[1]:
+                    if ox == oy == 0:
+                        continue
+                    src, beyond = [], False
+                    for k, n, off, periodic in zip((i, j), pdims, (ox, oy), periods):
+                        beyond |= not (0 <= k + off < n) and not periodic
+                        src.append((k + off) % n)
+                    dst = at(i, j, dx, dy)
+                    if beyond:
+                        out[dst] = 0 if like_jaxdecomp else x[dst]
+                    else:
+                        out[dst] = x[at(src[0], src[1], sx, sy)]
+    return out
+
+
 def padded_k_shape(shape, pdims, layout, real):
     """The global k-space shape the contract promises: Y up to a multiple of Pa, Z (or Z//2+1)
     of Pb.  Written out here rather than read from the plan, so that the tests check it."""

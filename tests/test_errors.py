@@ -62,26 +62,23 @@ CASES = [
     case("ndim-fftfreq3d",
          lambda e: (lambda a: pf.fftfreq3d(a, mesh=e.mesh), (np.zeros((8, 8), complex),)),
          ValueError, "`k`", "at least 3 dimensions", "(8, 8)"),
-    # -- a mesh with 3 axes (passed, or found in the sharding)
-    case("mesh3-pfft3d", lambda e: (lambda a: pf.pfft3d(a, mesh=e.mesh3), (e.x,)),
-         ValueError, "`mesh`", "3 axes", "('a', 'b', 'c')", "(2, 2, 2)"),
-    case("mesh3-pirfft3d",
+    # -- a mesh with a batch axis ('a' of (a, b, c)) and an array without a leading axis for it
+    case("batch-missing-pfft3d", lambda e: (lambda a: pf.pfft3d(a, mesh=e.mesh3), (e.x,)),
+         ValueError, "`x`", "(16, 16, 16)", "0 leading (batch) axes", "('a',)", "(2,)"),
+    case("batch-missing-pirfft3d",
          lambda e: (lambda a: pf.pirfft3d(a, (16, 16, 16), mesh=e.mesh3), (np.zeros((16, 9, 16), complex),)),
-         ValueError, "`mesh`", "3 axes", "(2, 2, 2)"),
-    case("mesh3-in-sharding",
+         ValueError, "`k`", "0 leading (batch) axes", "('a',)"),
+    case("batch-missing-in-sharding",  # under jit XLA's partitioner reports it (test_batch.py)
          lambda e: (pf.pfft3d, (put_global(e.x, NamedSharding(e.mesh3, P("a", "b", "c"))),)),
-         ValueError, "`mesh`", "3 axes", "('a', 'b', 'c')"),
-    case("mesh3-fftfreq3d", lambda e: (lambda a: pf.fftfreq3d(a, mesh=e.mesh3), (np.zeros((8, 8, 8), complex),)),
-         ValueError, "`mesh`", "3 axes"),
-    # -- real-space input split along Z
-    case("z-split-pfft3d", lambda e: (pf.pfft3d, (put_global(e.x, NamedSharding(e.mesh, P("x", None, "y"))),)),
-         ValueError, "`x`", "along Z", "P('x', None, 'y')", "expected P('x', 'y', None)"),
-    case("z-split-prfft3d",
-         lambda e: (pf.prfft3d, (put_global(e.x, NamedSharding(e.mesh, P(None, None, ("x", "y")))),)),
-         ValueError, "`x`", "along Z", "expected P('x', 'y', None)"),
-    case("z-split-auto-eager",
-         lambda e: (pf.pfft3d, (put_global(e.x, NamedSharding(e.amesh, P("x", None, "y"))),)),
-         ValueError, "`x`", "along Z", jit=False),  # under jit an Auto sharding is not visible
+         ValueError, "`x`", "0 leading (batch) axes", "('a',)", jit=False),
+    case("batch-missing-fftfreq3d",  # under jit the vectors are constants: nothing to refuse
+         lambda e: (lambda a: pf.fftfreq3d(a, mesh=e.mesh3), (np.zeros((8, 8, 8), complex),)),
+         ValueError, "`k`", "batch", jit=False),
+    case("batch-indivisible", lambda e: (lambda a: pf.pfft3d(a, mesh=e.mesh3), (np.zeros((3, 8, 8, 8)),)),
+         ValueError, "`x.shape[0]` (=3)", "mesh batch axis 'a' (=2)"),
+    case("batch-indivisible-halo",
+         lambda e: (lambda a: pf.halo_exchange(a, (1, 1), mesh=e.mesh3), (np.zeros((3, 8, 8, 8)),)),
+         ValueError, "`x.shape[0]` (=3)", "mesh batch axis 'a' (=2)"),
     # -- X (Y) not divisible by the mesh axis splitting it in real space
     case("x-indivisible",
          lambda e: (pf.pfft3d, (put_global(np.zeros((30, 16, 16)), NamedSharding(e.mesh, P())),)),

@@ -18,14 +18,18 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import PDIMS, make_mesh, put_global, random_field, to_numpy
+import pencilfft.compat
+from conftest import PDIMS, halo_reference, make_mesh, put_global, random_field, to_numpy
 
 INTERIOR = (4, 5)  # interior cells of every block along X and Y (uneven on purpose)
 Z = 3
 IDS = ["x".join(map(str, p)) for p in PDIMS]
-# (extents, periods): halos of 1 and 3 cells, uneven, none along X; periodic, not, mixed.
+# (extents, periods): halos of 1 and 3 cells, uneven, none along X; periodic, not, mixed; and
+# halos wider than the interior (JaxPM pads 4-cell blocks by 8: the neighbours then send part
+# of their own halos), up to half the padded block.
 CASES = [((1, 1), (True, True)), ((3, 3), (True, True)), ((3, 3), (False, False)),
-         ((2, 1), (True, False)), ((1, 2), (False, True)), ((0, 2), (False, False))]
+         ((2, 1), (True, False)), ((1, 2), (False, True)), ((0, 2), (False, False)),
+         ((8, 8), (True, True)), ((6, 5), (False, True))]
 
 
 def case_id(c):
@@ -44,28 +48,7 @@ def padded_shape(pdims, extents, batch=()) -> tuple[int, ...]:
 
 
 def reference(x: np.ndarray, pdims, extents, periods) -> np.ndarray:
-    """Every block of x (global (..., X, Y, Z)) with its halos filled: np.pad(wrap) of the global
-    interior, cut into blocks; halo cells beyond a non-periodic edge keep their values."""
-    lead = x.ndim - 3
-    interior, blocks = x, []
-    for d, (n, h) in enumerate(zip(full(pdims), extents)):
-        axis, b = lead + d, x.shape[lead + d] // n
-        interior = np.take(interior, np.concatenate(
-            [np.arange(i * b + h, (i + 1) * b - h) for i in range(n)]), axis=axis)
-        blocks.append((axis, b, b - 2 * h))
-    widths = [(0, 0)] * x.ndim
-    for d, h in enumerate(extents):
-        widths[lead + d] = (h, h)
-    out = np.pad(interior, widths, mode="wrap")
-    for (axis, b, inner), n in zip(blocks, full(pdims)):
-        out = np.take(out, np.concatenate([np.arange(i * inner, i * inner + b) for i in range(n)]),
-                      axis=axis)
-    for (axis, b, _), h, periodic in zip(blocks, extents, periods):
-        if not periodic and h:
-            pos = np.arange(x.shape[axis]).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
-            beyond = (pos < h) | (pos >= x.shape[axis] - h)  # the global edges' halos
-            out = np.where(beyond, x, out)
-    return out
+    return halo_reference(x, pdims, extents, periods)
 
 
 def adjoint(w: np.ndarray, pdims, extents, periods) -> np.ndarray:
@@ -93,7 +76,10 @@ def test_eager_matches_numpy(pdims, extents, periods):
     np.testing.assert_array_equal(to_numpy(y), reference(data, pdims, extents, periods))
 
 
-@pytest.mark.parametrize("extents,periods", CASES[1:3], ids=[case_id(c) for c in CASES[1:3]])
+JIT_CASES = CASES[1:3] + CASES[6:8]
+
+
+@pytest.mark.parametrize("extents,periods", JIT_CASES, ids=[case_id(c) for c in JIT_CASES])
 @pytest.mark.parametrize("pdims", PDIMS, ids=IDS)
 def test_jit_on_auto_mesh_with_no_mesh_in_scope(pdims, extents, periods):
     """JaxPM's call: the mesh is only known when XLA partitions the program."""
@@ -134,15 +120,16 @@ def test_batch_axes_vmap_and_scan(pdims, axis_type):
     np.testing.assert_array_equal(to_numpy(scanned), want)
 
 
-GRAD_CASES = [(p, "auto") for p in PDIMS] + [((2, 4), "explicit")]
+GRAD_CASES = ([(p, "auto", (2, 1)) for p in PDIMS] + [((2, 4), "explicit", (2, 1))]
+              + [((4, 2), "auto", (8, 6)), ((2, 4), "explicit", (6, 8))])  # wider than interior
 
 
-@pytest.mark.parametrize("pdims,axis_type", GRAD_CASES,
-                         ids=[f"{'x'.join(map(str, p))}-{t}" for p, t in GRAD_CASES])
-def test_grad_and_vjp_are_the_adjoint(pdims, axis_type):
-    """Halo cotangents go back to the interior cells they were copied from; halo cells beyond a
+@pytest.mark.parametrize("pdims,axis_type,extents", GRAD_CASES,
+                         ids=[f"{'x'.join(map(str, p))}-{t}-h{e[0]}{e[1]}" for p, t, e in GRAD_CASES])
+def test_grad_and_vjp_are_the_adjoint(pdims, axis_type, extents):
+    """Halo cotangents go back to the cells they were copied from; halo cells beyond a
     non-periodic edge keep their own."""
-    extents, periods = (2, 1), (True, False)
+    periods = (True, False)
     data, x = setup(pdims, extents, axis_type, seed=5)
     weights = random_field(data.shape, np.float64, seed=6)
     w = put_global(weights, x.sharding)
@@ -222,19 +209,30 @@ def test_zero_extents_change_nothing(axis_type):
     np.testing.assert_array_equal(to_numpy(jax.jit(exchange((0, 0), (True, True)))(x)), data)
 
 
-JD_CASES = [((4, 2), (1, 1)), ((2, 4), (2, 1)), ((1, 8), (0, 2)), ((8, 1), (1, 0))]
+JD_CASES = [((4, 2), (1, 1)), ((2, 4), (2, 1)), ((1, 8), (0, 2)), ((8, 1), (1, 0)),
+            ((4, 2), (8, 8)), ((2, 4), (6, 5)), ((8, 1), (8, 3)), ((1, 8), (2, 8))]
 
 
-@pytest.mark.parametrize("pdims,extents", JD_CASES, ids=[f"{p[0]}x{p[1]}" for p, _ in JD_CASES])
-def test_matches_jaxdecomp(pdims, extents):
-    """Periodic halos on jaxdecomp's Auto meshes.  (jaxdecomp differs where this library defines
-    more: it leaves the halos of a mesh axis of size 1 alone and zeroes non-periodic edges.)"""
+@pytest.mark.parametrize("periods", [(True, True), (False, True), (False, False)],
+                         ids=["PP", "NP", "NN"])
+@pytest.mark.parametrize("pdims,extents", JD_CASES,
+                         ids=[f"{p[0]}x{p[1]}-h{e[0]}{e[1]}" for p, e in JD_CASES])
+def test_matches_jaxdecomp(pdims, extents, periods):
+    """jaxdecomp's values, halos wider than the interior included: pencilfft.compat's always;
+    pencilfft's own where the two agree by definition (periodic edges of split mesh axes;
+    pencilfft keeps the halos beyond a non-periodic edge and wraps a mesh axis of size 1)."""
     jaxdecomp = pytest.importorskip("jaxdecomp")
     data, x = setup(pdims, extents, "auto", seed=11)
-    theirs = to_numpy(jaxdecomp.halo_exchange(x, extents, (True, True)))
-    np.testing.assert_array_equal(theirs, reference(data, pdims, extents, (True, True)))
-    np.testing.assert_array_equal(to_numpy(pencilfft.halo_exchange(x, extents)), theirs)
-    np.testing.assert_array_equal(to_numpy(jax.jit(exchange(extents, (True, True)))(x)), theirs)
+    theirs = to_numpy(jax.jit(lambda v: jaxdecomp.halo_exchange(v, extents, periods))(x))
+    np.testing.assert_array_equal(theirs, halo_reference(data, pdims, extents, periods,
+                                                         like_jaxdecomp=True))
+    compat = pencilfft.compat.halo_exchange
+    np.testing.assert_array_equal(to_numpy(compat(x, extents, periods)), theirs)
+    np.testing.assert_array_equal(
+        to_numpy(jax.jit(lambda v: compat(v, extents, periods))(x)), theirs)
+    if periods == (True, True) and 1 not in pdims:
+        np.testing.assert_array_equal(to_numpy(pencilfft.halo_exchange(x, extents)), theirs)
+        np.testing.assert_array_equal(to_numpy(jax.jit(exchange(extents, periods))(x)), theirs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -254,8 +252,8 @@ def x42():
     ((True, 1), (True, True), TypeError, ["`halo_extents`"]),
     ((1, 1), (True,), ValueError, ["`halo_periods`", "(True,)"]),
     ((1, 1), (1, 0), TypeError, ["`halo_periods`", "2 bools", "(1, 0)"]),
-    ((3, 1), (True, True), ValueError, ["`halo_extents[0]` (3)", "X=24", "'x' (=4)",
-                                        "blocks of 6 cells", "0 interior", "at least 9"]),
+    ((4, 1), (True, True), ValueError, ["`halo_extents[0]` (4)", "X=24", "'x' (=4)",
+                                        "padded blocks of 6 cells", "(2*4)"]),
     ((1, 4), (True, True), ValueError, ["`halo_extents[1]` (4)", "Y=14", "'y' (=2)"]),
 ], ids=["three", "negative", "float", "scalar", "bool", "periods-len", "periods-int",
         "too-large-x", "too-large-y"])
@@ -303,10 +301,10 @@ def test_unsharded_input_is_refused_and_mesh_places_it():
 def test_too_large_halo_under_jit_with_no_mesh_is_reported_when_compiled():
     """The block size is only known when XLA partitions: pencilfft's message in the XLA error."""
     _, x = setup((4, 2), (1, 1), "auto", seed=14)
-    with pytest.raises(Exception, match=r"`halo_extents\[0\]` \(3\) is too large"):
-        jax.jit(exchange((3, 1), (True, True)))(x)
-    with pytest.raises(ValueError, match=r"`halo_extents\[0\]` \(9\) is too large"):  # at trace
-        jax.jit(exchange((9, 1), (True, True)))(x)
+    with pytest.raises(Exception, match=r"`halo_extents\[0\]` \(4\) is too large"):
+        jax.jit(exchange((4, 1), (True, True)))(x)
+    with pytest.raises(ValueError, match=r"`halo_extents\[0\]` \(13\) is too large"):  # at trace
+        jax.jit(exchange((13, 1), (True, True)))(x)
 
 
 @pytest.mark.single_process  # the example puts a numpy array that lives in one process

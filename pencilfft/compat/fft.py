@@ -1,0 +1,77 @@
+"""`jaxdecomp.fft`: the transforms and wavenumbers with jaxdecomp's signatures.
+
+`backend` ("jax" or "cudecomp", any case) is accepted and ignored: pencilfft is pure JAX.  The
+k-space layout follows `config.transpose_axis_contiguous` (True: (Y, Z, X), jaxdecomp's default;
+False: (X, Y, Z)).  jaxdecomp 0.3 has no real transforms ("Not implemented"); here `prfft3d`
+and `pirfft3d` are pencilfft's, the half spectrum along Z.  With jaxdecomp's signatures the
+real-space Z is taken as 2 (Zh - 1) from the spectrum's Zh: an even Z whose Z//2+1 the mesh
+axis splitting it divides (else Zh is padded; call pencilfft.pirfft3d(k, s) with the shape).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _fft, _freq
+from ._config import layout
+
+__all__ = ["fftfreq3d", "pfft3d", "pifft3d", "pirfft3d", "prfft3d", "rfftfreq3d"]
+
+BACKENDS = ("jax", "cudecomp")
+
+
+def check_backend(backend) -> None:
+    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+        raise ValueError(f"`backend` must be one of {BACKENDS} (any case); got {backend!r}")
+
+
+def pfft3d(a, norm: str | None = "backward", backend: str = "jax"):
+    """jaxdecomp.pfft3d: 3D FFT of the global (X, Y, Z) array `a`, returned as (Y, Z, X)
+    (as (X, Y, Z) with `transpose_axis_contiguous` False)."""
+    check_backend(backend)
+    return _fft.pfft3d(a, norm, layout=layout())
+
+
+def pifft3d(a, norm: str | None = "backward", backend: str = "jax"):
+    """jaxdecomp.pifft3d: inverse of `pfft3d`, back to the global (X, Y, Z), complex."""
+    check_backend(backend)
+    return _fft.pifft3d(a, norm, layout=layout())
+
+
+def prfft3d(a, norm: str | None = "backward", backend: str = "jax"):
+    """The real-to-complex `pfft3d` (jaxdecomp's name): Z halved to Z//2+1 (pencilfft.prfft3d)."""
+    check_backend(backend)
+    return _fft.prfft3d(a, norm, layout=layout())
+
+
+def pirfft3d(a, norm: str | None = "backward", backend: str = "jax"):
+    """Inverse of `prfft3d` for an even Z = 2 (Zh - 1) (jaxdecomp's signature has no shape)."""
+    check_backend(backend)
+    return _fft.pirfft3d(a, _real_shape(a), norm, layout=layout())
+
+
+def fftfreq3d(array, d: float = 1.0):
+    """jaxdecomp.fftfreq3d: the angular wavenumbers of the spectrum `array`, in jaxdecomp's order
+    and shapes: of its last axis (1, 1, n2), its first (n0, 1, 1), its second (1, n1, 1); in the
+    default layout (Y, Z, X) that is (kx, ky, kz)."""
+    return _reorder(_freq.fftfreq3d(array, d, layout=layout()))
+
+
+def rfftfreq3d(array, d: float = 1.0):
+    """As `fftfreq3d` for `prfft3d`'s half spectrum (an even Z).  jaxdecomp 0.3's takes the
+    rfftfreq of the halved length itself, which matches no spectrum; this one matches `prfft3d`."""
+    return _reorder(_freq.rfftfreq3d(array, d, s=_real_shape(array), layout=layout()))
+
+
+def _reorder(kxyz):
+    """(kx, ky, kz) -> jaxdecomp's order, which follows the spectrum's axes (last, first, second)."""
+    kx, ky, kz = kxyz
+    return (kx, ky, kz) if layout() == "transposed" else (kz, kx, ky)
+
+
+def _real_shape(k) -> tuple[int, int, int]:
+    """(X, Y, Z) of a half spectrum in the current layout, Z even."""
+    last3 = tuple(np.shape(k)[-3:])
+    if len(last3) < 3:
+        return last3  # the transform's own check names the argument
+    y, zh, x = last3 if layout() == "transposed" else (last3[1], last3[2], last3[0])
+    return (x, y, 2 * (zh - 1))
