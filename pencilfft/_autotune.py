@@ -31,7 +31,8 @@ __all__ = ["autotune", "Tuning"]
 class Tuning:
     """The result of `autotune`: the fastest candidate and every measurement.
 
-    `mesh` is ready to use (axes ("x", "y"), Explicit); pass `exchange` to the transforms.
+    `mesh` is ready to use (axes ("x", "y"), after the batch axes ("batch",) or ("batch0",
+    "batch1", ...) when `batch` was given; Explicit); pass `exchange` to the transforms.
     `timings` maps (pdims, exchange) to the median seconds of one forward + inverse pair.
     """
 
@@ -153,6 +154,34 @@ def _check_pdims(pdims, n_devices: int) -> list[tuple[int, int]] | None:
     return out
 
 
+def _check_batch(batch, shape, n_devices: int) -> tuple[int, ...]:
+    """The sizes of the batch mesh axes: each splits one leading axis of `shape`."""
+    if isinstance(batch, (str, bytes)) or not isinstance(batch, Sequence):
+        raise TypeError(f"`batch` must be a sequence of batch mesh axis sizes, e.g. (2,); got "
+                        f"{batch!r}")
+    sizes = tuple(_int(n) for n in batch)
+    if None in sizes or any(n < 1 for n in sizes):
+        raise ValueError(f"`batch` must hold positive integers; got {tuple(batch)!r}")
+    if len(sizes) > len(shape) - 3:
+        raise ValueError(f"`batch` {sizes} splits {len(sizes)} leading axes, but `shape` "
+                         f"{tuple(shape)} has {len(shape) - 3} before (X, Y, Z)")
+    for i, n in enumerate(sizes):
+        if shape[i] % n:
+            raise ValueError(f"`shape[{i}]` (={shape[i]}) must be divisible by `batch[{i}]` "
+                             f"(={n}), the batch mesh axis that splits it")
+    if n_devices % math.prod(sizes):
+        raise ValueError(f"`batch` {sizes} (product {math.prod(sizes)}) must divide the number "
+                         f"of devices ({n_devices})")
+    return sizes
+
+
+def _mesh(batch: tuple[int, ...], p: tuple[int, int], devices) -> jax.sharding.Mesh:
+    names = ("batch",) if len(batch) == 1 else tuple(f"batch{i}" for i in range(len(batch)))
+    axes = names[: len(batch)] + ("x", "y")
+    return jax.make_mesh(batch + tuple(p), axes, axis_types=(AxisType.Explicit,) * len(axes),
+                         devices=devices)
+
+
 def _candidates(shape, n_devices, pdims) -> list[tuple[int, int]]:
     if pdims is None:
         pdims = process_grids(n_devices)
@@ -209,7 +238,8 @@ def _default_exchanges(devices: Sequence[jax.Device]) -> tuple[str, ...]:
 
 def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transposed",
              devices: Sequence[jax.Device] | None = None, pdims=None,
-             exchanges: Sequence[str] | None = None, repeats: int = 3) -> Tuning:
+             exchanges: Sequence[str] | None = None, repeats: int = 3,
+             batch: Sequence[int] = ()) -> Tuning:
     """Time every mesh shape P x Q of `devices` and every exchange on a grid of global `shape`.
 
     Args:
@@ -222,6 +252,8 @@ def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transpo
         ("alltoall", "pairwise"), and "mpi" where it can run (CPU processes with one device
         each under mpirun, `devices` all of them).
       repeats: timed forward + inverse pairs per candidate (after one warm-up).
+      batch: sizes of batch mesh axes that split the leading axes of `shape` (an ensemble of
+        fields), kept as given: the pencil axes P x Q = len(devices) / prod(batch) are tuned.
     Returns a `Tuning`; every process gets the same answer (process 0's timings decide).
     A grid that cannot fit in the devices' memory (about 4 blocks of the grid's share per
     device) is refused with a ValueError before anything is allocated.
@@ -232,14 +264,16 @@ def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transpo
         raise ValueError(f"`layout` must be one of {LAYOUTS}; got {layout!r}")
     repeats = _check_repeats(repeats)
     devices = _check_devices(devices)
+    batch = _check_batch(batch, shape, len(devices))
     exchanges = _check_exchanges(_default_exchanges(devices) if exchanges is None else exchanges)
-    candidates = _candidates(shape, len(devices), _check_pdims(pdims, len(devices)))
+    n_pencil = len(devices) // math.prod(batch)
+    candidates = _candidates(shape, n_pencil, _check_pdims(pdims, n_pencil))
     _check_memory(shape, dtype, devices)
     real = dtype.kind == "f"
     fwd, inv = (prfft3d, pirfft3d) if real else (pfft3d, pifft3d)
     timings: dict[tuple[tuple[int, int], str], float] = {}
     for p in candidates:
-        mesh = jax.make_mesh(p, ("x", "y"), axis_types=(AxisType.Explicit,) * 2, devices=devices)
+        mesh = _mesh(batch, p, devices)
         x = jax.jit(lambda: jnp.zeros(shape, dtype),
                     out_shardings=real_space_sharding(mesh, len(shape)))()
         for exchange in exchanges:
@@ -252,9 +286,7 @@ def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transpo
             timings[(p, exchange)] = median_time(run, x, repeats=repeats)
     timings = _agree(timings)
     (best_pdims, best_exchange), seconds = min(timings.items(), key=lambda kv: kv[1])
-    mesh = jax.make_mesh(best_pdims, ("x", "y"), axis_types=(AxisType.Explicit,) * 2,
-                         devices=devices)
-    return Tuning(best_pdims, best_exchange, mesh, seconds, timings)
+    return Tuning(best_pdims, best_exchange, _mesh(batch, best_pdims, devices), seconds, timings)
 
 
 def _agree(timings: dict) -> dict:

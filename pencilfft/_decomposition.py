@@ -33,9 +33,9 @@ def check_mesh(mesh: Any, *, concrete: bool = False) -> Any:
     if not isinstance(mesh, Mesh if concrete else (Mesh, AbstractMesh)):
         got = "None" if mesh is None else type(mesh).__name__
         raise TypeError(
-            f"`mesh` must be a jax.sharding.Mesh, e.g. jax.make_mesh((4, 2), ('x', 'y')) for "
-            f"4x2 pencils or jax.make_mesh((2, 4, 2), ('b', 'x', 'y')) for a batch split in 2; "
-            f"got {got}"
+            f"`mesh` must be a jax.sharding.Mesh (e.g. jax.make_mesh((4, 2), ('x', 'y')) for "
+            f"4x2 pencils, jax.make_mesh((2, 4, 2), ('b', 'x', 'y')) for a batch split in 2 "
+            f"besides); got {got}"
         )
     if len(mesh.axis_names) == 0:
         raise ValueError("`mesh` has no axes; expected 1 (slab), 2 (pencil) or more (batch axes "

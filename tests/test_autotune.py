@@ -25,6 +25,22 @@ def test_autotune_returns_a_working_choice(dtype):
     assert rel_err(to_numpy(k), reference(x, "transposed")) <= tol(np.complex64)
 
 
+def test_autotune_keeps_batch_axes_and_tunes_the_pencil_ones():
+    shape = (4, 8, 8, 8)
+    tuning = pencilfft.autotune(shape, batch=(2,), repeats=1, exchanges=("alltoall",))
+    assert set(tuning.timings) == {(p, "alltoall") for p in [(1, 4), (2, 2), (4, 1)]}
+    assert tuple(tuning.mesh.axis_names) == ("batch", "x", "y")
+    assert tuple(tuning.mesh.axis_sizes) == (2,) + tuning.pdims
+    x = random_field(shape, np.complex64, seed=3)
+    k = pencilfft.pfft3d(put_global(x, pencilfft.real_space_sharding(tuning.mesh)))
+    assert k.sharding.spec[0] == "batch"
+    assert rel_err(to_numpy(k), reference(x, "transposed")) <= tol(np.complex64)
+    with pytest.raises(ValueError, match=r"`shape\[0\]` \(=3\) must be divisible by `batch\[0\]` \(=2\)"):
+        pencilfft.autotune((3, 8, 8, 8), batch=(2,), repeats=1)
+    with pytest.raises(ValueError, match=r"`batch` \(2, 2\) splits 2 leading axes"):
+        pencilfft.autotune(shape, batch=(2, 2), repeats=1)
+
+
 def test_autotune_skips_meshes_the_grid_does_not_fit():
     tuning = pencilfft.autotune((4, 16, 8), pdims=[(4, 2), (8, 1)], exchanges=("alltoall",),
                                 repeats=1)

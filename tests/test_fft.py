@@ -176,3 +176,16 @@ def test_exchange_algorithms_agree(pdims, exchange, layout):
 def test_unknown_exchange_is_refused():
     with pytest.raises(ValueError, match=r"`exchange` must be one of .*'alltoall'.*got 'ring'"):
         pencilfft.pfft3d(np.zeros((8, 8, 8), np.complex64), mesh=make_mesh((4, 2)), exchange="ring")
+
+
+@pytest.mark.parametrize("spec", [P("x", None, "y"), P(None, None, ("x", "y"))],
+                         ids=["x-z", "z"])
+def test_input_split_along_z_is_resharded(spec):
+    """Any placement is resharded to the real-space split first (Z split too)."""
+    mesh = make_mesh((4, 2))
+    data = random_field((8, 8, 16), np.complex128, seed=90)
+    x = put_global(data, NamedSharding(mesh, spec))
+    for f in (pencilfft.pfft3d, jax.jit(pencilfft.pfft3d)):
+        k = f(x)
+        assert rel_err(to_numpy(k), reference(data, "transposed")) <= 1e-12
+        assert k.sharding.is_equivalent_to(pencilfft.k_space_sharding(mesh), 3)

@@ -96,3 +96,58 @@ def test_pencilfft_on_explicit_mesh_matches_jaxdecomp_on_auto(pdims):
     assert rel_err(to_numpy(k), k_jd) <= tol(np.complex128)
     back = pencilfft.pifft3d(put_global(k_jd, pencilfft.k_space_sharding(mesh)))
     assert rel_err(to_numpy(back), x) <= tol(np.complex128)
+
+
+# ----------------------------------------------------------------------------------------------
+# pencilfft.compat's transposes and batch meshes beside jaxdecomp's (issues 19 and 22)
+
+
+@pdims_2axes
+@pytest.mark.parametrize("contiguous", [True])
+def test_compat_transposes_match_jaxdecomp(pdims, contiguous):
+    """In jaxdecomp's default setting only: jaxdecomp 0.3.1 caches its lowerings without the
+    setting, so after one use in a process it fails to compile in the other (MLIR verifier
+    error).  test_compat_clients checks both settings against numpy."""
+    import pencilfft.compat as compat
+
+    mesh = make_mesh(pdims, "auto")
+    x = put_global(random_field((16, 32, 8), np.float64, seed=72),
+                   jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*mesh.axis_names)))
+    saved = (jaxdecomp.config.transpose_axis_contiguous, compat.config.transpose_axis_contiguous)
+    try:
+        jaxdecomp.config.update("transpose_axis_contiguous", contiguous)
+        compat.config.update("transpose_axis_contiguous", contiguous)
+        theirs, ours = x, x
+        for name in ("transposeXtoY", "transposeYtoZ", "transposeZtoY", "transposeYtoX"):
+            # Fresh functions: the setting is read when tracing, which jit's cache ignores.
+            theirs = jax.jit(lambda v, f=getattr(jaxdecomp, name): f(v))(theirs)
+            ours = jax.jit(lambda v, f=getattr(compat, name): f(v))(ours)
+            np.testing.assert_array_equal(to_numpy(ours), to_numpy(theirs))
+            assert ours.sharding.is_equivalent_to(theirs.sharding, 3), (name, ours.sharding,
+                                                                         theirs.sharding)
+    finally:
+        jaxdecomp.config.update("transpose_axis_contiguous", saved[0])
+        compat.config.update("transpose_axis_contiguous", saved[1])
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (2, 1, 4)], ids=["2x2x2", "2x1x4"])
+def test_batched_vmap_matches_jaxdecomp(mesh_shape):
+    """An ensemble on a 3-axis Auto mesh (c, x, y), as jaxdecomp's users write it."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    mesh = jax.make_mesh(mesh_shape, ("c", "x", "y"), axis_types=(AxisType.Auto,) * 3)
+    data = random_field((4, 16, 16, 8), np.complex128, seed=73)
+    x = put_global(data, NamedSharding(mesh, P("c", "x", "y")))
+    theirs = jax.jit(jax.vmap(jaxdecomp.fft.pfft3d))(x)
+    ours = jax.jit(jax.vmap(pencilfft.pfft3d))(x)
+    assert rel_err(to_numpy(ours), to_numpy(theirs)) <= 1e-12
+    assert ours.sharding.is_equivalent_to(theirs.sharding, 4)
+    assert (pencilfft.get_fft_output_sharding(x.sharding)
+            .is_equivalent_to(jaxdecomp.get_fft_output_sharding(x.sharding), 4))
+    back = jax.jit(jax.vmap(pencilfft.pifft3d))(theirs)
+    assert rel_err(to_numpy(back), data) <= 1e-12
+    halo_theirs = jax.jit(jax.vmap(lambda v: jaxdecomp.halo_exchange(v, (2, 2), (True, True))))(x)
+    import pencilfft.compat as compat  # jaxdecomp's values on a mesh axis of size 1 too
+
+    halo_ours = jax.jit(jax.vmap(lambda v: compat.halo_exchange(v, (2, 2), (True, True))))(x)
+    np.testing.assert_array_equal(to_numpy(halo_ours), to_numpy(halo_theirs))
