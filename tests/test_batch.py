@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import (MULTI_PROCESS, halo_reference, put_global, random_field, reference, rel_err,
+from conftest import (RANK, halo_reference, put_global, random_field, reference, rel_err, root_only,
                       to_numpy, tol)
 
 NAMES = ("c", "x", "y")
@@ -214,10 +214,20 @@ def test_errors_name_the_batch_axis(axis_type):
             jax.jit(pencilfft.pfft3d)(x[0])
 
 
-@pytest.mark.skipif(MULTI_PROCESS, reason="scatter/gather are tested under mpirun in test_io")
-def test_scatter_gather_on_batches():
+def test_scatter_gather_save_load_on_batches(shared_dir):
+    """The loaders give every process its blocks of the ensemble (under mpirun: the batch axis
+    spread over processes)."""
     mesh = make_mesh3((2, 2, 2))
     data = random_field((4,) + SHAPE, np.float64, seed=7)
-    x = pencilfft.scatter(data, mesh)
+    x = pencilfft.scatter(root_only(data), mesh)
     assert same_split(x, P("c", "x", "y", None))
-    np.testing.assert_array_equal(pencilfft.gather(x), data)
+    back = pencilfft.gather(x)
+    if RANK == 0:
+        np.testing.assert_array_equal(back, data)
+    else:
+        assert back is None
+    path = f"{shared_dir}/ensemble.npy"
+    pencilfft.save(path, x)
+    y = pencilfft.load(path, mesh)
+    assert same_split(y, P("c", "x", "y", None))
+    np.testing.assert_array_equal(to_numpy(y), data)

@@ -144,7 +144,10 @@ import pencilfft.compat; pencilfft.compat.install()   # the README's line
 import jax, numpy as np
 jax.config.update("jax_enable_x64", True)
 import jaxdecomp
+import jaxdecomp.fft                       # jax-power's and jaxdecomp's tests' path
 from jaxdecomp import fftfreq3d, get_fft_output_sharding, halo_exchange, pfft3d, pifft3d
+from jaxdecomp.fft import pfft3d as pfft3d_from_fft
+assert jaxdecomp.fft.pfft3d is pfft3d_from_fft is pfft3d
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from benchmarks import pm
 
