@@ -6,9 +6,9 @@ input fails at the call with a message naming the argument, never inside XLA.
 
 Naming: a real-space array has global shape (..., X, Y, Z) and is split P(a, b) over (X, Y)
 for a mesh with axes (a, b) (b absent on a 1-axis mesh; a mesh (c, ..., a, b) also splits the
-leading axes by its batch axes c, ...: P(c, ..., a, b), which no stage ever crosses).  The k-space array is split over
-(Y, Z) by the same (a, b): global order (..., Y, Z, X) in the "transposed" layout and
-(..., X, Y, Z) in the "natural" one.  Z (or Z//2+1 for real transforms) is padded at its end to a
+leading axes by its batch axes c, ...: P(c, ..., a, b), which no stage ever crosses).  The
+k-space array is split over (Y, Z) by the same (a, b): global order (..., Y, Z, X) in the
+"transposed" layout and (..., X, Y, Z) in the "natural" one.  Z (or Z//2+1 for real transforms) is padded at its end to a
 multiple of Pb and Y to a multiple of Pa where they do not divide.
 """
 from __future__ import annotations
