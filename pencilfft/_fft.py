@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding
 
 from ._plan import Plan, _is_tracer, has_explicit_axes, plan_backward, plan_forward
 from ._partitioned import Transform, apply
+from ._memory import check_transform  # issue 21: the memory check (one line here, one in _run)
 from ._stages import Exchange, Fft, Pad, Stage
 from ._transpose import transpose_blocks
 
@@ -108,6 +109,7 @@ def _place(x, plan: Plan, spec):
 
 
 def _run(plan: Plan, block_fn, x, in_spec, out_spec, exchange: str):
+    check_transform(plan, block_fn is _forward_block, x)  # issue 21: too big? fail before XLA
     if plan.mesh is None:
         if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
             if exchange == "mpi":

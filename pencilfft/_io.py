@@ -35,6 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, Sharding
 
 from ._decomposition import check_mesh, mesh_axes, split_problem
+from ._memory import MemoryLimitError, check_load
 from ._sharding import real_space_sharding
 
 __all__ = ["scatter", "gather", "save", "load"]
@@ -59,7 +60,8 @@ _TMP_SUFFIX = ".pencilfft-tmp"
 _EXCEPTIONS = {
     e.__name__: e
     for e in (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError,
-              NotADirectoryError, PermissionError, OSError, MemoryError, RuntimeError)
+              NotADirectoryError, PermissionError, OSError, MemoryLimitError, MemoryError,
+              RuntimeError)
 }
 
 Key = tuple[tuple[int, int], ...]  # a block: (start, stop) per global axis
@@ -285,6 +287,8 @@ def load(path: str | os.PathLike, mesh: Mesh, *, comm: Any = None) -> jax.Array:
     array must have at least 3 dimensions (..., X, Y, Z), X divisible by the first mesh axis,
     Y by the second, and an integer, float or complex dtype.  `mesh` must be the same on every
     process.  64-bit data becomes 32-bit, with a warning, without `jax_enable_x64`.
+    Blocks that cannot fit in the devices' memory are refused before any is read
+    (`MemoryLimitError`, a MemoryError; see README "Memory").
 
     Returns:
       The global array, shape as in the file, sharded as `real_space_sharding(mesh, ndim)`.
@@ -301,6 +305,7 @@ def load(path: str | os.PathLike, mesh: Mesh, *, comm: Any = None) -> jax.Array:
             # Only rank 0 warns (one message per job), but inside the checks: a warning turned
             # into an error must reach every process.
             dtype = _jax_dtype(mm.dtype, what, "load", warn=s.rank == 0)
+            check_load(repr(path), mm.shape, dtype, mesh)  # before any block is read
             info = (path, (tuple(mm.shape), mm.dtype.str), _mesh_description(mesh))
         except Exception as e:  # noqa: BLE001
             error = e
