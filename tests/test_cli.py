@@ -116,6 +116,15 @@ def test_run_check_refuses_zero_repeats():
         run_check(args)
 
 
+@pytest.mark.parametrize("repeats", [0, -3])
+def test_median_time_refuses_no_repeats(repeats):
+    """Was statistics.StatisticsError ("no median for empty data") from deep inside."""
+    from pencilfft._measure import median_time
+
+    with pytest.raises(ValueError, match=rf"`repeats` must be at least 1; got {repeats}"):
+        median_time(lambda: 0, repeats=repeats)
+
+
 def test_default_meshes():
     assert default_meshes(8) == [(1, 8), (2, 4), (4, 2), (8, 1), (8,)]
 
