@@ -262,6 +262,14 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def loadavg() -> float | None:
+    """The 1-minute load average of the machine (None where the OS does not say)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def versions() -> dict[str, Any]:
     import jax
     import jaxlib
@@ -654,7 +662,8 @@ def make_record(case: Case, v: Variant, direction: str, times: list[float] | Non
         "mem_alias_bytes": mem.get("alias"),
         "mem_bytes": mem.get("total"),
         "max_rel_err": v.err.get(direction),
-        "machine": context["machine"],
+        # The load when the case finished: the machine may be shared (other jobs add noise).
+        "machine": {**context["machine"], "loadavg_1m": loadavg()},
         "versions": context["versions"],
         "command": context["command"],
     }

@@ -36,6 +36,37 @@ def series_label(r: Record) -> str:
     return f"{r['impl']} [{r['layout']}]"
 
 
+def all_series() -> list[str]:
+    """Every series label the implementations can give, in the tables' order."""
+    labels = []
+    for impl in IMPLS:
+        if impl in LAYOUT_FREE or impl in ONE_LAYOUT:
+            labels.append(impl)
+        else:
+            labels += [f"{impl} [transposed]", f"{impl} [natural]"]
+    return labels
+
+
+def series_color(label: str):
+    """A colour of its own for every series, the same in every figure (matplotlib's cycle has
+    10 colours for up to 13 series: two pairs shared one).  An implementation with two layouts
+    gets the dark and the light shade of one hue (tab20), the others a dark shade each; labels
+    no implementation gives share the last hue's shades, then grey."""
+    from matplotlib import colormaps
+
+    tab20 = colormaps["tab20"].colors
+    slots, hue = {}, 0
+    for impl in IMPLS:
+        if impl in LAYOUT_FREE or impl in ONE_LAYOUT:
+            slots[impl] = 2 * hue
+        else:
+            slots[f"{impl} [transposed]"], slots[f"{impl} [natural]"] = 2 * hue, 2 * hue + 1
+        hue += 1
+    if label in slots:
+        return tab20[slots[label]]
+    return tab20[2 * hue] if 2 * hue < len(tab20) else "0.5"
+
+
 def _series_order(label: str) -> tuple[int, str]:
     impl = label.split(" ")[0]
     return (list(IMPLS).index(impl) if impl in IMPLS else len(IMPLS), label)
@@ -112,7 +143,7 @@ def _plot_times(ax, series: dict[str, dict[int, Record]]):
         ns = sorted(pts)
         ns_all += ns
         t = [pts[n]["median_s"] for n in ns]
-        (line,) = ax.plot(ns, t, "o-", label=label)
+        (line,) = ax.plot(ns, t, "o-", label=label, color=series_color(label))
         drawn.append((label, ns, t, line.get_color()))
     return drawn, ns_all
 
@@ -126,18 +157,22 @@ def plot_strong(records: Sequence[Record], outdir: Path) -> list[Path]:
         any_eff = False
         for j, d in enumerate(dirs):
             drawn, ns_all = _plot_times(ax_t[0, j], best_by_devices([r for r in recs if r["direction"] == d]))
+            ideal = False
             for label, ns, t, color in drawn:
-                if len(ns) > 1:
+                if len(ns) > 1:  # an ideal needs a second device count to scale to
                     n0, t0 = ns[0], t[0]
-                    ax_t[0, j].plot(ns, [t0 * n0 / n for n in ns], "--", color=color, alpha=0.4)
+                    ax_t[0, j].plot(ns, [t0 * n0 / n for n in ns], "--", color=color, alpha=0.6)
                     ax_e[0, j].plot(ns, [t0 * n0 / (tt * n) for tt, n in zip(t, ns)], "o-",
                                     color=color, label=label)
-                    any_eff = True
+                    any_eff = ideal = True
+            if ideal:  # one legend entry for all the dashed lines
+                ax_t[0, j].plot([], [], "--", color="0.4", label="ideal t0·n0/n (dashed)")
             for ax in (ax_t[0, j], ax_e[0, j]):
                 _device_axis(ax, ns_all or [1])
             ax_t[0, j].set_yscale("log")
             ax_t[0, j].set_ylabel("median time per transform [s]")
-            ax_t[0, j].set_title(f"strong scaling {fmt_dims(shape)} {dtype}, {d}\n(dashed: ideal)")
+            ax_t[0, j].set_title(f"strong scaling {fmt_dims(shape)} {dtype}, {d}"
+                                 + ("\n(dashed: ideal)" if ideal else "\n(one device count: no ideal)"))
             _legend(ax_t[0, j], j == len(dirs) - 1)
             ax_e[0, j].axhline(1.0, color="k", lw=0.8, ls="--")
             ax_e[0, j].set_ylim(bottom=0)
@@ -204,7 +239,8 @@ def plot_bars(records: Sequence[Record], outdir: Path) -> list[Path]:
                 for m in meshes:
                     hit = [r["median_s"] for r in rs if tuple(r["pdims"]) == m and series_label(r) == label]
                     vals.append(min(hit) * 1e3 if hit else np.nan)
-                ax.bar(np.arange(len(meshes)) + (i - (len(labels) - 1) / 2) * width, vals, width, label=label)
+                ax.bar(np.arange(len(meshes)) + (i - (len(labels) - 1) / 2) * width, vals, width,
+                       label=label, color=series_color(label))
             ax.set_xticks(np.arange(len(meshes)))
             ax.set_xticklabels([fmt_dims(m) for m in meshes])
             ax.set_xlabel("mesh (pdims)")

@@ -241,25 +241,49 @@ def exchange_algorithms(plan) -> dict[str, str]:
     return {name: alg for name, n, alg in zip(plan.axes, plan.pdims, plan.exchanges) if n > 1}
 
 
+def mad(times: Sequence[float]) -> float:
+    """Median absolute deviation of repeated timings: their noise, robust to outliers."""
+    med = statistics.median(times)
+    return statistics.median(abs(t - med) for t in times)
+
+
 def case_records(programs: Sequence[Program], plan, shape: Sequence[int], pdims: Sequence[int],
                  dtype: str, context: dict[str, Any]) -> list[dict[str, Any]]:
-    """One record per program: median, ratio to the reference, step cost of prefixes."""
+    """One record per program: median, ratio to the reference, step cost of prefixes.
+
+    A step's cost is the difference of two medians (its prefix and the one before), each with
+    its own noise: `step_noise_s` is the sum of their median absolute deviations, and a step
+    below it (possibly negative) is reported as noise, not as a cost.
+    """
     ref = statistics.median(programs[0].times)
-    records, previous = [], 0.0
+    records, previous, previous_noise = [], 0.0, 0.0
     for p in programs:
         med = statistics.median(p.times)
-        step = None
+        step = noise = None
         if p.kind == "prefix":
             step, previous = med - previous, med
+            noise, previous_noise = mad(p.times) + previous_noise, mad(p.times)
         records.append({
             "tool": "steps", "timestamp": context["timestamp"], "program": p.name, "kind": p.kind,
             "shape": list(shape), "dtype": dtype, "pdims": list(pdims),
             "exchanges": exchange_algorithms(plan), "median_s": med, "min_s": min(p.times),
             "max_s": max(p.times), "times_s": p.times, "ratio_to_fftn_1dev": med / ref,
-            "step_s": step, "repeats": len(p.times), "machine": context["machine"],
+            "step_s": step, "step_noise_s": noise, "repeats": len(p.times),
+            "machine": {**context["machine"], "loadavg_1m": harness.loadavg()},
             "versions": context["versions"], "command": context["command"],
         })
     return records
+
+
+def step_cell(r: dict[str, Any]) -> str:
+    """A prefix's step cost in ms, or "noise (±n)" where it is within the noise of the two
+    medians it is the difference of (a negative cost is always noise)."""
+    noise = r.get("step_noise_s")
+    if noise is None:  # a record written before step_noise_s existed
+        noise = 0.0
+    if r["step_s"] <= noise:
+        return f"noise (±{fmt_ms(noise)})"
+    return fmt_ms(r["step_s"])
 
 
 def floor_seconds(records: Sequence[dict[str, Any]]) -> float:
@@ -273,7 +297,7 @@ def markdown(records: Sequence[dict[str, Any]]) -> str:
     """The table of one case and the floor line under it."""
     lines = ["| program | ms | ratio to fftn-1dev | step cost ms |", "|---|---|---|---|"]
     for r in records:
-        step = "" if r["step_s"] is None else fmt_ms(r["step_s"])
+        step = "" if r["step_s"] is None else step_cell(r)
         lines.append(f"| {r['program']} | {fmt_ms(r['median_s'])} | {r['ratio_to_fftn_1dev']:.2f} | {step} |")
     ref = records[0]["median_s"]
     floor = floor_seconds(records)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType
 
-from . import _mpi_exchange
+from . import _memory, _mpi_exchange  # issue 21: _memory for the one check_grid call below
 from ._decomposition import fits, process_grids
 from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
 from ._measure import median_time
@@ -269,6 +269,7 @@ def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transpo
     n_pencil = len(devices) // math.prod(batch)
     candidates = _candidates(shape, n_pencil, _check_pdims(pdims, n_pencil))
     _check_memory(shape, dtype, devices)
+    _memory.check_grid(shape, dtype, devices)  # issue 21: the limit the transforms check too
     real = dtype.kind == "f"
     fwd, inv = (prfft3d, pirfft3d) if real else (pfft3d, pifft3d)
     timings: dict[tuple[tuple[int, int], str], float] = {}

@@ -1,26 +1,37 @@
 """`pencilfft check`: the distributed FFT on every mesh and layout, cross-checked and timed.
 
 For each case: the error of pfft3d against jnp.fft.fftn of the same array, against
-jaxdecomp.pfft3d (transposed layout, when jaxdecomp is installed), the round-trip error of
-pifft3d(pfft3d(x)), the median forward time, and its speedup over jnp.fft.fftn on the sharded
-array (which all-gathers the grid onto every device).  Only process 0 prints.
+jaxdecomp.pfft3d (transposed layout, when jaxdecomp is installed and the grid needs no
+padding), the round-trip error of pifft3d(pfft3d(x), s=shape), the median forward time, and its
+speedup over jnp.fft.fftn on the sharded array (which all-gathers the grid onto every device).
+A spectrum the mesh pads (README "Grids the mesh does not divide") is sliced back to the exact
+spectrum before the comparison, and its padding must be zero.  Only process 0 prints.
+
+Exit status of `run_check`: 0 every case passed, 1 a case failed or no mesh could be checked,
+2 an option that cannot apply (a mesh of the wrong size or number of axes, a grid too big for
+the check's reference).
 """
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from ._decomposition import fits, process_grids
+from . import _memory
+from ._decomposition import check_mesh, process_grids, split_problem
 from ._fft import pfft3d, pifft3d
 from ._measure import max_rel_err, median_time
 from ._sharding import real_space_sharding
 
 TOLERANCE = {"complex64": 1e-5, "complex128": 1e-12}
+# Whole grids alive per device at once while the reference is compared: the sharded input
+# gathered by jnp.fft.fftn, its output, and the replicated spectrum and reference.
+_REFERENCE_GRIDS = 4
 
 
 @dataclass
@@ -33,13 +44,56 @@ class Row:
     time_s: float
     time_fftn_s: float
     note: str = ""
+    padded: str = ""  # e.g. "Y 32->33": the k-space axes the mesh pads
 
 
 def default_meshes(n: int) -> list[tuple[int, ...]]:
     return [*process_grids(n), (n,)]
 
 
-def _jaxdecomp_error(x_np, mesh_shape, k, dtype) -> tuple[float | None, str]:
+def axis_names(n_axes: int) -> tuple[str, ...]:
+    """Mesh axis names: "x", "y" for the axes that split X and Y (the last two); leading axes,
+    if a mesh has more, are "b0", "b1", ..."""
+    return tuple(f"b{i}" for i in range(n_axes - 2)) + ("x", "y")[: n_axes]
+
+
+def make_mesh(mesh_shape) -> jax.sharding.Mesh:
+    names = axis_names(len(mesh_shape))
+    return jax.make_mesh(tuple(mesh_shape), names, axis_types=(AxisType.Explicit,) * len(names))
+
+
+def _fmt(dims) -> str:
+    return "x".join(map(str, dims))
+
+
+def xy_pdims(mesh_shape) -> tuple[int, ...]:
+    """The sizes of the mesh axes that split X and Y in real space: the last two."""
+    return tuple(mesh_shape[-2:])
+
+
+def real_space_problem(shape, mesh_shape) -> str | None:
+    """Why the grid cannot be split on the mesh in real space (X by the axis before last, Y by
+    the last), e.g. "X=30 not divisible by 4"; None if it can (`_decomposition`'s rule)."""
+    xy = xy_pdims(mesh_shape)
+    if split_problem(shape, xy) is None:
+        return None
+    return next(f"{label}={n} not divisible by {p}"
+                for label, n, p in zip("XY", shape[:2], xy) if n % p)
+
+
+def padding(shape, mesh_shape) -> str:
+    """The k-space axes a mesh pads, e.g. "Y 32->33" ("" for none): Y to a multiple of the
+    axis that splits X in real space, Z to one of the axis that splits Y (the README's rule)."""
+    xy = xy_pdims(mesh_shape)
+    pa, pb = xy[0], (xy[1] if len(xy) > 1 else 1)
+    out = []
+    for label, n, p in (("Y", shape[1], pa), ("Z", shape[2], pb)):
+        if n % p:
+            out.append(f"{label} {n}->{-(-n // p) * p}")
+    return ", ".join(out)
+
+
+def _jaxdecomp_error(x_np, mesh_shape, exact) -> tuple[float | None, str]:
     try:
         import jaxdecomp
     except ImportError:
@@ -53,36 +107,83 @@ def _jaxdecomp_error(x_np, mesh_shape, k, dtype) -> tuple[float | None, str]:
         kd = jax.jit(jaxdecomp.pfft3d)(xa)
     except Exception as e:  # report, do not abort the whole check
         return None, f"jaxdecomp failed: {type(e).__name__}"
-    kd = jax.device_put(kd, NamedSharding(k.sharding.mesh, k.sharding.spec))
-    return max_rel_err(k, kd), ""
+    return max_rel_err(exact, jax.device_put(kd, exact.sharding)), ""
+
+
+def _exact_spectrum(k, exact_shape, replicated):
+    """(the exact spectrum, max |padding|): `k` replicated, then sliced (JAX cannot slice a
+    sharded axis to a length the mesh does not divide; the README's recipe)."""
+
+    @jax.jit
+    def cut(k):
+        whole = jax.sharding.reshard(k, replicated)
+        region = tuple(slice(0, n) for n in exact_shape)
+        return whole[region], jnp.max(jnp.abs(whole.at[region].set(0)))
+
+    exact, pad = cut(k)
+    return exact, float(pad)
 
 
 def check_case(x_np: np.ndarray, mesh_shape, layout: str, dtype: str, repeats: int) -> Row:
-    names = ("x", "y")[: len(mesh_shape)]
-    mesh = jax.make_mesh(mesh_shape, names, axis_types=(AxisType.Explicit,) * len(names))
-    x = jax.make_array_from_callback(x_np.shape, real_space_sharding(mesh), lambda i: x_np[i])
+    mesh = make_mesh(mesh_shape)
+    shape = tuple(x_np.shape)
+    x = jax.make_array_from_callback(shape, real_space_sharding(mesh), lambda i: x_np[i])
+    replicated = NamedSharding(mesh, P())
     fwd = jax.jit(lambda a: pfft3d(a, layout=layout))
-    bwd = jax.jit(lambda a: pifft3d(a, layout=layout))
+    bwd = jax.jit(lambda a: pifft3d(a, s=shape, layout=layout))
     fftn_sharded = jax.jit(lambda a: jnp.fft.fftn(a))
+    order = (1, 2, 0) if layout == "transposed" else (0, 1, 2)
+    reference = jax.jit(lambda a: jax.sharding.reshard(jnp.transpose(jnp.fft.fftn(a), order),
+                                                       replicated))
     k = fwd(x)
-    ref = fftn_sharded(x)
+    exact, pad = _exact_spectrum(k, tuple(shape[i] for i in order), replicated)
+    ref = reference(x)
+    err = max_rel_err(exact, ref)
+    scale = float(jnp.max(jnp.abs(ref))) or 1.0
+    err = max(err, pad / scale)  # the padding must be zero
+    padded = padding(shape, mesh_shape)
+    err_jd, note = None, ""
     if layout == "transposed":
-        ref = jax.jit(lambda r: jnp.transpose(r, (1, 2, 0)), out_shardings=k.sharding)(ref)
-    else:
-        ref = jax.device_put(ref, k.sharding)
-    err_jd, note = (None, "")
-    if layout == "transposed":
-        err_jd, note = _jaxdecomp_error(x_np, mesh_shape, k, dtype)
+        if padded:
+            note = "n/a: padded"  # jaxdecomp refuses grids its mesh does not divide
+        else:
+            err_jd, note = _jaxdecomp_error(x_np, mesh_shape, exact)
     return Row(
-        mesh="x".join(map(str, mesh_shape)),
+        mesh=_fmt(mesh_shape),
         layout=layout,
-        err_fftn=max_rel_err(k, ref),
+        err_fftn=err,
         err_jaxdecomp=err_jd,
         err_roundtrip=max_rel_err(bwd(k), x),
         time_s=median_time(fwd, x, repeats=repeats),
         time_fftn_s=median_time(fftn_sharded, x, repeats=repeats),
         note=note,
+        padded=padded,
     )
+
+
+def _mesh_problem(mesh_shape, n: int) -> str | None:
+    """Why `mesh_shape` cannot be used with n devices (None if it can)."""
+    if math.prod(mesh_shape) != n:
+        return f"mesh {_fmt(mesh_shape)} needs {math.prod(mesh_shape)} devices; there are {n}"
+    try:
+        check_mesh(make_mesh(mesh_shape))
+    except (TypeError, ValueError) as e:
+        return f"mesh {_fmt(mesh_shape)}: {e}"
+    return None
+
+
+def _reference_problem(shape, dtype: str) -> str | None:
+    """The check's reference holds whole grids on every device: refuse a grid that cannot fit
+    (XLA would abort the process) before anything is allocated."""
+    free = _memory.available(jax.local_devices())
+    grid = math.prod(shape) * np.dtype(dtype).itemsize
+    need = _REFERENCE_GRIDS * grid
+    if free is None or need <= free.per_device:
+        return None
+    return (f"--shape {_fmt(shape)} is too large for the check: its reference (jnp.fft.fftn on "
+            f"the sharded array) gathers the {_memory.gib(grid)} grid onto every device and needs "
+            f"about {_memory.gib(need)} per device, but a device has about {_memory.gib(free.per_device)} "
+            f"({free.source}); use a smaller --shape")
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -96,14 +197,17 @@ def run_check(args: argparse.Namespace) -> int:
 
     if args.dtype == "complex128":
         jax.config.update("jax_enable_x64", True)
+    if args.repeats < 1:
+        raise ValueError(f"`repeats` must be at least 1; got {args.repeats}")
     n = jax.device_count()
     meshes = args.meshes or default_meshes(n)
     lead = jax.process_index() == 0
-    console = Console(quiet=not lead)
+    console = Console(quiet=not lead, stderr=False)
     console.width = max(console.width, 112)  # the table is wider than a pipe's default 80
-    bad = [m for m in meshes if int(np.prod(m)) != n]
-    if bad:
-        console.print(f"[red]mesh {bad[0]} needs {int(np.prod(bad[0]))} devices; there are {n}")
+    problems = [p for p in (_mesh_problem(m, n) for m in meshes) if p]
+    problems += [p for p in [_reference_problem(args.shape, args.dtype)] if p]
+    if problems:
+        console.print(f"pencilfft check: error: {problems[0]}", style="red", markup=False)
         return 2
     X, Y, Z = args.shape
     rng = np.random.default_rng(0)
@@ -116,13 +220,14 @@ def run_check(args: argparse.Namespace) -> int:
     table = Table(title="pfft3d / pifft3d vs jnp.fft.fftn")
     for col in ("mesh", "layout", "err vs fftn", "err vs jaxdecomp", "round trip",
                 "pfft3d ms", "fftn(sharded) ms", "speedup", "status"):
-        table.add_column(col, justify="right" if col not in ("mesh", "layout", "status") else "left")
-    failed = 0
+        table.add_column(col, justify="right" if col not in ("mesh", "layout", "status") else "left",
+                         no_wrap=col == "status")
+    failed = checked = 0
+    padded = {}
     for mesh_shape in meshes:
-        pa, pb = mesh_shape[0], (mesh_shape[1] if len(mesh_shape) == 2 else 1)
-        if not fits(args.shape, mesh_shape):
-            table.add_row("x".join(map(str, mesh_shape)), "-", *["-"] * 6,
-                          f"skipped: X={X} % {pa} or Y={Y} % {pb}")
+        why = real_space_problem(args.shape, mesh_shape)
+        if why is not None:
+            table.add_row(_fmt(mesh_shape), "-", *["-"] * 6, f"skipped: {why}")
             continue
         for layout in args.layouts:
             row = check_case(x_np, mesh_shape, layout, args.dtype, args.repeats)
@@ -130,21 +235,36 @@ def run_check(args: argparse.Namespace) -> int:
                 [row.err_jaxdecomp] if row.err_jaxdecomp is not None else [])
             ok = all(e <= tol for e in errors)
             failed += not ok
+            checked += 1
+            if row.padded:
+                padded[row.mesh] = row.padded
             table.add_row(
                 row.mesh, row.layout, f"{row.err_fftn:.1e}",
                 f"{row.err_jaxdecomp:.1e}" if row.err_jaxdecomp is not None else (row.note or "-"),
                 f"{row.err_roundtrip:.1e}", f"{row.time_s * 1e3:.1f}",
                 f"{row.time_fftn_s * 1e3:.1f}", f"{row.time_fftn_s / row.time_s:.1f}x",
-                "[green]ok" if ok else f"[red]FAIL (> {tol:g})",
+                ("[green]ok" if ok else f"[red]FAIL (> {tol:g})")
+                + (" (padded)" if row.padded else ""),
             )
     console.print(table)
     console.print(f"errors: max|err|/max|ref|, tolerance {tol:g}; times: median of {args.repeats} "
                   "forward runs; fftn(sharded): jnp.fft.fftn on the same sharded array")
+    if padded:
+        console.print("padded: the mesh does not divide the grid in k space ("
+                      + "; ".join(f"{m}: {p}" for m, p in padded.items())
+                      + "); the spectrum was sliced back to the exact one, and its padding "
+                      "checked to be zero", markup=False)
     try:
         import jaxdecomp  # noqa: F401
     except ImportError:
         console.print("err vs jaxdecomp n/a: jaxdecomp is not installed "
                       "(pip install jaxdecomp packaging, or pip install -e '.[test]')",
                       markup=False)  # rich would take "[test]" for a style and drop it
+    if not checked:
+        console.print(
+            f"[red]nothing was checked: no mesh asked for splits the grid {X}x{Y}x{Z} in real "
+            "space (X must be divisible by the first mesh axis, Y by the second); choose "
+            "another --shape or --mesh")
+        return 1
     console.print("all checks passed" if not failed else f"[red]{failed} case(s) failed")
     return 1 if failed else 0

@@ -11,16 +11,20 @@ with the right process count, process id, coordinator and local devices:
 * anything else: nothing happens (one process sees all its devices).
 
 Once jax.distributed runs, `initialize()` also installs an exception hook that ends the whole
-job when one process dies of an uncaught exception (see `initialize`).
+job when one process dies of an uncaught exception, makes SIGTERM and SIGINT end it too, and
+keeps gloo's connection messages off standard output (see `initialize`).
 """
 from __future__ import annotations
 
+import atexit
 import inspect
 import os
 import re
+import signal
 import socket
 import stat
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -42,6 +46,10 @@ _SLURM_VARS = (
 _ABORT_ENV = "PENCILFFT_ABORT_ON_ERROR"
 # Set to 0 (or false/no/off) to leave the CPU affinity of processes alone under mpirun.
 _BIND_ENV = "PENCILFFT_BIND_CPUS"
+# Set to 0 (or false/no/off) to keep the default (jax's) handling of SIGTERM and SIGINT.
+_SIGNAL_ENV = "PENCILFFT_STOP_ON_SIGNAL"
+# The signals that end the job: a batch system's cancel or time limit, `timeout`, Ctrl-C.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # (local rank, processes on this node), as MPI launchers set them: MPICH/Hydra and Intel MPI,
 # Open MPI.
 _LOCAL_VARS = (("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
@@ -51,7 +59,8 @@ _VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DE
 
 
 def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
-               bind_cpus: bool | None = None, **overrides) -> None:
+               bind_cpus: bool | None = None, stop_on_signal: bool | None = None,
+               **overrides) -> None:
     """Start `jax.distributed` if this process was started by mpirun/mpiexec or srun.
 
     Call it once at the top of the program, before anything that touches jax devices (jax
@@ -60,7 +69,10 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
     again after a successful start it returns at once.
 
     Args:
-      verbose: print one line per process saying what was detected and started.
+      verbose: print one line per process saying what was detected and started, and keep
+        gloo's "[Gloo] Rank r is connected to n peer ranks" lines (one per process and
+        communicator, on CPUs): without it they are dropped from standard output (lines
+        that report fewer connections than expected are kept).
       abort_on_error: when jax.distributed runs, install a `sys.excepthook` that prints the
         traceback of an uncaught exception, waits (at most 2 s) until the launcher has read
         it, and then ends every process of the job (`MPI.COMM_WORLD.Abort(1)`, or
@@ -76,6 +88,14 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
         2 cores 1.5x faster (benchmarks/RESULTS.md).  A process the launcher already bound
         (`mpirun -bind-to`, srun's --cpu-bind) is left as it is.  Default: on, unless the
         environment variable PENCILFFT_BIND_CPUS is 0/false/no/off.
+      stop_on_signal: when jax.distributed runs, SIGTERM and SIGINT (a batch system's cancel or
+        time limit, `timeout`, Ctrl-C) end this process at once with exit status 128 + the
+        signal's number, and every other process of the job through `MPI.COMM_WORLD.Abort`,
+        even while it waits in a collective.  jax.distributed's own SIGTERM handler (its
+        preemption notice, which logs "SIGTERM caught" and keeps running) is replaced.
+        Default: on, unless the environment variable PENCILFFT_STOP_ON_SIGNAL is
+        0/false/no/off; `stop_on_signal=False` also restores the handlers found before.  Not
+        installed in an interactive interpreter.
       **overrides: passed on to `jax.distributed.initialize` and taking precedence over what
         was detected (e.g. `coordinator_address`, `local_device_ids`,
         `initialization_timeout`).  Without a launcher, jax is started only when a
@@ -85,12 +105,17 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
     _check_overrides(overrides)
     abort_on_error = _switch(abort_on_error, "abort_on_error", _ABORT_ENV)
     bind_cpus = _switch(bind_cpus, "bind_cpus", _BIND_ENV)
+    stop_on_signal = _switch(stop_on_signal, "stop_on_signal", _SIGNAL_ENV)
     if not abort_on_error:
         _remove_abort_hook()
+    if not stop_on_signal:
+        _remove_signal_handlers()
     if jax.distributed.is_initialized():
         _say(verbose, "jax.distributed is already initialized; nothing to do")
         if abort_on_error:
             _install_abort_hook(verbose)
+        if stop_on_signal:
+            _install_signal_handlers(verbose)
         return
     env = os.environ
     started = False
@@ -101,7 +126,8 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
         if bind_cpus:
             _bind_cpus(env, verbose)
         started = _start(verbose, "MPI", kwargs)
-    elif all(v in env for v in _SLURM_VARS) and int(env["SLURM_NTASKS"]) > 1:
+    elif (all(v in env for v in _SLURM_VARS)
+          and _launcher_int(env, "SLURM_NTASKS", 1, _SLURM_WAY_OUT) > 1):
         started = _start(verbose, "SLURM", _slurm_arguments(env, overrides))
     elif "coordinator_address" in overrides or "JAX_COORDINATOR_ADDRESS" in env:
         # No launcher, but a coordinator: each process was set up by hand.
@@ -110,6 +136,12 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
         _say(verbose, "single process (no mpirun/srun detected); jax.distributed not started")
     if started and abort_on_error:
         _install_abort_hook(verbose)
+    if started and stop_on_signal:
+        # After jax.distributed.initialize: it installs its own SIGTERM handler, which ours
+        # must replace (a later install would be overwritten by it).
+        _install_signal_handlers(verbose)
+    if started and not verbose:
+        _hide_gloo_chatter()
 
 
 def _check_overrides(overrides: dict) -> None:
@@ -122,7 +154,8 @@ def _check_overrides(overrides: dict) -> None:
     if unknown:
         raise TypeError(
             f"initialize() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
-            f"expected verbose, abort_on_error or an argument of jax.distributed.initialize: "
+            f"expected verbose, abort_on_error, bind_cpus, stop_on_signal or an argument of "
+            f"jax.distributed.initialize: "
             f"{', '.join(accepted)}"
         )
 
@@ -167,7 +200,7 @@ def _bind_cpus(env: Mapping[str, str], verbose: bool) -> None:
         return  # not Linux
     for rank_var, size_var in _LOCAL_VARS:
         if rank_var in env and size_var in env:
-            local_rank, local_size = int(env[rank_var]), int(env[size_var])
+            local_rank, local_size = _local_rank_and_size(env, rank_var, size_var)
             break
     else:
         return
@@ -178,6 +211,44 @@ def _bind_cpus(env: Mapping[str, str], verbose: bool) -> None:
     os.sched_setaffinity(0, share)
     _say(verbose, f"local process {local_rank} of {local_size}: bound to CPUs {share} "
                   f"({_BIND_ENV}=0 to leave them alone)")
+
+
+_BIND_WAY_OUT = (f"these launcher variables say which share of the node's cores this process "
+                 f"gets: fix the launcher's environment, or set {_BIND_ENV}=0 "
+                 "(initialize(bind_cpus=False)) to leave the CPU binding alone")
+
+
+_SLURM_WAY_OUT = ("SLURM sets it in every task of a job step: run under srun, or unset the "
+                  "SLURM_* variables for a plain process, or pass coordinator_address, "
+                  "num_processes and process_id to initialize()")
+
+
+def _launcher_int(env: Mapping[str, str], name: str, minimum: int, way_out: str) -> int:
+    """The integer in launcher variable `name`, at least `minimum`; a ValueError that names the
+    variable, its value and the way out otherwise (not int()'s bare "invalid literal")."""
+    text = env[name]
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ValueError(
+            f"environment variable {name}={text!r} must be an integer >= {minimum}; {way_out}"
+        )
+    return value
+
+
+def _local_rank_and_size(env: Mapping[str, str], rank_var: str, size_var: str) -> tuple[int, int]:
+    """(this process's rank on its node, processes on the node), checked."""
+    rank = _launcher_int(env, rank_var, 0, _BIND_WAY_OUT)
+    size = _launcher_int(env, size_var, 1, _BIND_WAY_OUT)
+    if rank >= size:
+        raise ValueError(
+            f"environment variables {rank_var}={env[rank_var]!r} and {size_var}="
+            f"{env[size_var]!r}: the local rank must be below the number of processes on the "
+            f"node; {_BIND_WAY_OUT}"
+        )
+    return rank, size
 
 
 # ------------------------------------------------------------------------- uncaught errors
@@ -214,6 +285,7 @@ def _make_abort_hook(previous, index: int, count: int):
             )
             sys.stderr.flush()
             sys.stdout.flush()
+            _stop_stdout_filter()
             _wait_until_read()
         finally:
             _abort_job()
@@ -252,8 +324,9 @@ def _wait_until_read(fds: Sequence[int] = (1, 2), timeout: float = 2.0) -> None:
             continue
 
 
-def _abort_job() -> None:
-    """End this process now and, through MPI when it runs, every other process of the job.
+def _abort_job(status: int = 1) -> None:
+    """End this process now with `status` and, through MPI when it runs, every other process
+    of the job.
 
     Exiting normally would run jax's atexit shutdown, which waits for the other processes,
     themselves waiting for this one in a collective.
@@ -261,9 +334,217 @@ def _abort_job() -> None:
     mpi = sys.modules.get("mpi4py.MPI")
     try:
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-            mpi.COMM_WORLD.Abort(1)
+            mpi.COMM_WORLD.Abort(status)
     finally:
-        os._exit(1)
+        os._exit(status)
+
+
+# --------------------------------------------------------------------------------- signals
+#
+# A Python signal handler runs in the main thread, between two bytecodes: never while that
+# thread waits in a collective inside XLA or MPI, which is where a stopped job usually is.
+# So the handler is installed through Python (which replaces jax's C handler) only to have
+# Python's C-level trampoline write the signal's number to a "wakeup" pipe
+# (`signal.set_wakeup_fd`), and a thread waiting on that pipe ends the job.
+
+
+class _SignalState:
+    installed = False
+    previous: dict = {}  # signal -> the handler found before (None: one set outside Python)
+    previous_wakeup_fd = -1
+    pipe: tuple[int, int] | None = None
+    stopping = threading.Lock()
+
+
+def _install_signal_handlers(verbose: bool = False) -> bool:
+    """SIGTERM and SIGINT end the whole job (once); True if installed."""
+    st = _SignalState
+    if st.installed:
+        return True
+    if sys.flags.interactive or hasattr(sys, "ps1"):
+        _say(verbose, "interactive interpreter: SIGTERM/SIGINT keep their handlers")
+        return False
+    if threading.current_thread() is not threading.main_thread():
+        _say(verbose, "not the main thread: SIGTERM/SIGINT keep their handlers")
+        return False
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)  # set_wakeup_fd requires it
+    # A signal the process was started with ignored (nohup, a background job of a script)
+    # stays ignored, as Python itself leaves SIGINT then.
+    st.previous = {s: signal.getsignal(s) for s in _STOP_SIGNALS
+                   if signal.getsignal(s) != signal.SIG_IGN}
+    for s in st.previous:
+        signal.signal(s, _on_signal)
+    st.previous_wakeup_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    st.pipe = (read_fd, write_fd)
+    threading.Thread(target=_watch_signals, args=(read_fd, st.previous_wakeup_fd),
+                     name="pencilfft-signals", daemon=True).start()
+    st.installed = True
+    _say(verbose, f"SIGTERM and SIGINT end the whole job ({_SIGNAL_ENV}=0 to keep jax's "
+                  "handling)")
+    return True
+
+
+def _remove_signal_handlers() -> None:
+    st = _SignalState
+    if not st.installed or threading.current_thread() is not threading.main_thread():
+        return
+    for s, handler in st.previous.items():
+        # None: the handler was not set from Python (jax's C handler); it cannot be restored
+        # from here, the default is the closest.
+        signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+    signal.set_wakeup_fd(st.previous_wakeup_fd)
+    read_fd, write_fd = st.pipe
+    os.close(write_fd)  # the watcher reads EOF and ends
+    st.installed, st.pipe = False, None
+
+
+def _watch_signals(read_fd: int, forward_fd: int) -> None:
+    """Wait on the wakeup pipe; end the job on SIGTERM/SIGINT.  Bytes also go on to a wakeup
+    fd set before ours (asyncio's, say), so that its owner still sees its signals."""
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            break
+        if not data:
+            break
+        if forward_fd >= 0:
+            try:
+                os.write(forward_fd, data)
+            except OSError:
+                pass
+        for signum in data:
+            if signum in _STOP_SIGNALS:
+                _stop_job(signum)
+    os.close(read_fd)
+
+
+def _on_signal(signum: int, frame) -> None:
+    """The Python-level handler: where the main thread gets to it first."""
+    _stop_job(signum)
+
+
+def _stop_job(signum: int) -> None:
+    """Say why, then end this process with 128 + signum and the job with it (first caller
+    only: the watcher thread and the main thread's handler may both get here)."""
+    if not _SignalState.stopping.acquire(blocking=False):
+        threading.Event().wait()  # the other caller is ending the process
+    name = signal.Signals(signum).name
+    status = 128 + signum
+    try:
+        sys.stderr.write(
+            f"pencilfft: process {jax.process_index()} of {jax.process_count()} received {name}; "
+            f"ending every process of the job (exit status {status}; {_SIGNAL_ENV}=0 turns "
+            "this off)\n"
+        )
+        sys.stderr.flush()
+        _stop_stdout_filter()
+        _wait_until_read(timeout=1.0)
+    finally:
+        _abort_job(status)
+
+
+# ------------------------------------------------------------------------ gloo's messages
+#
+# gloo (jax's CPU collectives across processes) writes "[Gloo] Rank 1 is connected to 3 peer
+# ranks. Expected number of connected peer ranks is : 3" to standard output with std::cout,
+# unconditionally (no log level), once per process and communicator: tens of lines per run.
+# They can only be dropped below Python: standard output (fd 1) becomes a pipe that a thread
+# copies to the real one, line by line, leaving these out.
+
+_GLOO_LINE = re.compile(
+    rb"\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. "
+    rb"Expected number of connected peer ranks is : (\d+)\r?"
+)
+_GLOO_PREFIX = b"[Gloo] "
+
+
+def _is_gloo_chatter(line: bytes) -> bool:
+    """A gloo connection line that reports every expected peer (the others are kept)."""
+    m = _GLOO_LINE.fullmatch(line)
+    return m is not None and m.group(1) == m.group(2)
+
+
+class _LineFilter:
+    """Copy what is written to `fd` to where `fd` pointed before, without gloo's chatter."""
+
+    def __init__(self, fd: int = 1) -> None:
+        self.fd = fd
+        self.real = os.dup(fd)
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, fd)
+        os.close(write_fd)
+        self.inode = os.fstat(fd).st_ino
+        self.read_fd = read_fd
+        self.thread = threading.Thread(target=self._pump, name="pencilfft-stdout", daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(self.read_fd, 1 << 16)
+            except OSError:
+                break
+            if not chunk:
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
+            out = b"".join(line + b"\n" for line in lines if not _is_gloo_chatter(line))
+            # A partial line goes out at once (a progress bar), unless it may become gloo's.
+            if pending and not (pending.startswith(_GLOO_PREFIX)
+                                or _GLOO_PREFIX.startswith(pending)):
+                out, pending = out + pending, b""
+            self._write(out)
+        if not _is_gloo_chatter(pending):
+            self._write(pending)
+        os.close(self.read_fd)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.real, view):]
+            except OSError:
+                return  # the reader is gone: nothing to do about it here
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Point `fd` back at the real output and forward what is still in the pipe."""
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        try:
+            still_ours = os.fstat(self.fd).st_ino == self.inode
+        except OSError:
+            still_ours = False
+        if still_ours:  # someone else (pytest's capture) may have replaced it meanwhile
+            os.dup2(self.real, self.fd)  # closes the pipe's last write end: the pump ends
+        self.thread.join(timeout)
+
+
+_FILTER: list[_LineFilter] = []
+
+
+def _hide_gloo_chatter() -> None:
+    """Drop gloo's connection lines from fd 1 (once), if CPU collectives go through gloo."""
+    try:
+        gloo = jax.config.jax_cpu_collectives_implementation == "gloo"
+    except AttributeError:
+        gloo = False
+    if _FILTER or not gloo:
+        return
+    try:
+        _FILTER.append(_LineFilter(1))
+    except OSError:
+        return  # no standard output to filter
+    atexit.register(_stop_stdout_filter)
+
+
+def _stop_stdout_filter() -> None:
+    while _FILTER:
+        _FILTER.pop().stop()
+
 
 
 def _say(verbose: bool, message: str) -> None:
@@ -387,7 +668,8 @@ def _slurm_arguments(env: Mapping[str, str], overrides: dict) -> dict:
                 # All GPUs of the node visible to each task -> shared; fewer -> bound per task.
                 shared = len(visible) >= int(env["SLURM_GPUS_ON_NODE"])
             kwargs["local_device_ids"] = _choose_local_device_ids(
-                int(env["SLURM_LOCALID"]), local_size, visible, shared
+                _launcher_int(env, "SLURM_LOCALID", 0, _SLURM_WAY_OUT), local_size, visible,
+                shared
             )
     return kwargs
 
@@ -398,7 +680,9 @@ def _slurm_tasks_on_this_node(env: Mapping[str, str]) -> int | None:
     SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE look like "4(x2),2": 4 tasks on each of
     the first two nodes, 2 on the third; SLURM_NODEID is this node's position in that list.
     """
-    node = int(env.get("SLURM_NODEID", "0"))
+    node = 0
+    if "SLURM_NODEID" in env:
+        node = _launcher_int(env, "SLURM_NODEID", 0, _SLURM_WAY_OUT)
     for var in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
         counts = _expand_tasks_per_node(env.get(var, ""))
         if counts and node < len(counts):

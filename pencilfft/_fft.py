@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding
 
 from ._plan import Plan, _is_tracer, plan_backward, plan_forward
 from ._partitioned import Transform, apply, place
+from ._memory import check_transform
 from ._stages import Exchange, Fft, Pad, Stage
 from ._transpose import transpose_blocks
 
@@ -96,6 +97,7 @@ def _backward_block(plan: Plan, k: jax.Array) -> jax.Array:
 
 
 def _run(plan: Plan, block_fn, x, in_spec, out_spec, exchange: str):
+    check_transform(plan, block_fn is _forward_block, x)  # too big for the devices? before XLA
     if plan.mesh is None:
         if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
             if exchange == "mpi":

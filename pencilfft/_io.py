@@ -35,6 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, Sharding
 
 from ._decomposition import check_mesh, mesh_axes, split_problem
+from ._memory import MemoryLimitError, check_load
 from ._sharding import real_space_sharding
 
 __all__ = ["scatter", "gather", "save", "load"]
@@ -59,7 +60,8 @@ _TMP_SUFFIX = ".pencilfft-tmp"
 _EXCEPTIONS = {
     e.__name__: e
     for e in (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError,
-              NotADirectoryError, PermissionError, OSError, MemoryError, RuntimeError)
+              NotADirectoryError, PermissionError, OSError, MemoryLimitError, MemoryError,
+              RuntimeError)
 }
 
 Key = tuple[tuple[int, int], ...]  # a block: (start, stop) per global axis
@@ -73,8 +75,8 @@ def scatter(data: np.ndarray | None, mesh: Mesh, *, root: int = 0, comm: Any = N
 
     Args:
       data: on rank `root`, the whole array, global shape (..., X, Y, Z) with X divisible by
-        the first mesh axis and Y by the second (integer, float or complex dtype); `None` on
-        every other rank.
+        the first mesh axis and Y by the second (bool, integer, float or complex dtype);
+        `None` on every other rank.
       mesh: a 1-axis (slab) or 2-axis (pencil) mesh over the devices of all processes, the
         same (axes, sizes, device order) on every process.
       root: the rank of `comm` holding `data`.
@@ -283,8 +285,10 @@ def load(path: str | os.PathLike, mesh: Mesh, *, comm: Any = None) -> jax.Array:
 
     Every process memory-maps the file and reads only the blocks of its own devices.  The
     array must have at least 3 dimensions (..., X, Y, Z), X divisible by the first mesh axis,
-    Y by the second, and an integer, float or complex dtype.  `mesh` must be the same on every
-    process.  64-bit data becomes 32-bit, with a warning, without `jax_enable_x64`.
+    Y by the second, and a bool, integer, float or complex dtype.  `mesh` must be the same on
+    every process.  64-bit data becomes 32-bit, with a warning, without `jax_enable_x64`.
+    Blocks that cannot fit in the devices' memory are refused before any is read
+    (`MemoryLimitError`, a MemoryError; see README "Memory").
 
     Returns:
       The global array, shape as in the file, sharded as `real_space_sharding(mesh, ndim)`.
@@ -301,6 +305,7 @@ def load(path: str | os.PathLike, mesh: Mesh, *, comm: Any = None) -> jax.Array:
             # Only rank 0 warns (one message per job), but inside the checks: a warning turned
             # into an error must reach every process.
             dtype = _jax_dtype(mm.dtype, what, "load", warn=s.rank == 0)
+            check_load(repr(path), mm.shape, dtype, mesh)  # before any block is read
             info = (path, (tuple(mm.shape), mm.dtype.str), _mesh_description(mesh))
         except Exception as e:  # noqa: BLE001
             error = e
@@ -540,16 +545,17 @@ def _root_value(root: Any) -> Any:
 def _jax_supports(dtype: np.dtype) -> bool:
     if dtype == jnp.bfloat16:
         return True
-    return dtype.kind in "iufc" and dtype.itemsize <= (16 if dtype.kind == "c" else 8)
+    return dtype.kind in "biufc" and dtype.itemsize <= (16 if dtype.kind == "c" else 8)
 
 
 def _check_jax_dtype(dtype: np.dtype, what: str) -> None:
-    """The dtypes the transforms take: integers, floats (bfloat16 too) and complex numbers."""
+    """The dtypes `scatter` and `load` take: what `save` writes (bool, integers, floats,
+    complex numbers) and bfloat16, which jax has but a .npy file cannot describe."""
     dtype = np.dtype(dtype)
     if not _jax_supports(dtype):
-        extra = ", which jax does not support" if dtype.kind in "iufc" else ""
+        extra = ", which jax does not support" if dtype.kind in "biufc" else ""
         raise TypeError(
-            f"{what} must have an integer, float or complex dtype; got dtype {dtype}{extra}"
+            f"{what} must have a bool, integer, float or complex dtype; got dtype {dtype}{extra}"
         )
 
 
@@ -626,28 +632,76 @@ def _check_target(path: str) -> None:
         raise IsADirectoryError(f"`path` {path!r} is a directory; expected a file name")
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
 def _open_npy(path: str) -> np.ndarray:
-    """Memory-map the array in a .npy file (reads nothing but the header)."""
+    """Memory-map the array in a .npy file (reads nothing but the header).
+
+    The header is read here first, so that a file that is not a .npy file, a corrupt or
+    truncated one and one holding Python objects each get a message that says so (numpy's
+    own would speak of pickles and an `allow_pickle` argument that `load` does not have).
+    """
     if not os.path.lexists(path):
         raise FileNotFoundError(f"`path` names no file: {path!r}")
     if os.path.isdir(path):
         raise IsADirectoryError(f"`path` {path!r} is a directory; expected a .npy file")
     try:
-        with open(path, "rb"):
-            pass
+        with open(path, "rb") as f:
+            shape, fortran, dtype, offset = _read_npy_header(f, path)
     except PermissionError as e:
         raise PermissionError(f"`path` {path!r} cannot be read: {e.strerror}") from e
     except FileNotFoundError as e:  # e.g. a dangling symbolic link
         raise FileNotFoundError(f"`path` names no file: {path!r} ({e.strerror})") from e
+    if dtype.hasobject:
+        raise TypeError(
+            f"the array in {path!r} holds Python objects (dtype {dtype}, stored as pickles); "
+            f"pencilfft.load reads bool, integer, float and complex arrays only"
+        )
+    data = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = os.path.getsize(path)
+    if size < offset + data:
+        raise ValueError(
+            f"`path` {path!r} is truncated: its .npy header describes an array of shape "
+            f"{tuple(shape)} and dtype {dtype} ({data} bytes after the header), but the file "
+            f"holds only {size - offset} bytes after the header"
+        )
     try:
         mm = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as e:  # noqa: BLE001 - numpy says ValueError, OSError, EOFError ...
         raise ValueError(f"`path` {path!r} is not a readable .npy file: {e}") from e
-    if not isinstance(mm, np.ndarray):  # e.g. an .npz archive
-        if hasattr(mm, "close"):
-            mm.close()
-        raise ValueError(f"`path` {path!r} is not a .npy file (got {type(mm).__name__})")
     return mm
+
+
+def _read_npy_header(f, path: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, fortran order, dtype, offset of the data) from an open .npy file."""
+    start = f.read(len(_NPY_MAGIC))
+    if start.startswith(_ZIP_MAGIC):
+        raise ValueError(
+            f"`path` {path!r} is a .npz archive (numpy.savez), not a .npy file; load one array "
+            f"of it with numpy.load and write it with numpy.save or pencilfft.save"
+        )
+    if start != _NPY_MAGIC:
+        what = "it is empty" if not start else (
+            f"it does not start with numpy's magic string {_NPY_MAGIC!r} (its first bytes are "
+            f"{start + f.read(10)!r})")
+        raise ValueError(
+            f"`path` {path!r} is not a .npy file: {what}; expected a file written by "
+            f"numpy.save or pencilfft.save"
+        )
+    f.seek(0)
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:  # 3.0 (utf-8 field names): numpy has no public reader for it
+            shape, fortran, dtype = np.lib.format._read_array_header(f, version)
+    except (ValueError, EOFError, SyntaxError, TypeError, AttributeError) as e:
+        raise ValueError(f"`path` {path!r} has a corrupt .npy header: {e}") from e
+    return tuple(shape), bool(fortran), np.dtype(dtype), f.tell()
 
 
 def _describe_value(v: Any) -> str:

@@ -27,6 +27,8 @@ def time_once(fn: Callable, *args) -> tuple[float, Any]:
 
 def median_time(fn: Callable, *args, repeats: int, warmup: int = 1) -> float:
     """Median seconds of `repeats` calls after `warmup` untimed ones (compilation, caches)."""
+    if repeats < 1:  # statistics.median of nothing: a StatisticsError far from the cause
+        raise ValueError(f"`repeats` must be at least 1; got {repeats}")
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
     return statistics.median(time_once(fn, *args)[0] for _ in range(repeats))

@@ -22,15 +22,39 @@ LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
 status=0
 
+# Stopped (Ctrl-C, kill, a cancelled CI job), stop the running step too: bash runs a trap only
+# once its foreground command is done, so each step runs in the background and is waited for
+# (`wait` returns at once on a trapped signal).  timeout(1) passes our TERM on to the step's
+# processes (mpirun, the ranks: pencilfft.initialize() makes them end on it) and kills them
+# 30 s later if they are still there.
+child=
+stop() {  # stop EXIT_STATUS
+  trap - INT TERM HUP
+  echo "== tests/run.sh stopped: stopping the running step"
+  if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; fi
+  exit "$1"
+}
+trap 'stop 130' INT
+trap 'stop 143' TERM
+trap 'stop 129' HUP
+step() {  # step CMD...: run a step with its timeout, in the background, and wait for it
+  timeout -k 30 "$STEP_TIMEOUT" "$@" &
+  child=$!
+  local rc=0
+  wait "$child" || rc=$?
+  child=
+  return "$rc"
+}
+
 echo "== single process, 8 devices"
-PENCILFFT_TEST_DEVICES=8 timeout -k 30 "$STEP_TIMEOUT" "${PYTEST[@]}" "$@" || status=1
+PENCILFFT_TEST_DEVICES=8 step "${PYTEST[@]}" "$@" || status=1
 
 for np in 2 4; do
   echo "== mpirun -np $np, $((8 / np)) devices per process"
   rm -f "$LOGS"/rank*
   rc=0
-  PENCILFFT_LOG_DIR=$LOGS PENCILFFT_TEST_DEVICES=$((8 / np)) timeout -k 30 "$STEP_TIMEOUT" \
-    "$MPIRUN" -np "$np" "${PYTEST[@]}" "$@" || rc=$?
+  PENCILFFT_LOG_DIR=$LOGS PENCILFFT_TEST_DEVICES=$((8 / np)) \
+    step "$MPIRUN" -np "$np" "${PYTEST[@]}" "$@" || rc=$?
   if [ "$rc" = 124 ]; then echo "== mpirun -np $np timed out"; fi
   for ((r = 1; r < np; r++)); do
     rank_rc=$(cat "$LOGS/rank$r.rc" 2>/dev/null || echo "none (killed)")

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import jax
@@ -286,19 +288,22 @@ def test_launched_by_mpi(env, expected):
 def test_initialize_rejects_unknown_keyword():
     """Before, a misspelt option was ignored in a single process and failed only under mpirun."""
     with pytest.raises(TypeError, match=r"initialize\(\) got unexpected keyword argument\(s\) "
-                                        r"'bogus_kwarg'; expected verbose, abort_on_error or an "
-                                        r"argument of jax.distributed.initialize: coordinator_address"):
+                                        r"'bogus_kwarg'; expected verbose, abort_on_error, "
+                                        r"bind_cpus, stop_on_signal or an argument of "
+                                        r"jax.distributed.initialize: coordinator_address"):
         initialize(bogus_kwarg=1)
 
 
+@pytest.mark.parametrize("argname", ["abort_on_error", "stop_on_signal"])
 @pytest.mark.parametrize("value", [1, "yes"])
-def test_initialize_rejects_bad_abort_on_error(value):
-    with pytest.raises(TypeError, match=r"`abort_on_error` must be True, False or None"):
-        initialize(abort_on_error=value)
+def test_initialize_rejects_bad_switch(argname, value):
+    with pytest.raises(TypeError, match=rf"`{argname}` must be True, False or None"):
+        initialize(**{argname: value})
 
 
 @pytest.mark.parametrize("argname,env_name", [
     ("abort_on_error", "PENCILFFT_ABORT_ON_ERROR"), ("bind_cpus", "PENCILFFT_BIND_CPUS"),
+    ("stop_on_signal", "PENCILFFT_STOP_ON_SIGNAL"),
 ])
 @pytest.mark.parametrize("value,expected", [
     (None, True), ("1", True), ("", True), ("on", True), ("0", False), ("False", False),
@@ -353,6 +358,127 @@ def test_bind_cpus(monkeypatch, env, cpus, expected):
     calls = _fake_affinity(monkeypatch, cpus)
     _distributed._bind_cpus(env, verbose=False)
     assert calls == expected
+
+
+_WAY_OUT = "PENCILFFT_BIND_CPUS=0 (initialize(bind_cpus=False))"
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"MPI_LOCALRANKID": "abc", "MPI_LOCALNRANKS": "2"},
+     "environment variable MPI_LOCALRANKID='abc' must be an integer >= 0"),
+    ({"MPI_LOCALRANKID": "-1", "MPI_LOCALNRANKS": "2"},
+     "environment variable MPI_LOCALRANKID='-1' must be an integer >= 0"),
+    ({"MPI_LOCALRANKID": "5", "MPI_LOCALNRANKS": "2"},
+     "environment variables MPI_LOCALRANKID='5' and MPI_LOCALNRANKS='2': the local rank must be "
+     "below the number of processes on the node"),
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "0"},
+     "environment variable OMPI_COMM_WORLD_LOCAL_SIZE='0' must be an integer >= 1"),
+], ids=["not-a-number", "negative", "beyond-size", "size-0"])
+def test_bad_local_rank_variables_say_which_and_the_way_out(monkeypatch, env, message):
+    """Were int()'s bare "invalid literal" or sched_setaffinity's "OSError: [Errno 22]"."""
+    calls = _fake_affinity(monkeypatch, range(8))
+    with pytest.raises(ValueError, match=re.escape(message) + ".*" + re.escape(_WAY_OUT)):
+        _distributed._bind_cpus(env, verbose=False)
+    assert calls == []
+
+
+@pytest.mark.parametrize("env,name", [
+    ({"SLURM_NODEID": "first", "SLURM_TASKS_PER_NODE": "2"}, "SLURM_NODEID='first'"),
+    ({"SLURM_NODEID": "-2", "SLURM_TASKS_PER_NODE": "2"}, "SLURM_NODEID='-2'"),
+])
+def test_bad_slurm_variables_say_which(env, name):
+    with pytest.raises(ValueError, match=re.escape(f"environment variable {name} must be an "
+                                                   "integer >= 0; SLURM sets it")):
+        _distributed._slurm_tasks_on_this_node(env)
+
+
+@pytest.mark.single_process
+def test_initialize_with_bad_slurm_ntasks_says_which(monkeypatch):
+    for var in _distributed._SLURM_VARS:
+        monkeypatch.setenv(var, "0")
+    monkeypatch.setenv("SLURM_NTASKS", "many")
+    with pytest.raises(ValueError, match=r"environment variable SLURM_NTASKS='many' must be an "
+                                         r"integer >= 1; SLURM sets it in every task"):
+        initialize()
+
+
+# ------------------------------------------------------------------------ gloo's chatter
+
+_GLOO = b"[Gloo] Rank %d is connected to %d peer ranks. Expected number of connected peer " \
+        b"ranks is : %d\n"
+
+
+def test_gloo_chatter_is_dropped_from_standard_output():
+    """What initialize() puts on fd 1 under a launcher, tried on a pipe standing for it."""
+    import select
+
+    read_end, write_end = os.pipe()
+    fd = os.dup(write_end)  # "standard output"
+    filt = _distributed._LineFilter(fd)
+    try:
+        os.write(fd, b"before\n" + _GLOO % (0, 3, 3))
+        for piece in (b"[Gloo] Rank ", b"1 is connected to 2 peer ranks. ",  # unbuffered C++
+                      b"Expected number of connected peer ranks is : 3\n"):
+            os.write(fd, piece)
+        os.write(fd, _GLOO % (2, 3, 3) + b"progress 50%\r")
+        got = b""
+        deadline = time.monotonic() + 20
+        while not got.endswith(b"50%\r") and time.monotonic() < deadline:
+            if select.select([read_end], [], [], 0.1)[0]:
+                got += os.read(read_end, 4096)
+        # a partial line (a progress bar) is not held back until its newline
+        assert got.endswith(b"progress 50%\r"), got
+        os.write(fd, b"after, no newline")
+    finally:
+        filt.stop()
+        for f in (fd, filt.real, write_end):
+            os.close(f)
+    while chunk := os.read(read_end, 4096):
+        got += chunk
+    os.close(read_end)
+    # dropped: connected to every expected peer; kept: one peer missing (a real problem)
+    assert got == (b"before\n" + _GLOO % (1, 2, 3) + b"progress 50%\rafter, no newline")
+
+
+@pytest.mark.skipif(not MULTI_PROCESS, reason="needs mpirun")
+def test_gloo_filter_is_on_under_mpirun():
+    """conftest's initialize() under mpirun started the filter (verbose=False)."""
+    assert len(_distributed._FILTER) == 1
+
+
+# ------------------------------------------------------------------------------- signals
+
+
+@pytest.mark.single_process
+def test_signal_handlers_install_once_and_restore(monkeypatch):
+    import signal
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    wakeup = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup)
+    try:
+        assert _distributed._install_signal_handlers()
+        assert signal.getsignal(signal.SIGTERM) is _distributed._on_signal
+        assert signal.getsignal(signal.SIGINT) is _distributed._on_signal
+        assert _distributed._install_signal_handlers()  # once
+        _distributed._remove_signal_handlers()
+        assert {s: signal.getsignal(s) for s in before} == before
+        assert signal.set_wakeup_fd(wakeup) == wakeup  # ours is gone
+        # SIGINT ignored at start (nohup, a background job of a script) stays ignored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        assert _distributed._install_signal_handlers()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is _distributed._on_signal
+    finally:
+        _distributed._remove_signal_handlers()
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        signal.set_wakeup_fd(wakeup)
+
+
+def test_signal_handlers_only_with_several_processes():
+    """conftest called initialize(): under mpirun SIGTERM ends the job, in one process not."""
+    assert _distributed._SignalState.installed == MULTI_PROCESS
 
 
 def test_abort_hook_only_with_several_processes():

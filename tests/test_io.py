@@ -242,10 +242,11 @@ def test_scatter_rejects_shape(pdims, shape, message):
         scatter(root_only(np.zeros(shape)), make_mesh(pdims))
 
 
-@pytest.mark.parametrize("dtype", [bool, object, "U3", "datetime64[s]"])
+@pytest.mark.parametrize("dtype", [object, "U3", "datetime64[s]"])
 def test_scatter_rejects_dtype(dtype):
     data = np.zeros((8, 8, 2), dtype=dtype)
-    message = "`data` must have an integer, float or complex dtype; got dtype " + str(np.dtype(dtype))
+    message = ("`data` must have a bool, integer, float or complex dtype; got dtype "
+               + str(np.dtype(dtype)))
     with pytest.raises(TypeError, match=re.escape(message)):
         scatter(root_only(data), make_mesh((4, 2)))
 
@@ -314,8 +315,20 @@ def _write_bad_file(path: str, kind: str) -> None:
         np.savez(path, a=np.zeros((8, 8, 4)))
     elif kind == "pickle":
         np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    elif kind == "bool":
-        np.save(path, np.zeros((8, 8, 4), dtype=bool))
+    elif kind == "text":
+        with open(path, "w") as f:
+            f.write("1 2 3\n4 5 6\n")
+    elif kind == "magic":  # one byte of numpy's magic string damaged
+        np.save(path, np.zeros((8, 8, 4)))
+        with open(path, "r+b") as f:
+            f.write(b"\x94")
+    elif kind == "header":  # the header's dictionary damaged
+        np.save(path, np.zeros((8, 8, 4)))
+        with open(path, "r+b") as f:
+            f.seek(12)
+            f.write(b"#garbage#")
+    elif kind == "empty":
+        open(path, "wb").close()
     elif kind == "shape":
         np.save(path, np.zeros((8, 6, 4)))
     elif kind == "2d":
@@ -326,12 +339,24 @@ def _write_bad_file(path: str, kind: str) -> None:
     "kind,error,message",
     [
         ("missing", FileNotFoundError, r"`path` names no file: '.*bad\.npy'"),
-        ("garbage", ValueError, r"`path` '.*bad\.npy' is not a readable \.npy file"),
-        ("truncated", ValueError, r"`path` '.*bad\.npy' is not a readable \.npy file"),
-        ("npz", ValueError, r"`path` '.*bad\.npy' is not a \.npy file"),
-        ("pickle", ValueError, r"`path` '.*bad\.npy' is not a readable \.npy file"),
-        ("bool", TypeError, r"the array in '.*bad\.npy' must have an integer, float or "
-                            r"complex dtype; got dtype bool"),
+        ("garbage", ValueError, r"`path` '.*bad\.npy' is not a \.npy file: it does not start "
+                                r"with numpy's magic string b'\\x93NUMPY' \(its first bytes are "
+                                r"b'this is not a nu'\); expected a file written by numpy\.save"),
+        ("text", ValueError, r"`path` '.*bad\.npy' is not a \.npy file: it does not start "
+                             r"with numpy's magic string .*b'1 2 3\\n4 5 6\\n'"),
+        ("magic", ValueError, r"`path` '.*bad\.npy' is not a \.npy file: it does not start "
+                              r"with numpy's magic string .*\\x94NUMPY"),
+        ("empty", ValueError, r"`path` '.*bad\.npy' is not a \.npy file: it is empty"),
+        ("header", ValueError, r"`path` '.*bad\.npy' has a corrupt \.npy header: "),
+        ("truncated", ValueError, r"`path` '.*bad\.npy' is truncated: its \.npy header "
+                                  r"describes an array of shape \(8, 8, 4\) and dtype float64 "
+                                  r"\(2048 bytes after the header\), but the file holds only "
+                                  r"172 bytes"),
+        ("npz", ValueError, r"`path` '.*bad\.npy' is a \.npz archive \(numpy\.savez\), not a "
+                            r"\.npy file"),
+        ("pickle", TypeError, r"the array in '.*bad\.npy' holds Python objects \(dtype object, "
+                              r"stored as pickles\); pencilfft\.load reads bool, integer, float "
+                              r"and complex arrays only"),
         ("shape", ValueError, r"the array in '.*bad\.npy' has shape \(8, 6, 4\): axis 1 \(Y=6\) must "
                               r"be divisible by mesh axis 'y' \(=4\)"),
         ("2d", ValueError, r"the array in '.*bad\.npy' must have at least 3 dimensions"),
@@ -344,8 +369,25 @@ def test_load_rejects_bad_file(kind, error, message, shared_dir):
         if kind == "npz":
             os.replace(path + ".npz", path)
     barrier()
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as info:
         load(path, make_mesh((2, 4)))
+    assert "allow_pickle" not in str(info.value)  # load has no such argument (issue 21)
+
+
+@pytest.mark.parametrize("func", ["save-load", "scatter-gather"])
+def test_bool_arrays_round_trip(func, shared_dir):
+    """save wrote bool files that load refused (issue 21): the four take the same dtypes."""
+    data = seeded_data((8, 8, 2), np.float32) > 0.5
+    mesh = make_mesh((4, 2))
+    if func == "save-load":
+        path = os.path.join(shared_dir, "mask.npy")
+        save(path, put_global(data, real_space_sharding(mesh)))
+        x = load(path, mesh)
+    else:
+        x = scatter(root_only(data), mesh)
+    assert x.dtype == np.bool_
+    _assert_blocks(x, data, real_space_sharding(mesh))
+    _assert_gathered(gather(x), data)
 
 
 @pytest.mark.skipif(not MULTI_PROCESS, reason="needs several ranks")

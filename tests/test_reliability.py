@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -408,6 +409,112 @@ def test_uncaught_exception_ends_the_mpi_job():
     assert done.returncode != 0
     assert "RuntimeError: boom on rank 1" in done.stderr  # the traceback is printed
     assert "pencilfft: uncaught RuntimeError in process 1 of 2; aborting" in done.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _gone_within(pids, seconds: float) -> list[int]:
+    """The pids still alive after `seconds` (a process being torn down takes a moment)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.mark.single_process
+@pytest.mark.parametrize("how", ["timeout-TERM", "INT-one-rank"])
+def test_signal_ends_the_mpi_job(how):
+    """Before, jax.distributed's handler logged "SIGTERM caught" and the ranks kept waiting in
+    their collective: `timeout`, scancel or Ctrl-C left them running until SIGKILL (and past
+    mpirun's own end).  Now the job ends within seconds, no rank left behind."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists() or not shutil.which("timeout"):
+        pytest.skip(f"no mpirun next to {sys.executable}, or no timeout(1)")
+    # timeout(1) as in a batch script: its TERM (here sent by hand once both ranks wait,
+    # as at its expiry) goes to mpirun and the ranks.
+    argv = ["timeout", "-s", "TERM", "-k", "60", "600", str(mpirun), "-np", "2",
+            sys.executable, str(CHILD), "stop"]
+    job = subprocess.Popen(argv, env=clean_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    out, pids = "", []
+    try:
+        deadline = time.monotonic() + 120
+        while len(pids) < 2 and time.monotonic() < deadline and job.poll() is None:
+            line = job.stdout.readline()
+            out += line
+            pids += [r["pid"] for r in _reports(line) if "pid" in r]
+        assert len(pids) == 2, f"the ranks never got to wait:\n{out}"
+        time.sleep(1)  # both are inside their collective now
+        sent = time.monotonic()
+        if how == "timeout-TERM":
+            job.send_signal(signal.SIGTERM)
+        else:
+            os.kill(pids[1], signal.SIGINT)  # Ctrl-C reaching one rank
+        rest, err = job.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+        for pid in pids:  # never leave a rank behind, even when the test fails
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert took < 20, f"the job took {took:.0f} s to end after the signal"
+    assert _gone_within(pids, 10) == [], "a rank outlived the job"
+    assert job.returncode != 0
+    name = "SIGTERM" if how == "timeout-TERM" else "SIGINT"
+    assert re.search(rf"pencilfft: process \d of 2 received {name}; ending every process of the "
+                     rf"job \(exit status {128 + getattr(signal, name)}", err), err
+    assert "SIGTERM caught" not in err  # jax's preemption handler no longer takes it
+    assert not any("unreachable" in r for r in _reports(out + rest))
+
+
+@pytest.mark.single_process
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_run_sh_stops_its_step_when_stopped(tmp_path, sig):
+    """Before, a killed tests/run.sh left its pytest (and mpirun's ranks) running: bash runs a
+    trap only after the foreground command.  A stand-in python records its pid and sleeps."""
+    fake = tmp_path / "python"
+    pidfile = tmp_path / "step.pid"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/usr/bin/env bash
+        if [ "$1" = -c ]; then echo "{tmp_path}/python"; exit 0; fi
+        echo $$ > "{pidfile}"
+        exec sleep 600
+        """))
+    fake.chmod(0o755)
+    run_sh = Path(__file__).parent / "run.sh"
+    env = dict(clean_env(8), PYTHON=str(fake), PENCILFFT_STEP_TIMEOUT="300")
+    proc = subprocess.Popen(["bash", str(run_sh)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    step = None
+    try:
+        deadline = time.monotonic() + 60
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the pid is written
+        step = int(pidfile.read_text())
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        if step is not None and _alive(step):
+            os.kill(step, signal.SIGKILL)
+    assert took < 10, f"run.sh took {took:.0f} s to stop"
+    assert proc.returncode == 128 + sig, out
+    assert _gone_within([step], 5) == [], "the step outlived run.sh"
+    assert "== tests/run.sh stopped: stopping the running step" in out
+    assert "mpirun -np 2" not in out  # no further step started
 
 
 def test_abort_hook_prints_then_waits_then_aborts(monkeypatch, capsys):

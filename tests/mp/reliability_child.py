@@ -1,6 +1,7 @@
 """Child processes for tests/test_reliability.py: situations a test process must not live through.
 
     python reliability_child.py abort                (under mpirun -np 2)
+    python reliability_child.py stop                 (under mpirun -np 2)
     python reliability_child.py kill-save PATH MARKER
     python reliability_child.py size-limit PATH LIMIT
     python reliability_child.py full-disk DIR        (DIR: a small file system, e.g. a tmpfs)
@@ -60,6 +61,25 @@ def abort() -> None:
         raise RuntimeError("boom on rank 1")
     pencilfft.gather(x)  # rank 1 never comes: only the abort ends this process
     _report(unreachable=True)
+
+
+def stop() -> None:
+    """Both ranks wait in a collective that never completes, until a signal ends the job:
+    rank 0 in a jax (gloo) collective, rank 1 in an MPI barrier, both in C with the GIL
+    released, where a Python-level signal handler alone would never run."""
+    pencilfft.initialize()
+    rank = jax.process_index()
+    x = _global(new_array((4, 4, 2)))
+    total = jax.jit(lambda a: a.sum())
+    jax.block_until_ready(total(x))  # the collectives work (and gloo has connected)
+    _report(rank=rank, pid=os.getpid(), waiting_since=time.time())
+    if rank == 0:
+        jax.block_until_ready(total(x))  # rank 1 never joins
+    else:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()  # rank 0 never joins
+    _report(unreachable=rank)
 
 
 def kill_save(path: str, marker: str) -> None:
@@ -124,5 +144,5 @@ def full_disk(directory: str) -> None:
 
 if __name__ == "__main__":
     what, *args = sys.argv[1:]
-    {"abort": abort, "kill-save": kill_save, "size-limit": size_limit,
+    {"abort": abort, "stop": stop, "kill-save": kill_save, "size-limit": size_limit,
      "full-disk": full_disk}[what](*args)

@@ -67,6 +67,31 @@ def test_steps_cli_rows_and_floor(tmp_path, capsys):
     assert "x of one-device fftn" in printed
 
 
+def test_step_within_its_noise_is_reported_as_noise():
+    """Two noisy medians can give a negative step cost (issue 21): it is printed as noise."""
+    ms = 1e-3
+    programs = [steps.Program("fftn-1dev", "reference", None, None, times=[10 * ms] * 3),
+                steps.Program("FFT Z", "prefix", None, None, times=[4 * ms, 5 * ms, 6 * ms]),
+                steps.Program("+ exchange over y", "prefix", None, None,
+                              times=[4.5 * ms, 4.8 * ms, 5.2 * ms]),  # median 0.2 ms below
+                steps.Program("+ FFT Y", "prefix", None, None, times=[9 * ms, 9 * ms, 9 * ms])]
+
+    class Plan:
+        axes, pdims, exchanges = ("x", "y"), (4, 2), ("alltoall", "alltoall")
+
+    context = {"timestamp": "t", "machine": {}, "versions": {}, "command": "c"}
+    records = steps.case_records(programs, Plan, (8, 8, 8), (4, 2), "complex64", context)
+    by = {r["program"]: r for r in records}
+    assert by["+ exchange over y"]["step_s"] == pytest.approx(-0.2 * ms)
+    assert by["+ exchange over y"]["step_noise_s"] == pytest.approx(1.3 * ms)  # 1 + 0.3
+    assert steps.step_cell(by["+ exchange over y"]) == "noise (±1.3)"
+    assert steps.step_cell(by["+ FFT Y"]) == "4.2"  # 9 - 4.8, over its noise of 0.3
+    assert steps.step_cell(by["FFT Z"]) == "5"
+    floors = [dict(by["FFT Z"], program=name, kind="floor", step_s=None)
+              for name in ("3 local FFTs", "bare all_to_all over x", "bare all_to_all over y")]
+    assert "| + exchange over y | 4.8 | 0.48 | noise (±1.3) |" in steps.markdown(records + floors)
+
+
 @pytest.mark.parametrize("pdims,exchange,shape", [
     ((4, 2), "alltoall", (16, 8, 16)), ((2, 4), "pairwise", (16, 8, 16)),
     ((8, 1), "auto", (16, 8, 16)), ((8,), "pairwise", (16, 8, 16)),

@@ -246,6 +246,55 @@ def test_plots_from_synthetic_records(tmp_path, capsys):
     assert set(best["jaxdecomp"]) == {1, 2, 4, 8} and set(best["fftn-1dev"]) == {1}
 
 
+def test_every_series_has_a_colour_of_its_own():
+    """Matplotlib's cycle has 10 colours: with 13 series two pairs shared one (issue 21)."""
+    pytest.importorskip("matplotlib")
+    labels = bplot.all_series()
+    assert len(labels) >= 13
+    assert len({bplot.series_color(label) for label in labels}) == len(labels)
+    assert bplot.series_color("something-new") not in {bplot.series_color(x) for x in labels}
+
+
+def _strong_figure(monkeypatch, records):
+    """The strong-scaling time figure plot_strong makes of `records` (not saved)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    figs = {}
+    monkeypatch.setattr(bplot, "_save", lambda fig, path: figs.setdefault(path.name, fig) and path)
+    bplot.plot_strong(records, Path("."))
+    (name,) = [n for n in figs if n.startswith("strong_")]
+    return figs[name]
+
+
+@pytest.mark.parametrize("counts", [(1, 2, 4, 8), (8,)], ids=["scaling", "one-count"])
+def test_strong_plot_draws_the_ideal_it_announces(monkeypatch, counts):
+    """The title said "(dashed: ideal)" where no dashed line could be drawn (issue 21)."""
+    import matplotlib.pyplot as plt
+
+    recs = [r for r in synthetic_records() if r["status"] == "ok" and r["shape"] == [32, 32, 32]
+            and r["n_devices"] in counts]
+    fig = _strong_figure(monkeypatch, recs)
+    try:
+        for ax in fig.axes:
+            series = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]
+            dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--" and ln.get_xdata().size]
+            colours = [ln.get_color() for ln in series]
+            assert len(set(map(str, colours))) == len(series)  # no two series share a colour
+            scaling = [ln for ln in series if ln.get_xdata().size > 1]
+            if len(counts) > 1:
+                assert "(dashed: ideal)" in ax.get_title()
+                assert len(dashed) == len(scaling) > 0  # one ideal per series that scales
+                assert {str(d.get_color()) for d in dashed} <= set(map(str, colours))
+                legend = [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else []
+                assert not legend or "ideal t0·n0/n (dashed)" in legend
+            else:
+                assert "dashed" not in ax.get_title() and "no ideal" in ax.get_title()
+                assert dashed == []
+    finally:
+        plt.close("all")
+
+
 def test_plot_without_measurements_fails_clearly(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     path = tmp_path / "r.jsonl"

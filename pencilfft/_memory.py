@@ -1,0 +1,365 @@
+"""Memory before work: refuse a transform (or a load) that cannot fit, before XLA allocates it.
+
+A grid too big for the devices used to end deep inside XLA: on CPUs a failed allocation in one
+process left the others waiting in a collective until XLA's "Termination timeout" aborted the
+job (SIGABRT) minutes later.  Here the per-device working set is estimated from the plan alone
+(shapes, dtypes, mesh: nothing is traced or allocated) and compared with what a device has:
+
+* GPUs and other accelerators: `device.memory_stats()`, bytes_limit - bytes_in_use (the check
+  is skipped where a backend reports no memory);
+* CPUs: what the host has left, the least of the available RAM (/proc/meminfo), the address
+  space under RLIMIT_AS (`ulimit -v`) and a cgroup v2 memory limit (batch systems, containers),
+  shared by this process's devices of the mesh.
+
+`PENCILFFT_MEMORY_LIMIT` overrides the detected amount (bytes per device, e.g. `2GiB`) or turns
+the check off (`off`).  The estimate (see `transform_estimate`) is what the README's "Memory"
+paragraph states: about 4 local blocks per device; XLA's memory analysis gives 3.75-4.9
+(benchmarks/RESULTS.md), so the check refuses what clearly cannot fit, not what is close.
+Every shape here is a per-device block unless it says global.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import re
+import resource
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["MemoryLimitError", "ENV", "Estimate", "transform_estimate", "available", "gib",
+           "check_transform", "check_load", "check_grid"]
+
+ENV = "PENCILFFT_MEMORY_LIMIT"
+_OFF = ("0", "off", "no", "false", "none")
+_AUTO = ("", "auto")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_HOW_TO_SET = (f"{ENV}=<bytes per device> (e.g. 8GiB) sets the limit, {ENV}=off turns this "
+               "check off")
+
+
+class MemoryLimitError(MemoryError):
+    """A transform or a load needs more memory per device than a device has (an estimate made
+    before anything is allocated; the message names the grid, the mesh, both numbers and the
+    ways out)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Per-device bytes of one transform: its input and output blocks and the buffers alive
+    while it runs (the send and receive buffers of an exchange, or the FFT's work buffer on
+    one device)."""
+
+    in_bytes: int
+    out_bytes: int
+    buffer_bytes: int
+    buffers: int
+
+    @property
+    def total(self) -> int:
+        """The working set: input + output + buffers (what `benchmarks.memory` measures)."""
+        return self.in_bytes + self.out_bytes + self.buffers * self.buffer_bytes
+
+    def new_bytes(self, *, resident: bool, donated: bool) -> int:
+        """What the transform adds to memory: not the input when it is already there, nor the
+        output when it takes the donated input's place."""
+        new = self.total - (self.in_bytes if resident else 0)
+        return new - (self.out_bytes if donated else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Available:
+    """Free bytes per device, and where the number comes from (for the message)."""
+
+    per_device: int
+    source: str
+
+
+# ------------------------------------------------------------------------------ estimates
+
+
+def _block_bytes(elements: int, devices: int, dtype: Any) -> int:
+    return -(-elements // devices) * np.dtype(dtype).itemsize
+
+
+def transform_estimate(plan: Any, forward: bool) -> Estimate:
+    """The per-device working set of one transform of `plan` (a `_plan.Plan`).
+
+    Blocks: the real-space one (..., X/Pa, Y/Pb, Z) of `plan.real_dtype` and the k-space one
+    (`plan.k_shape`, padded, over the mesh's devices) of `plan.k_dtype`.  Every exchange holds a
+    send and a receive buffer of k-space size (the data in flight are complex spectra), so a
+    mesh of several devices counts 2 buffers and one device 1 (the FFT's output before the
+    reordering).  For a c2c transform that is 4 blocks, the README's figure.
+    """
+    devices = plan.mesh.size if plan.mesh is not None else 1  # batch axes split it too
+    batch = math.prod(plan.batch)
+    real = _block_bytes(batch * math.prod(plan.real_shape), devices, plan.real_dtype)
+    k = _block_bytes(batch * math.prod(plan.k_shape), devices, plan.k_dtype)
+    inp, out = (real, k) if forward else (k, real)
+    return Estimate(inp, out, k, 2 if devices > 1 else 1)
+
+
+# ------------------------------------------------------------------------------ the limit
+
+
+def _parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text, re.IGNORECASE)
+    if m is None:
+        raise ValueError(
+            f"environment variable {ENV} must be a size in bytes per device (e.g. 2000000000, "
+            f"512MiB, 8GiB; K, M, G, T are powers of 1024), 'auto' or 'off'; got {text!r}"
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def setting() -> int | str | None:
+    """PENCILFFT_MEMORY_LIMIT: None (detect), "off", or bytes per device."""
+    text = os.environ.get(ENV, "").strip()
+    if text.lower() in _AUTO:
+        return None
+    if text.lower() in _OFF:
+        return "off"
+    return _parse_size(text)
+
+
+def gib(n: float) -> str:
+    """Bytes for a message: 3 significant digits in MiB or GiB (whole GiB from 1000 up)."""
+    if n >= 1000 * 2**30:
+        return f"{n / 2**30:,.0f} GiB"
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _kib_field(text: str | None, name: str) -> int | None:
+    """A "Name:  123 kB" field of /proc/meminfo or /proc/self/status, in bytes."""
+    m = re.search(rf"^{name}:\s+(\d+) kB", text or "", re.MULTILINE)
+    return int(m.group(1)) * 1024 if m else None
+
+
+def _cgroup_free() -> int | None:
+    """memory.max - memory.current of this process's cgroup (v2), if it has a limit."""
+    own = _read("/proc/self/cgroup") or ""
+    m = re.search(r"^0::(\S*)$", own, re.MULTILINE)
+    if m is None:
+        return None
+    base = "/sys/fs/cgroup" + m.group(1).rstrip("/")
+    limit, current = _read(base + "/memory.max"), _read(base + "/memory.current")
+    if limit is None or current is None or limit.strip() == "max":
+        return None
+    try:
+        return int(limit) - int(current)
+    except ValueError:
+        return None
+
+
+def host_free() -> tuple[int, str] | None:
+    """(bytes this process can still allocate on the host, what limits it), or None if the
+    OS does not say.  The least of: available RAM, the address space left under RLIMIT_AS
+    (virtual memory: every mapping counts, not only what is resident), a cgroup limit."""
+    found: list[tuple[int, str]] = []
+    ram = _kib_field(_read("/proc/meminfo"), "MemAvailable")
+    if ram is None:
+        try:
+            ram = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            ram = None
+    if ram is not None:
+        found.append((ram, f"{gib(ram)} of RAM available"))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        used = _kib_field(_read("/proc/self/status"), "VmSize") or 0
+        left = max(soft - used, 0)
+        found.append((left, f"{gib(left)} of address space left under RLIMIT_AS "
+                            f"(ulimit -v {soft // 1024}), {gib(used)} in use"))
+    cgroup = _cgroup_free()
+    if cgroup is not None:
+        found.append((max(cgroup, 0), f"{gib(max(cgroup, 0))} left under the cgroup's "
+                                      "memory limit"))
+    return min(found) if found else None
+
+
+def local_devices(mesh: Any) -> list[jax.Device]:
+    """This process's devices of `mesh` (a Mesh, an AbstractMesh or None: one device)."""
+    if mesh is None:
+        return jax.local_devices()[:1]
+    if isinstance(mesh, jax.sharding.Mesh):
+        me = jax.process_index()
+        return [d for d in mesh.devices.flat if d.process_index == me]
+    # An AbstractMesh (a traced array's type) names no devices: this process's share of it.
+    return jax.local_devices()[:max(1, min(mesh.size, jax.local_device_count()))]
+
+
+def available(devices: Sequence[jax.Device]) -> Available | None:
+    """Free bytes per device for `devices` (this process's), None if unknown.
+
+    Accelerators report their allocator's limit and use; CPU devices share the host's memory.
+    """
+    limit = setting()
+    if limit == "off":
+        return None
+    if limit is not None:
+        return Available(int(limit), f"{ENV}={os.environ[ENV].strip()}")
+    if not devices:
+        return None
+    if devices[0].platform == "cpu":
+        free = host_free()
+        if free is None:
+            return None
+        n = len(devices)
+        shared = f", shared by this process's {n} devices" if n > 1 else ""
+        return Available(free[0] // n, f"CPU: {free[1]}{shared}")
+    frees = []
+    for d in devices:
+        try:
+            stats = d.memory_stats()
+        except Exception:  # noqa: BLE001 - a backend without memory statistics
+            stats = None
+        if not stats or not stats.get("bytes_limit"):
+            return None
+        frees.append((int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), d))
+    free, device = min(frees, key=lambda t: t[0])
+    return Available(free, f"{device.platform.upper()} {device.id}: memory_stats() bytes_limit "
+                           "- bytes_in_use")
+
+
+# ------------------------------------------------------------------------------ the checks
+
+
+def _mesh_text(pdims: Sequence[int]) -> str:
+    return "x".join(map(str, pdims))
+
+
+def _grid_text(shape: Sequence[int], batch: Sequence[int], dtype: Any) -> str:
+    lead = f" (batch {_mesh_text(batch)})" if batch else ""
+    return f"{_mesh_text(shape)} {np.dtype(dtype).name} grid{lead}"
+
+
+def _where(pdims: Sequence[int], mesh: Any) -> str:
+    return "on one device (no mesh)" if mesh is None else f"on a {_mesh_text(pdims)} mesh"
+
+
+def _transform_name(real: bool, forward: bool) -> str:
+    return {(False, True): "pfft3d", (False, False): "pifft3d", (True, True): "prfft3d",
+            (True, False): "pirfft3d"}[(real, forward)]
+
+
+def check_transform(plan: Any, forward: bool, x: Any) -> None:
+    """Raise MemoryLimitError if the transform of `plan` on `x` cannot fit (the `_fft._run` hook).
+
+    Cached per (plan, direction, kind of input, setting): a plan checked once is not checked
+    again.  Under jax.jit with no mesh known (the compiler-partitioned path) the devices are
+    not known yet: nothing to check.
+    """
+    traced = isinstance(x, jax.core.Tracer)
+    if plan.mesh is None and traced:
+        return
+    limit = setting()
+    if limit == "off":
+        return
+    _check_plan(plan, forward, traced, isinstance(x, jax.Array), limit)
+
+
+@functools.lru_cache(maxsize=256)
+def _check_plan(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> None:
+    est = transform_estimate(plan, forward)
+    # Under jit the caller may donate the input (invisible here): assume the output takes its
+    # place where it can (a c2c transform whose blocks have the same size).
+    donated = traced and not plan.real and est.in_bytes == est.out_bytes
+    need = est.new_bytes(resident=resident, donated=donated)
+    free = available(local_devices(plan.mesh))
+    if free is None or need <= free.per_device:
+        return
+    name = _transform_name(plan.real, forward)
+    parts = [f"output {gib(est.out_bytes)}" if not donated else "",
+             f"{est.buffers} {'exchange buffers' if est.buffers > 1 else 'work buffer'} of "
+             f"{gib(est.buffer_bytes)}"]
+    if not resident:
+        parts.insert(0, f"input {gib(est.in_bytes)}")
+    kept = []
+    if resident:
+        kept.append(f"the {gib(est.in_bytes)} input block already in memory")
+    if donated:
+        kept.append("the output taking the input's place if it is donated")
+    ways = []
+    if not plan.real:
+        ways.append("the real-to-complex transforms if the data are real (prfft3d/pirfft3d: "
+                    "half the memory)")
+    ways.append("a mesh with more devices (each holds 1/P of the grid)")
+    if not plan.real and not traced:
+        ways.append(f"donating the input (jax.jit({name}, donate_argnums=0): the output takes "
+                    "its place)")
+    raise MemoryLimitError(
+        f"{name} of a {_grid_text(plan.real_shape, plan.batch, plan.real_dtype)} "
+        f"{_where(plan.pdims, plan.mesh)} needs about {gib(need)} more per device "
+        f"({', '.join(p for p in parts if p)}"
+        f"{'; not counting ' + ' or '.join(kept) if kept else ''}), but a device has about "
+        f"{gib(free.per_device)} ({free.source}). Use {'; or '.join(ways)}. {_HOW_TO_SET}."
+    )
+
+
+def check_load(what: str, shape: Sequence[int], dtype: Any, mesh: Any) -> None:
+    """Raise MemoryLimitError if `load` cannot hold its blocks of a global array of `shape`.
+
+    Each device receives its block; on CPU devices the block is first read into host memory,
+    so it counts twice.
+    """
+    devices = local_devices(mesh)
+    free = available(devices)
+    if free is None:
+        return
+    n = int(np.prod(mesh.devices.shape))
+    block = _block_bytes(math.prod(shape), n, dtype)
+    copies = 2 if devices and devices[0].platform == "cpu" else 1
+    need = copies * block
+    if need <= free.per_device:
+        return
+    how = " (its block, and the host copy it is read into)" if copies == 2 else ""
+    raise MemoryLimitError(
+        f"loading {what} (global shape {tuple(shape)}, {np.dtype(dtype).name}) on a "
+        f"{_mesh_text(mesh.devices.shape)} mesh needs about {gib(need)} per device{how}, but a "
+        f"device has about {gib(free.per_device)} ({free.source}). Use a mesh with more "
+        f"devices (or more processes, nodes). {_HOW_TO_SET}."
+    )
+
+
+def check_grid(shape: Sequence[int], dtype: Any, devices: Sequence[jax.Device]) -> None:
+    """Raise MemoryLimitError if a forward + inverse pair on a global (..., X, Y, Z) grid of
+    `dtype` (complex: pfft3d, float: prfft3d) cannot fit on `devices` (autotune's check, made
+    before it allocates its input).  Padding is ignored (it depends on the mesh)."""
+    me = jax.process_index()
+    local = [d for d in devices if d.process_index == me]
+    free = available(local)
+    if free is None:
+        return
+    dtype = np.dtype(dtype)
+    real = dtype.kind == "f"
+    cdtype = np.result_type(dtype, np.complex64)
+    *batch, x, y, z = shape
+    k_elements = math.prod(batch) * x * y * (z // 2 + 1 if real else z)
+    n = len(devices)
+    grid = _block_bytes(math.prod(shape), n, dtype)
+    k = _block_bytes(k_elements, n, cdtype)
+    # input, spectrum, the inverse's output and the two buffers of an exchange
+    need = 2 * grid + k + (2 if n > 1 else 1) * k
+    if need <= free.per_device:
+        return
+    name = "prfft3d/pirfft3d" if real else "pfft3d/pifft3d"
+    ways = ["more devices"] + ([] if real else ["float32/float64 (the real transforms) if the "
+                                                "data are real"])
+    raise MemoryLimitError(
+        f"autotune: {name} of a {_grid_text(shape[-3:], batch, dtype)} on {n} devices needs "
+        f"about {gib(need)} per device (input, spectrum, output and 2 exchange buffers), but "
+        f"a device has about {gib(free.per_device)} ({free.source}). Use "
+        f"{' or '.join(ways)}. {_HOW_TO_SET}."
+    )
