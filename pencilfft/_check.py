@@ -124,24 +124,40 @@ def _exact_spectrum(k, exact_shape, replicated):
     return exact, float(pad)
 
 
+def ensemble(x_np: np.ndarray, mesh_shape) -> np.ndarray:
+    """The grid checked on `mesh_shape`: x_np itself, or, on a mesh with batch axes (all but the
+    last two), an ensemble of differently scaled copies, one leading axis per batch axis."""
+    lead = tuple(mesh_shape[:-2])
+    if not lead:
+        return x_np
+    scale = np.arange(1, math.prod(lead) + 1).reshape(lead + (1, 1, 1))
+    return (x_np * scale).astype(x_np.dtype)
+
+
 def check_case(x_np: np.ndarray, mesh_shape, layout: str, dtype: str, repeats: int) -> Row:
     mesh = make_mesh(mesh_shape)
+    x_np = ensemble(x_np, mesh_shape)
     shape = tuple(x_np.shape)
-    x = jax.make_array_from_callback(shape, real_space_sharding(mesh), lambda i: x_np[i])
+    n_lead = len(shape) - 3
+    x = jax.make_array_from_callback(shape, real_space_sharding(mesh, len(shape)),
+                                     lambda i: x_np[i])
     replicated = NamedSharding(mesh, P())
     fwd = jax.jit(lambda a: pfft3d(a, layout=layout))
-    bwd = jax.jit(lambda a: pifft3d(a, s=shape, layout=layout))
-    fftn_sharded = jax.jit(lambda a: jnp.fft.fftn(a))
-    order = (1, 2, 0) if layout == "transposed" else (0, 1, 2)
-    reference = jax.jit(lambda a: jax.sharding.reshard(jnp.transpose(jnp.fft.fftn(a), order),
-                                                       replicated))
+    bwd = jax.jit(lambda a: pifft3d(a, s=shape[-3:], layout=layout))
+    axes = (-3, -2, -1)
+    fftn_sharded = jax.jit(lambda a: jnp.fft.fftn(a, axes=axes))
+    lead = tuple(range(n_lead))
+    order = lead + ((n_lead + 1, n_lead + 2, n_lead) if layout == "transposed"
+                    else (n_lead, n_lead + 1, n_lead + 2))
+    reference = jax.jit(lambda a: jax.sharding.reshard(
+        jnp.transpose(jnp.fft.fftn(a, axes=axes), order), replicated))
     k = fwd(x)
     exact, pad = _exact_spectrum(k, tuple(shape[i] for i in order), replicated)
     ref = reference(x)
     err = max_rel_err(exact, ref)
     scale = float(jnp.max(jnp.abs(ref))) or 1.0
     err = max(err, pad / scale)  # the padding must be zero
-    padded = padding(shape, mesh_shape)
+    padded = padding(shape[-3:], mesh_shape)
     err_jd, note = None, ""
     if layout == "transposed":
         if padded:

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, Sharding
 
-from ._decomposition import check_mesh, mesh_axes, split_problem
+from ._decomposition import check_batch, check_mesh, mesh_axes, split_problem
 from ._memory import MemoryLimitError, check_load
 from ._sharding import real_space_sharding
 
@@ -586,7 +586,8 @@ def _check_savable(dtype: Any) -> None:
 
 
 def _check_fits(shape: tuple[int, ...], mesh: Mesh, what: str) -> None:
-    """Real-space arrays (..., X, Y, Z): X divisible by mesh axis 0, Y by mesh axis 1."""
+    """Real-space arrays (..., X, Y, Z): X divisible by the pencil axis a, Y by b, and each
+    leading axis the mesh's batch axes split by its batch axis."""
     if len(shape) < 3:
         raise ValueError(
             f"{what} must have at least 3 dimensions (..., X, Y, Z); got shape {tuple(shape)}"
@@ -596,6 +597,11 @@ def _check_fits(shape: tuple[int, ...], mesh: Mesh, what: str) -> None:
     if problem is not None:
         index, why = problem
         raise ValueError(f"{what} has shape {tuple(shape)}: axis {index} {why}")
+    try:
+        check_batch(shape, mesh, "data")
+    except ValueError as e:
+        raise ValueError(f"{what} has shape {tuple(shape)}, which the mesh's batch axes cannot "
+                         f"split: {e}") from None
 
 
 def _check_concrete_array(x: Any, what: str, func: str) -> None:

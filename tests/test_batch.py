@@ -231,3 +231,9 @@ def test_scatter_gather_save_load_on_batches(shared_dir):
     y = pencilfft.load(path, mesh)
     assert same_split(y, P("c", "x", "y", None))
     np.testing.assert_array_equal(to_numpy(y), data)
+
+
+def test_loaders_refuse_a_batch_the_mesh_cannot_split():
+    mesh = make_mesh3((2, 2, 2))
+    with pytest.raises(ValueError, match=r"`data` has shape \(3, 8, 16, 12\), which the mesh's batch axes cannot split: .*'c' \(=2\)"):
+        pencilfft.scatter(root_only(np.zeros((3,) + SHAPE)), mesh)

@@ -79,6 +79,14 @@ def test_wrong_padding_fails_the_check(capsys, monkeypatch):
         assert "FAIL (> 1e-05)" in out and "1 case(s) failed" in out
 
 
+def test_meshes_with_batch_axes_check_an_ensemble(capsys):
+    """--mesh 2x4x1: the leading mesh axis splits an ensemble of fields (issue 19)."""
+    args = _check_args("--shape", "16x16x8", "--mesh", "2x4x1", "2x2x2", "--repeats", "1")
+    assert run_check(args) == 0
+    out = capsys.readouterr().out
+    assert out.count(" ok") >= 4 and "2x4x1" in out and "2x2x2" in out
+
+
 def test_nothing_checked_is_a_failure(capsys):
     """Was "all checks passed" and exit status 0 with every mesh skipped (issue 21)."""
     assert run_check(_check_args("--shape", "30", "--repeats", "1")) == 1
@@ -90,7 +98,7 @@ def test_nothing_checked_is_a_failure(capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--mesh", "3x2"], "mesh 3x2 needs 6 devices; there are 8"),
-    (["--mesh", "4x2", "2x2x2"], "mesh 2x2x2: `mesh` must have 1 axis (slab) or 2 axes"),
+    (["--mesh", "4x2", "2x2x4"], "mesh 2x2x4 needs 16 devices; there are 8"),
 ])
 def test_mesh_that_cannot_be_used_is_reported(argv, message, capsys):
     assert run_check(_check_args(*argv)) == 2
