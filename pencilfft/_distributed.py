@@ -137,8 +137,8 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
     if started and abort_on_error:
         _install_abort_hook(verbose)
     if started and stop_on_signal:
-        # After jax.distributed.initialize: it installs its own SIGTERM handler, which ours
-        # must replace (a later install would be overwritten by it).
+        # Only now: jax.distributed.initialize installs its own SIGTERM handler (its
+        # preemption notice), which would replace ours had we installed it before.
         _install_signal_handlers(verbose)
     if started and not verbose:
         _hide_gloo_chatter()
