@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import harness, memory, mpi, pm, report, steps
+from benchmarks import batch, harness, memory, mpi, pm, report, steps
 
 Records = list[dict[str, Any]]
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,6 +178,7 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "memory": (memory_table, 1),
     "pm": (pm.markdown_table, 1),
     "mpi": (mpi.table, 1),
+    "batch": (batch.table, 1),
 }
 
 

@@ -129,7 +129,7 @@ def three_ffts_block(lengths: Sequence[int], x):
     return x
 
 
-def bare_exchange_block(algorithm: str, axis_name: str, n: int, other_axis: str | None, x):
+def bare_exchange_block(algorithm: str, axis_name: str, n: int, x):
     """The collective of one exchange over `axis_name` (n devices), no local reordering.
 
     The per-device block is viewed (free reshape) as (n, size/n): the chunk axis is already
@@ -138,7 +138,7 @@ def bare_exchange_block(algorithm: str, axis_name: str, n: int, other_axis: str 
     """
     from pencilfft._transpose import _SEND
 
-    return _SEND[algorithm](x.reshape(n, -1), axis_name, n, other_axis).reshape(x.shape)
+    return _SEND[algorithm](x.reshape(n, -1), axis_name, n).reshape(x.shape)
 
 
 def local_copy_block(x):
@@ -203,8 +203,7 @@ def build_programs(shape: Sequence[int], pdims: Sequence[int], dtype: str, excha
         if n == 1:
             continue
         for algorithm, bare in BARE_NAMES.items():
-            other = next((a for a in plan.axes if a != name), None)
-            block = functools.partial(bare_exchange_block, algorithm, name, n, other)
+            block = functools.partial(bare_exchange_block, algorithm, name, n)
             programs.append(Program(f"bare {bare} over {name}", "floor", per_device(block), x))
     programs.append(Program(LOCAL_COPY, "floor", per_device(local_copy_block), x))
     return programs, plan

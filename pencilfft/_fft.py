@@ -56,8 +56,7 @@ def forward_stage(plan: Plan, stage: Stage, k: jax.Array) -> jax.Array:
         return _pad_axis(k, stage.axis, stage.padded)
     if isinstance(stage, Exchange):
         return transpose_blocks(k, plan.axes[stage.mesh_axis], stage.n, stage.split, stage.gather,
-                                stage.order, algorithm=plan.exchanges[stage.mesh_axis],
-                                other_axis=plan.axes[1 - stage.mesh_axis])
+                                stage.order, algorithm=plan.exchanges[stage.mesh_axis])
     return jnp.moveaxis(k, stage.source, stage.destination)
 
 

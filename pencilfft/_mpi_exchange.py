@@ -62,14 +62,13 @@ def available(mesh_size: int, platform: str) -> bool:
     return unavailable_reason(mesh_size, platform) is None
 
 
-def exchange(y: jax.Array, axis_name: str, n: int, other_axis: str | None) -> jax.Array:
+def exchange(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     """Inside shard_map: the all_to_all of a chunk-major block (n, ...) over mesh axis
     `axis_name` (chunk j to peer j; the result's chunk j came from peer j).
 
     The devices that exchange together are those that share their coordinates along every
-    other mesh axis (the other pencil axis `other_axis`, and any batch axes): their flat index
-    over those axes tells the groups apart."""
-    del other_axis  # the shard_map's mesh names every other axis, batch axes included
+    other mesh axis (the other pencil axis and any batch axes, which the shard_map's mesh
+    names): their flat index over those axes tells the groups apart."""
     mesh = jax.sharding.get_abstract_mesh()
     group = 0
     for name, size in zip(mesh.axis_names, mesh.axis_sizes):

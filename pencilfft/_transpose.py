@@ -13,8 +13,7 @@ from . import _mpi_exchange
 
 
 def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, gather: int,
-                     order: tuple[int, ...], algorithm: str = "alltoall",
-                     other_axis: str | None = None) -> jax.Array:
+                     order: tuple[int, ...], algorithm: str = "alltoall") -> jax.Array:
     """Split local axis `split` into `n` chunks over mesh axis `axis_name`, gather axis `gather`.
 
     x is a per-device block.  Chunk j of axis `split` goes to peer j; the chunks received are
@@ -26,7 +25,7 @@ def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, ga
     contiguous buffer, and the received chunks are interleaved back in the same transpose that
     applies `order`: two local passes over the data, whatever `order` is.  `algorithm` is
     "alltoall" (one all_to_all), "pairwise" (n-1 collective permutes) or "mpi" (mpi4py from the
-    host, `_mpi_exchange`; `other_axis` names the mesh's other axis, None on a 1-axis mesh).
+    host, `_mpi_exchange`).
     """
     if n == 1 or axis_name is None:
         return jnp.transpose(x, order)
@@ -34,17 +33,16 @@ def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, ga
     chunked = list(shape)
     chunked[split] = shape[split] // n
     y = _chunk_major(x, n, split, order)
-    y = _SEND[algorithm](y, axis_name, n, other_axis)  # (c, ...) -> (c_src, ...)
+    y = _SEND[algorithm](y, axis_name, n)  # (c, ...) -> (c_src, ...)
     return _interleave(y, gather, order, chunked, shape[gather] * n)
 
 
-# Every algorithm takes (chunk-major block, mesh axis, n, the mesh's other axis); only "mpi"
-# needs the other axis, to tell apart the groups that exchange.
-def _alltoall(y: jax.Array, axis_name: str, n: int, other_axis: str | None) -> jax.Array:
+# Every algorithm takes (chunk-major block, mesh axis, n).
+def _alltoall(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     return jax.lax.all_to_all(y, axis_name, 0, 0, tiled=True)
 
 
-def _pairwise(y: jax.Array, axis_name: str, n: int, other_axis: str | None) -> jax.Array:
+def _pairwise(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     """At step `shift` every device sends the chunk of peer i - shift and receives its own from
     peer i + shift; its own chunk never moves (all_to_all copies it too).  The chunks arrive
     rotated by i, which a dynamic roll undoes inside the pass that interleaves them."""

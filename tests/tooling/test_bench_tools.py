@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout (tests/tooling/../..)
 if str(ROOT) not in sys.path:  # `benchmarks` is not installed: import it from the checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import memory, steps
+from benchmarks import batch, harness, memory, steps
 
 pytestmark = pytest.mark.single_process
 
@@ -140,3 +140,21 @@ def test_memory_cli_every_combination(tmp_path, capsys):
     # The c2c forward's output has the input's size and sharding: donation lets XLA reuse it.
     assert by[((4, 2), "transposed", "c2c", "forward", True)]["alias_blocks"] == 1.0
     assert printed.count("| 4x2 |") == printed.count("| 8x1 |") == 16
+
+
+def test_batch_benchmark_runs_every_implementation(tmp_path, capsys):
+    """benchmarks.batch: pencilfft (vmap and 4-D) beside jaxdecomp's vmap on a (c, x, y) mesh."""
+    pytest.importorskip("jaxdecomp")
+    out = tmp_path / "batch.jsonl"
+    assert batch.main(["--fields", "2", "--shape", "8", "--meshes", "2x2x2", "--repeats", "1",
+                       "--out", str(out)]) == 0
+    records = harness.load_records([out])
+    assert [r["impl"] for r in records] == list(batch.IMPLS)
+    for r in records:
+        assert r["status"] == "ok" and r["err"] < 1e-5 and not r["all_gather"], r
+        assert r["memory"]["total"] > 0
+    table = batch.table(records)
+    assert table.splitlines()[2].startswith("| 2x2x2 |") and "2 fields of 8x8x8" in table
+    with pytest.raises(SystemExit):
+        batch.main(["--meshes", "4x2"])
+    assert "3 positive sizes (c, x, y)" in capsys.readouterr().err
