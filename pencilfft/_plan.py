@@ -177,13 +177,13 @@ def check_norm_layout(norm: str, layout: str) -> None:
 def _fft_dtype(dtype, argname: str):
     """The complex dtype jnp.fft.fftn would return for this input dtype."""
     dtype = np.dtype(dtype)
-    # Kinds jnp accepts: integers, floats, complex (timedelta64 is an integer to numpy, and
-    # long double has no XLA type: jnp refuses both, and so do we).
-    numeric = dtype.kind in "iufc" or dtype == jnp.bfloat16
+    # Kinds jnp.fft accepts: bools, integers, floats, complex (timedelta64 is an integer to
+    # numpy, and long double has no XLA type: jnp refuses both, and so do we).
+    numeric = dtype.kind in "biufc" or dtype == jnp.bfloat16
     if not numeric or dtype.itemsize > (16 if dtype.kind == "c" else 8):
         raise TypeError(
-            f"`{argname}` must have a numeric dtype (integer, float or complex) that jax supports; "
-            f"got {dtype}"
+            f"`{argname}` must have a numeric dtype (bool, integer, float or complex) that jax "
+            f"supports; got {dtype}"
         )
     return jax.eval_shape(lambda a: jnp.fft.fft(a), jax.ShapeDtypeStruct((2,), dtype)).dtype
 
@@ -216,6 +216,12 @@ def _check_array(x, argname: str) -> tuple[int, ...]:
         raise TypeError(
             f"`{argname}` must be an array (jax.Array or numpy.ndarray), as for jnp.fft.fftn; "
             f"got {type(x).__name__}"
+        )
+    if isinstance(x, jax.ShapeDtypeStruct):
+        raise TypeError(
+            f"`{argname}` is a jax.ShapeDtypeStruct (a shape and dtype, no data); the transforms "
+            f"take arrays: for the result's shape, dtype and sharding without computing it, "
+            f"use jax.eval_shape, e.g. jax.eval_shape(pencilfft.pfft3d, {argname})"
         )
     if isinstance(x, jax.Array) and not _is_tracer(x) and x.is_deleted():
         raise ValueError(

@@ -189,3 +189,22 @@ def test_input_split_along_z_is_resharded(spec):
         k = f(x)
         assert rel_err(to_numpy(k), reference(data, "transposed")) <= 1e-12
         assert k.sharding.is_equivalent_to(pencilfft.k_space_sharding(mesh), 3)
+
+
+def test_bool_input_promotes_as_in_jnp_fft():
+    mesh = make_mesh((4, 2))
+    data = np.random.default_rng(91).standard_normal((8, 8, 8)) > 0
+    for f in (pencilfft.pfft3d, jax.jit(pencilfft.pfft3d)):
+        k = f(put_global(data, pencilfft.real_space_sharding(mesh)))
+        assert k.dtype == jnp.fft.fftn(jnp.asarray(data)).dtype
+        assert rel_err(to_numpy(k), reference(data.astype(float), "transposed")) <= 1e-6
+    r = pencilfft.prfft3d(put_global(data, pencilfft.real_space_sharding(mesh)))
+    assert rel_err(to_numpy(r)[:, :5], np.moveaxis(np.fft.rfftn(data.astype(float)), 0, -1)) <= 1e-6
+
+
+def test_eval_shape_gives_shape_dtype_and_sharding():
+    mesh = make_mesh((4, 2))
+    s = jax.ShapeDtypeStruct((8, 16, 8), np.float32, sharding=pencilfft.real_space_sharding(mesh))
+    out = jax.eval_shape(pencilfft.pfft3d, s)
+    assert (out.shape, out.dtype) == ((16, 8, 8), np.complex64)
+    assert out.sharding.spec == pencilfft.k_space_sharding(mesh).spec
