@@ -50,7 +50,9 @@ def _x(shape=(64, 64, 64), dtype=np.complex64, pdims=(4, 2)):
     ((64, 64, 63), (4, 2), True, (1, 32 / 31.5, 32 / 31.5, 2)),  # 32 of Z//2+1 = 32, no padding
 ])
 def test_transform_estimate_in_blocks(shape, pdims, real, blocks):
-    x = _x(shape, np.float32 if real else np.complex64, pdims)
+    dtype = np.float32 if real else np.complex64
+    # One device: a numpy array and no mesh (a 1x1 mesh would not span several processes).
+    x = np.zeros(shape, dtype) if pdims == (1, 1) else _x(shape, dtype, pdims)
     plan = plan_forward(x, norm="backward", layout="transposed", mesh=None, real=real)
     est = _memory.transform_estimate(plan, forward=True)
     block = est.in_bytes
