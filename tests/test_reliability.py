@@ -523,10 +523,28 @@ def test_abort_hook_prints_then_waits_then_aborts(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(_distributed, "_wait_until_read", lambda: calls.append("wait"))
     monkeypatch.setattr(_distributed, "_abort_job", lambda: calls.append("abort"))
+    # gloo's filter forwards what it holds before the launcher is waited for
+    monkeypatch.setattr(_distributed, "_stop_stdout_filter", lambda: calls.append("unfilter"))
     hook = _distributed._make_abort_hook(lambda *a: calls.append("traceback"), 1, 2)
     hook(RuntimeError, RuntimeError("boom"), None)
-    assert calls == ["traceback", "wait", "abort"]
+    assert calls == ["traceback", "unfilter", "wait", "abort"]
     assert "pencilfft: uncaught RuntimeError in process 1 of 2; aborting" in capsys.readouterr().err
+
+
+def test_stop_job_says_why_then_ends_with_128_plus_the_signal(monkeypatch, capsys):
+    from pencilfft import _distributed
+
+    calls = []
+    monkeypatch.setattr(_distributed, "_stop_stdout_filter", lambda: calls.append("unfilter"))
+    monkeypatch.setattr(_distributed, "_wait_until_read", lambda timeout: calls.append("wait"))
+    monkeypatch.setattr(_distributed, "_abort_job", lambda status: calls.append(status))
+    try:
+        _distributed._stop_job(signal.SIGTERM)
+    finally:
+        _distributed._SignalState.stopping.release()  # a real signal may still come
+    assert calls == ["unfilter", "wait", 143]
+    assert (f"pencilfft: process {RANK} of {N} received SIGTERM; ending every process of the job "
+            "(exit status 143") in capsys.readouterr().err
 
 
 def test_abort_waits_until_the_launcher_read_the_output():
