@@ -3,6 +3,7 @@ from ._autotune import Tuning, autotune
 from ._distributed import initialize
 from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
 from ._io import gather, load, save, scatter
+from ._memory import MemoryLimitError
 from ._freq import fftfreq3d, rfftfreq3d
 from ._halo import halo_exchange
 from ._sharding import get_fft_output_sharding, k_space_sharding, real_space_sharding
@@ -18,6 +19,7 @@ __all__ = [
     "initialize",
     "k_space_sharding",
     "load",
+    "MemoryLimitError",
     "pfft3d",
     "pifft3d",
     "pirfft3d",

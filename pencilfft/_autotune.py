@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-import os
 from collections.abc import Sequence
 
 import jax
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType
 
-from . import _memory, _mpi_exchange  # issue 21: _memory for the one check_grid call below
+from . import _memory, _mpi_exchange
 from ._decomposition import fits, process_grids
 from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
 from ._measure import median_time
@@ -45,9 +44,6 @@ class Tuning:
 
 # Complex dtypes time pfft3d/pifft3d, float dtypes prfft3d/pirfft3d.
 _DTYPES = tuple(np.dtype(t) for t in (np.complex64, np.complex128, np.float32, np.float64))
-# Local blocks a forward + inverse pair holds per device (input, output and the two buffers of
-# an exchange; XLA's memory analysis gives 3.75-4.9, see README "Memory").
-_BLOCKS = 4
 
 
 def _int(v) -> int | None:
@@ -194,43 +190,6 @@ def _candidates(shape, n_devices, pdims) -> list[tuple[int, int]]:
     return valid
 
 
-def _device_memory(devices) -> int | None:
-    """Bytes one device may use: the allocator's limit, or its share of the host's memory."""
-    limits = []
-    for d in devices:
-        try:
-            stats = d.memory_stats() if d.process_index == jax.process_index() else None
-        except Exception:  # noqa: BLE001 - not every backend reports memory
-            stats = None
-        if stats and stats.get("bytes_limit"):
-            limits.append(int(stats["bytes_limit"]))
-    if limits:
-        return min(limits)
-    local = sum(d.process_index == jax.process_index() for d in devices)
-    try:
-        host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-    return host // max(local, 1)
-
-
-def _check_memory(shape, dtype: np.dtype, devices) -> None:
-    """Refuse a grid that cannot fit, before XLA tries (and aborts the process) to allocate it."""
-    complex_size = 2 * np.dtype(dtype).itemsize if dtype.kind == "f" else dtype.itemsize
-    z = shape[-1] // 2 + 1 if dtype.kind == "f" else shape[-1]
-    spectrum = math.prod(shape[:-1]) * z * complex_size
-    grid = math.prod(shape) * dtype.itemsize
-    need = (grid + (_BLOCKS - 1) * spectrum) // len(devices)
-    limit = _device_memory(devices)
-    if limit is not None and need > limit:
-        raise ValueError(
-            f"`shape` {tuple(shape)} with dtype {dtype.name} needs about {need / 2**30:.3g} GiB "
-            f"per device to time a transform on {len(devices)} devices ({_BLOCKS} blocks of the "
-            f"grid's share), more than the {limit / 2**30:.3g} GiB a device has; use a smaller "
-            f"shape or more devices"
-        )
-
-
 def _default_exchanges(devices: Sequence[jax.Device]) -> tuple[str, ...]:
     mpi = _mpi_exchange.available(len(devices), devices[0].platform)
     return ("alltoall", "pairwise") + (("mpi",) if mpi else ())
@@ -255,8 +214,8 @@ def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transpo
       batch: sizes of batch mesh axes that split the leading axes of `shape` (an ensemble of
         fields), kept as given: the pencil axes P x Q = len(devices) / prod(batch) are tuned.
     Returns a `Tuning`; every process gets the same answer (process 0's timings decide).
-    A grid that cannot fit in the devices' memory (about 4 blocks of the grid's share per
-    device) is refused with a ValueError before anything is allocated.
+    A grid that cannot fit in the devices' memory (input, spectrum, output and the exchange
+    buffers per device) is refused with a `MemoryLimitError` before anything is allocated.
     """
     shape = _check_shape(shape)
     dtype = _check_dtype(dtype)
@@ -268,8 +227,7 @@ def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transpo
     exchanges = _check_exchanges(_default_exchanges(devices) if exchanges is None else exchanges)
     n_pencil = len(devices) // math.prod(batch)
     candidates = _candidates(shape, n_pencil, _check_pdims(pdims, n_pencil))
-    _check_memory(shape, dtype, devices)
-    _memory.check_grid(shape, dtype, devices)  # issue 21: the limit the transforms check too
+    _memory.check_grid(shape, dtype, devices)  # the limit the transforms check too
     real = dtype.kind == "f"
     fwd, inv = (prfft3d, pirfft3d) if real else (pfft3d, pifft3d)
     timings: dict[tuple[tuple[int, int], str], float] = {}

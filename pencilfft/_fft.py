@@ -137,6 +137,16 @@ def _check_one_device(x) -> None:
         )
 
 
+def _refuse_placeholder(x, argname: str) -> None:
+    """The planner takes ShapeDtypeStructs (the partitioned path plans on them); users pass data."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        raise TypeError(
+            f"`{argname}` is a jax.ShapeDtypeStruct (a shape and dtype, no data); the transforms "
+            f"take arrays: for the result's shape, dtype and sharding without computing it, "
+            f"use jax.eval_shape, e.g. jax.eval_shape(pencilfft.pfft3d, {argname})"
+        )
+
+
 def _cast(x, dtype):
     return x.astype(dtype) if isinstance(x, jax.Array) or _is_tracer(x) else np.asarray(x, dtype)
 
@@ -163,6 +173,7 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
       Z' = Z unless the mesh does not divide them: then they are zero-padded at their end to
       the next multiple of Pa (Y) and Pb (Z), and slicing them back gives exactly `fftn(x)`.
     """
+    _refuse_placeholder(x, "x")
     plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, real=False, exchange=exchange)
     return _run(plan, _forward_block, _cast(x, plan.real_dtype), plan.real_spec, plan.k_spec,
                 exchange)
@@ -176,12 +187,14 @@ def prfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mes
     multiple of Pb where needed.  Slicing it to Z//2+1 gives exactly `jnp.fft.rfftn(x)`
     (transposed to (..., Y, Z//2+1, X) in the transposed layout).
     """
+    _refuse_placeholder(x, "x")
     plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, real=True, exchange=exchange)
     return _run(plan, _forward_block, _cast(x, plan.real_dtype), plan.real_spec, plan.k_spec,
                 exchange)
 
 
 def _backward(k, s, norm, layout, mesh, real, exchange):
+    _refuse_placeholder(k, "k")
     plan = plan_backward(k, s, norm=norm, layout=layout, mesh=mesh, real=real, exchange=exchange)
     k = _cast(k, plan.k_dtype)
     if tuple(np.shape(k)[-3:]) != plan.k_shape:  # an exact (unpadded) spectrum: pad it here

@@ -217,12 +217,6 @@ def _check_array(x, argname: str) -> tuple[int, ...]:
             f"`{argname}` must be an array (jax.Array or numpy.ndarray), as for jnp.fft.fftn; "
             f"got {type(x).__name__}"
         )
-    if isinstance(x, jax.ShapeDtypeStruct):
-        raise TypeError(
-            f"`{argname}` is a jax.ShapeDtypeStruct (a shape and dtype, no data); the transforms "
-            f"take arrays: for the result's shape, dtype and sharding without computing it, "
-            f"use jax.eval_shape, e.g. jax.eval_shape(pencilfft.pfft3d, {argname})"
-        )
     if isinstance(x, jax.Array) and not _is_tracer(x) and x.is_deleted():
         raise ValueError(
             f"`{argname}` has been deleted (was it donated to an earlier call, e.g. "
