@@ -279,7 +279,7 @@ def run_check(args: argparse.Namespace) -> int:
     if not checked:
         console.print(
             f"[red]nothing was checked: no mesh asked for splits the grid {X}x{Y}x{Z} in real "
-            "space (X must be divisible by the first mesh axis, Y by the second); choose "
+            "space (X must be divisible by the mesh's second-to-last axis, Y by its last); choose "
             "another --shape or --mesh")
         return 1
     console.print("all checks passed" if not failed else f"[red]{failed} case(s) failed")

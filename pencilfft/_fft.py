@@ -157,8 +157,9 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
 
     Args:
       x: global array of shape (..., X, Y, Z), split P(a, b) over (X, Y) on a mesh (a, b) or
-        P(a) on a 1-axis mesh; leading axes are an unsharded batch.  Any other placement is
-        resharded first.  X must be divisible by Pa and Y by Pb.
+        P(a) on a 1-axis mesh; leading axes are a batch, split P(c, ..., a, b) by the batch
+        axes of a mesh (c, ..., a, b).  Any other placement is resharded first.  X must be
+        divisible by Pa, Y by Pb and each split leading axis by its batch axis.
       norm: "backward" (default), "ortho" or "forward", as in numpy.
       layout: "transposed" (default): global k-space order (..., Y, Z, X), as jaxdecomp;
         "natural": (..., X, Y, Z).  Either way Y is split by a and Z by b.

@@ -260,7 +260,7 @@ def _check_spec(x, mesh, spec, ndim: int) -> None:
     if _canonical(current, mesh, ndim)[-3:] != _canonical(spec, mesh, ndim)[-3:]:
         raise ValueError(
             f"`x` is sharded as {P(*current)}; halo_exchange fills the halos of padded blocks "
-            f"split {spec} (X by the first mesh axis, Y by the second): place it with "
+            f"split {spec} (X by the pencil axis a, Y by b: the mesh's last two axes): place it with "
             f"pencilfft.real_space_sharding(mesh) (e.g. as the output of a shard_map that pads "
             f"each block)"
         )

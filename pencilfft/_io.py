@@ -75,7 +75,7 @@ def scatter(data: np.ndarray | None, mesh: Mesh, *, root: int = 0, comm: Any = N
 
     Args:
       data: on rank `root`, the whole array, global shape (..., X, Y, Z) with X divisible by
-        the first mesh axis and Y by the second (bool, integer, float or complex dtype);
+        the mesh's pencil axis a and Y by b (its last two axes; leading axes by its batch axes) (bool, integer, float or complex dtype);
         `None` on every other rank.
       mesh: a 1-axis (slab) or 2-axis (pencil) mesh over the devices of all processes, the
         same (axes, sizes, device order) on every process.
@@ -284,7 +284,7 @@ def load(path: str | os.PathLike, mesh: Mesh, *, comm: Any = None) -> jax.Array:
     """Read a .npy file into a global array in the real-space sharding of `mesh`.
 
     Every process memory-maps the file and reads only the blocks of its own devices.  The
-    array must have at least 3 dimensions (..., X, Y, Z), X divisible by the first mesh axis,
+    array must have at least 3 dimensions (..., X, Y, Z), X divisible by the pencil axis a (the mesh's second-to-last),
     Y by the second, and a bool, integer, float or complex dtype.  `mesh` must be the same on
     every process.  64-bit data becomes 32-bit, with a warning, without `jax_enable_x64`.
     Blocks that cannot fit in the devices' memory are refused before any is read

@@ -11,7 +11,8 @@ When the program runs on one device the lowering uses the one-device transform i
 The primitive is linear, so its JVP is itself and its transpose is the same op marked
 `transposed`: both the one-device function and the per-device body are transposed by
 `jax.linear_transpose` (all_to_all and collective permutes transpose into their reverses).
-vmap adds a leading unsharded batch axis, which the planner supports.
+vmap adds a leading batch axis, which the planner supports (split by a batch axis of the
+mesh when it has one: how `vmap(pfft3d)` over an ensemble keeps its sharding).
 
 What the compiler path cannot know at trace time is the mesh, so neither can it know the
 zero-padding a mesh that does not divide Y or Z (or Z//2+1) needs: its k-space arrays have the
