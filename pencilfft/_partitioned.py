@@ -68,8 +68,17 @@ class LinearOp:
             return jax.linear_transpose(self.primal_local, self.primal_in)(x)[0]
         return self.primal_local(x)
 
+    # A mesh with batch axes that the caller named (mesh=, jax.set_mesh, an Explicit type) while
+    # the traced input had too few leading axes for them (`_plan.batch_mesh`): under vmap the
+    # batching rule adds the axis before anything runs; otherwise running it on one device
+    # would ignore that mesh, so `check_local` refuses it.
+    deferred: Any = None
+    argname: str = "x"
+
     def check_local(self) -> None:
         """Raise if the map cannot run on one device (a mesh the caller named forbids it)."""
+        if self.deferred is not None:
+            check_batch(self.primal_in.shape, self.deferred, self.argname)
 
     def on_mesh(self, mesh) -> tuple[Callable, NamedSharding, NamedSharding]:
         """(per-device body, input sharding, output sharding) on `mesh`; validates the sizes."""
@@ -124,11 +133,13 @@ class Transform(LinearOp):
         plan = dataclasses.replace(self.plan, batch=(n,) + self.plan.batch)
         return dataclasses.replace(self, plan=plan, in_shape=(n,) + self.in_shape)
 
-    def check_local(self) -> None:
-        # A mesh with batch axes that was named (mesh=, jax.set_mesh, an Explicit type) but
-        # that the array, traced with too few leading axes and not under vmap, cannot carry.
-        if self.plan.deferred is not None:
-            check_batch(self.in_shape, self.plan.deferred, "x" if self.forward else "k")
+    @property
+    def deferred(self):
+        return self.plan.deferred
+
+    @property
+    def argname(self) -> str:
+        return "x" if self.forward else "k"
 
     def primal_local(self, x: jax.Array) -> jax.Array:
         return self.block_fn(self.plan, x)

@@ -91,10 +91,6 @@ class Transpose(LinearOp):
     def batched(self, n: int) -> Transpose:
         return dataclasses.replace(self, shape=(n,) + self.shape)
 
-    def check_local(self) -> None:
-        if self.deferred is not None:
-            check_batch(self.shape, self.deferred, "x")
-
     def primal_local(self, x: jax.Array) -> jax.Array:
         if not self.contiguous:
             return x
