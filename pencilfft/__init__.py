@@ -7,6 +7,7 @@ from ._memory import MemoryLimitError
 from ._freq import fftfreq3d, rfftfreq3d
 from ._halo import halo_exchange
 from ._sharding import get_fft_output_sharding, k_space_sharding, real_space_sharding
+from . import compat  # noqa: E402,F401 - `pencilfft.compat` after `import pencilfft`, as before
 
 __version__ = "0.1.0"
 
