@@ -28,9 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from .._decomposition import batch_axes, check_batch, mesh_axes
+from .._decomposition import check_batch, mesh_axes
 from .._partitioned import LinearOp, run
 from .._plan import _check_array, batch_mesh, find_mesh
+from .._sharding import real_space_spec
 from .._transpose import transpose_blocks
 from ._config import config
 from .fft import check_backend
@@ -123,7 +124,7 @@ class Transpose(LinearOp):
                 f"`x.shape[{n_lead + split}]` (={self.shape[n_lead + split]}) must be divisible "
                 f"by mesh axis {axis!r} (={n}), which splits it in the transpose"
             )
-        lead = _lead(mesh, len(self.shape))
+        lead = list(real_space_spec(mesh, len(self.shape)))[:-3]  # the batch axes' entries
         in_spec = P(*lead, *(name for name, _ in in_split))
         out_spec = P(*lead, *(name for name, _ in out_split))
 
@@ -136,11 +137,6 @@ class Transpose(LinearOp):
 
     def primal_rule(self) -> tuple[str, str]:
         return "i j k", _RULE[self.contiguous][self.kind]
-
-
-def _lead(mesh, ndim: int) -> list:
-    names, _ = batch_axes(mesh)
-    return list(names) + [None] * (ndim - 3 - len(names))
 
 
 def _transpose(x, kind: str, backend: str) -> jax.Array:
