@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import batch, harness, memory, mpi, pm, report, steps
+from benchmarks import batch, harness, margin, memory, mpi, pm, report, steps
 
 Records = list[dict[str, Any]]
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,6 +89,7 @@ STEP_ROWS = (  # (row label, how to find its record: program names for pencils /
     ("+ FFT Y", ("+ FFT Y",)),
     ("+ exchange over x", ("+ exchange over x",)),
     ("+ FFT X", ("+ FFT X",)),
+    ("+ FFT X,Y (2-D) and the move (slab over Y)", ("+ FFT X,Y (2-D)",)),
     ("3 local FFTs, no data movement", ("3 local FFTs",)),
     ("bare collective over x (no reordering)", ("bare over x",)),
     ("bare collective over y (no reordering)", ("bare over y",)),
@@ -179,6 +180,7 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "pm": (pm.markdown_table, 1),
     "mpi": (mpi.table, 1),
     "batch": (batch.table, 1),
+    "margin": (margin.table, 1),
 }
 
 

@@ -11,7 +11,8 @@ interleaved round-robin as in benchmarks/harness.py, medians):
 * `pfft3d`: the full transform (transposed layout);
 * the prefixes of the forward pipeline, each a shard_map program of the first stages of
   `plan.stages` run by the library's own `pencilfft._fft.forward_stage`: "FFT Z", "+ exchange over y", "+ FFT Y", "+ exchange over x", "+ FFT X" for
-  pencils, "FFT Y,Z (2-D)", "+ exchange over x", "+ FFT X" for slabs.  A step's cost is its
+  pencils, "FFT Y,Z (2-D)", "+ exchange over x", "+ FFT X" for slabs over X, "FFT Z",
+  "+ exchange over y", "+ FFT X,Y (2-D)" (with the move to the layout) for slabs over Y.  A step's cost is its
   prefix's time minus the previous prefix's: the last prefix is the transform itself;
 * floors: the three FFTs with no data movement, each mesh axis's collective with no local
   reordering (`all_to_all` and the pairwise `ppermute`s), and one plain pass over the block.
@@ -83,9 +84,9 @@ def pipeline_steps(plan) -> list[tuple[str, Callable[[Any], Any]]]:
     groups: list[tuple[str, list]] = []
     for stage in plan.stages:
         if isinstance(stage, Fft):
-            if len(stage.axes) == 2:
-                label = "FFT Y,Z (2-D)"
-                remaining = ["X"]
+            if len(stage.axes) == 2:  # a slab's: over (Y, Z) first (X split), or (X, Y) last
+                label = "FFT Y,Z (2-D)" if len(remaining) == 3 else "FFT X,Y (2-D)"
+                remaining = ["X"] if len(remaining) == 3 else []
             else:
                 label = f"FFT {remaining.pop(0)}"
         elif isinstance(stage, Exchange):
@@ -136,9 +137,9 @@ def bare_exchange_block(algorithm: str, axis_name: str, n: int, x):
     leading and every chunk contiguous, which is what `_transpose._chunk_major` produces at
     the cost of one pass.
     """
-    from pencilfft._transpose import _SEND
+    from pencilfft._transpose import ALGORITHMS
 
-    return _SEND[algorithm](x.reshape(n, -1), axis_name, n).reshape(x.shape)
+    return ALGORITHMS[algorithm].send(x.reshape(n, -1), axis_name, n).reshape(x.shape)
 
 
 def local_copy_block(x):

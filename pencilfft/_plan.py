@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from . import _mpi_exchange
+from . import _transpose
 from ._decomposition import (batch_axes, check_batch, check_mesh, check_split, mesh_axes,
                              round_up, split_problem)
 from ._jax_private import legacy_mesh
@@ -30,7 +30,7 @@ from ._sharding import LAYOUTS, k_space_spec, real_space_spec
 from ._stages import Stage, forward_stages
 
 NORMS = ("backward", "ortho", "forward")
-EXCHANGES = ("auto", "alltoall", "pairwise", "mpi")
+EXCHANGES, PAIRWISE_MIN_BYTES = _transpose.EXCHANGES, _transpose.PAIRWISE_MIN_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,35 +233,11 @@ def _check_array(x, argname: str) -> tuple[int, ...]:
     return shape
 
 
-# Per-device blocks at least this large take the pairwise exchange under "auto" on CPUs.
-PAIRWISE_MIN_BYTES = 8 << 20
-
-
 def _exchanges(exchange: str, mesh, pdims, block_bytes: int) -> tuple[str, str]:
-    """The exchange algorithm for each mesh axis.
-
-    "alltoall": one all_to_all.  "pairwise": n-1 collective permutes, each peer's chunk sent
-    on its own (cuDecomp's pairwise option).  "mpi": mpi4py from the host (`_mpi_exchange`),
-    for CPU processes with one device each under mpirun; never picked by "auto": on one node
-    the hand-over to the host costs what MPI's shared memory saves over gloo (measured in
-    benchmarks/RESULTS.md); between nodes, where gloo's TCP is the slow part, `autotune` times
-    it.  "auto" picks what measured faster: on CPUs (XLA's in-process collectives) pairwise
-    for axes of 2 to 4 devices once the per-device block (`block_bytes`) reaches
-    PAIRWISE_MIN_BYTES: all_to_all also copies the device's own chunk, while each permute costs
-    a rendezvous, which dominates for small blocks.  all_to_all otherwise and on GPUs, where
-    one grouped collective beats n-1 separate ones.
-    """
-    if exchange not in EXCHANGES:
-        raise ValueError(f"`exchange` must be one of {EXCHANGES}; got {exchange!r}")
-    platform = _platform(mesh)
-    if exchange == "mpi" and mesh is not None:
-        why = _mpi_exchange.unavailable_reason(mesh.size, platform)
-        if why is not None:
-            raise ValueError(f"`exchange`='mpi' cannot run here: {why}")
-    if exchange != "auto":
-        return (exchange, exchange)
-    pairwise_ok = platform == "cpu" and block_bytes >= PAIRWISE_MIN_BYTES
-    return tuple("pairwise" if pairwise_ok and 1 < n <= 4 else "alltoall" for n in pdims)
+    """The exchange algorithm for each mesh axis (`_transpose.ALGORITHMS`, whose table says what
+    "auto" picks): all_to_all, except pairwise on CPU axes of 2-4 devices with large blocks."""
+    return _transpose.choose(exchange, mesh.size if mesh is not None else None,
+                             _platform(mesh), pdims, block_bytes)
 
 
 def _block_bytes(shape, mesh, dtype) -> int:

@@ -11,7 +11,10 @@ Forward pencil (mesh (a, b) of sizes (Pa, Pb)):
     Exchange(a: split 3, gather 1)  Fft((3,))  [Move(3, 1) in the natural layout]
 
 A slab (Pb == 1) replaces the first three stages with one 2-D `Fft((2, 3))` and its exchange over
-a; one device runs one 3-D `Fft` (and `Move(1, 3)` in the transposed layout).  Stages whose
+a; one device runs one 3-D `Fft` (and `Move(1, 3)` in the transposed layout).  A slab over Y
+(Pa == 1) is a slab in cost too: FFT Z, the exchange over b to (B, z, X, Y), one 2-D FFT over
+(X, Y) and one move to the layout (the pencil path would add a reordering "exchange" over a and
+an FFT call; measured in benchmarks/RESULTS.md "Margin").  Stages whose
 inverse needs a length (the crop after a pad, the real inverse FFT) carry it.
 """
 from __future__ import annotations
@@ -75,6 +78,15 @@ def forward_stages(real_shape: tuple[int, int, int], pdims: tuple[int, int], rea
     if pa == pb == 1:  # one device: nothing to exchange, one 3-D FFT
         stages: tuple[Stage, ...] = (Fft((1, 2, 3), real, (X, Y, Z)),)
         return stages + ((Move(1, 3),) if layout == "transposed" else ())
+    if pa == 1:  # slab over Y: FFT Z, one exchange, then one 2-D FFT over the whole (X, Y)
+        stages = (
+            Fft((3,), real, (Z,)),
+            Pad(3, zc, zp),
+            Exchange(1, pb, split=3, gather=2, order=(0, 3, 1, 2)),  # (B, z, X, Y)
+            Fft((2, 3)),
+        )
+        # One move to the layout: (B, Y, z, X) transposed, (B, X, Y, z) natural.
+        return stages + ((Move(3, 1),) if layout == "transposed" else (Move(1, 3),))
     if pb == 1:  # slab over X: one 2-D FFT over the whole local (Y, Z) planes
         stages = (
             Fft((2, 3), real, (Y, Z)),

@@ -6,6 +6,9 @@ of transposing around a strided one, which is where a naive pencil FFT loses mos
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -33,7 +36,7 @@ def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, ga
     chunked = list(shape)
     chunked[split] = shape[split] // n
     y = _chunk_major(x, n, split, order)
-    y = _SEND[algorithm](y, axis_name, n)  # (c, ...) -> (c_src, ...)
+    y = ALGORITHMS[algorithm].send(y, axis_name, n)  # (c, ...) -> (c_src, ...)
     return _interleave(y, gather, order, chunked, shape[gather] * n)
 
 
@@ -56,7 +59,60 @@ def _pairwise(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     return jnp.roll(jnp.concatenate(pieces, 0), i, axis=0)  # in source order
 
 
-_SEND = {"alltoall": _alltoall, "pairwise": _pairwise, "mpi": _mpi_exchange.exchange}
+# ----------------------------------------------------------------------------------------------
+# The exchange algorithms: one table
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """One way of moving the chunks.
+
+    `send(chunk-major block, mesh axis, n)`; `unavailable(mesh size, platform)`: why it cannot run
+    there (None: it can); `traced_without_mesh`: usable when the compiler partitions the
+    transform (no mesh at trace time); `auto(n, platform, block bytes)`: whether "auto" takes it
+    for a mesh axis of n devices (the first entry of `AUTO_ORDER` that says yes wins).
+    """
+
+    send: Callable[[jax.Array, str, int], jax.Array]
+    unavailable: Callable[[int, str], str | None] = lambda size, platform: None
+    traced_without_mesh: bool = True
+    auto: Callable[[int, str, int], bool] = lambda n, platform, nbytes: False
+
+
+# Per-device blocks at least this large take the pairwise exchange under "auto" on CPUs.
+PAIRWISE_MIN_BYTES = 8 << 20
+
+ALGORITHMS: dict[str, Algorithm] = {
+    # One all_to_all: the default, and on GPUs always (one grouped NCCL call beats n-1).
+    "alltoall": Algorithm(_alltoall, auto=lambda n, platform, nbytes: True),
+    # n-1 collective permutes (cuDecomp's pairwise): all_to_all also copies the device's own
+    # chunk, while each permute costs a rendezvous, which dominates for small blocks (measured
+    # on CPUs: faster for axes of 2-4 devices from PAIRWISE_MIN_BYTES per block).
+    "pairwise": Algorithm(_pairwise, auto=lambda n, platform, nbytes: (
+        platform == "cpu" and 1 < n <= 4 and nbytes >= PAIRWISE_MIN_BYTES)),
+    # mpi4py from the host: CPU processes with one device each under mpirun; never "auto" (on
+    # one node the hand-over to the host costs what MPI's shared memory saves over gloo; between
+    # nodes `autotune` times it).  Its ordered host callback cannot live inside the
+    # compiler-partitioned transform.
+    "mpi": Algorithm(_mpi_exchange.exchange, _mpi_exchange.unavailable_reason,
+                     traced_without_mesh=False),
+}
+AUTO_ORDER = ("pairwise", "alltoall")
+EXCHANGES = ("auto",) + tuple(ALGORITHMS)
+
+
+def choose(exchange: str, mesh_size: int | None, platform: str, pdims: tuple[int, ...],
+           block_bytes: int) -> tuple[str, ...]:
+    """The algorithm for each mesh axis of `pdims` (`mesh_size` None: no mesh yet)."""
+    if exchange not in EXCHANGES:
+        raise ValueError(f"`exchange` must be one of {EXCHANGES}; got {exchange!r}")
+    if exchange != "auto":
+        why = ALGORITHMS[exchange].unavailable(mesh_size, platform) if mesh_size else None
+        if why is not None:
+            raise ValueError(f"`exchange`={exchange!r} cannot run here: {why}")
+        return (exchange,) * len(pdims)
+    return tuple(next(name for name in AUTO_ORDER if ALGORITHMS[name].auto(n, platform, block_bytes))
+                 for n in pdims)
 
 
 def _chunk_major(x: jax.Array, n: int, split: int, order: tuple[int, ...]) -> jax.Array:

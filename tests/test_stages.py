@@ -28,6 +28,8 @@ def test_inverse_exchange_splits_what_was_gathered(exchange, inverse):
     ((4, 2), "natural", True, "F P E F P E F M"),
     ((8, 1), "transposed", False, "F P E F"),
     ((8,), "natural", True, "F P E F M"),
+    ((1, 8), "transposed", False, "F P E F M"),  # a slab over Y: one exchange, one move
+    ((1, 8), "natural", True, "F P E F M"),
 ])
 def test_stage_lists(pdims, layout, real, kinds):
     x = np.zeros((16, 16, 16), np.float32 if real else np.complex64)

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout (tests/tooling/../..)
 if str(ROOT) not in sys.path:  # `benchmarks` is not installed: import it from the checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import batch, harness, memory, steps
+from benchmarks import batch, harness, margin, memory, steps
 
 pytestmark = pytest.mark.single_process
 
@@ -96,22 +96,26 @@ def test_step_within_its_noise_is_reported_as_noise():
     ((4, 2), "alltoall", (16, 8, 16)), ((2, 4), "pairwise", (16, 8, 16)),
     ((8, 1), "auto", (16, 8, 16)), ((8,), "pairwise", (16, 8, 16)),
     ((4, 2), "alltoall", (8, 6, 12)),  # Y padded to 8 in k-space
-], ids=["4x2-alltoall", "2x4-pairwise", "8x1-auto", "8-pairwise", "4x2-padded"])
+    ((1, 8), "auto", (16, 8, 16)),  # a slab over Y: its last step is the 2-D FFT and the move
+], ids=["4x2-alltoall", "2x4-pairwise", "8x1-auto", "8-pairwise", "4x2-padded", "1x8-auto"])
 def test_last_prefix_is_the_transform(pdims, exchange, shape):
-    """The "+ FFT X" program computes pfft3d (transposed layout), and both bare exchanges of an
-    axis move the same chunks."""
+    """The last prefix program computes pfft3d (transposed layout), and both bare exchanges of
+    an axis move the same chunks."""
     programs, plan = steps.build_programs(shape, pdims, "complex128", exchange, seed=1)
     by = {p.name: p for p in programs}
     if exchange != "auto":
         assert plan.exchanges == (exchange, exchange)
-    x = by["+ FFT X"].arg
-    got = np.asarray(jax.jit(by["+ FFT X"].fn)(x))
+    last = [p for p in programs if p.kind == "prefix"][-1]
+    assert last.name == ("+ FFT X,Y (2-D)" if pdims[0] == 1 else "+ FFT X")
+    x = last.arg
+    got = np.asarray(jax.jit(last.fn)(x))
     want = np.asarray(pencilfft.pfft3d(x, exchange=exchange))
     assert got.shape == want.shape == plan.k_shape
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
     ref = np.fft.fftn(np.asarray(x)).transpose(1, 2, 0)  # (Y, Z, X)
     assert rel_err(got[: shape[1]], ref) < tol(np.complex128)
-    a2a, pairwise = (np.asarray(jax.jit(by[f"bare {alg} over x"].fn)(x))
+    axis = "x" if pdims[0] > 1 else "y"
+    a2a, pairwise = (np.asarray(jax.jit(by[f"bare {alg} over {axis}"].fn)(x))
                      for alg in ("all_to_all", "pairwise"))
     np.testing.assert_array_equal(a2a, pairwise)
 
@@ -158,3 +162,25 @@ def test_batch_benchmark_runs_every_implementation(tmp_path, capsys):
     with pytest.raises(SystemExit):
         batch.main(["--meshes", "4x2"])
     assert "3 positive sizes (c, x, y)" in capsys.readouterr().err
+
+
+def test_margin_benchmark_times_the_users_form(tmp_path, capsys):
+    """benchmarks.margin: the jit round trip on an Auto mesh beside one device (and jaxdecomp
+    where installed), the floor counting one exchange for a mesh with a size-1 axis."""
+    out = tmp_path / "margin.jsonl"
+    assert margin.main(["--shapes", "8", "--meshes", "1x8", "4x2", "--repeats", "1",
+                        "--label", "t", "--out", str(out)]) == 0
+    records = harness.load_records([out])
+    by = {(tuple(r["pdims"]), r["program"]): r for r in records}
+    for pdims, n in (((1, 8), 1), ((4, 2), 2)):
+        r = by[(pdims, "pencilfft")]
+        assert r["status"] == "ok" and r["err"] < 1e-5 and not r["all_gather"], r
+        assert r["exchanges"] == n and by[(pdims, "local copy")]["median_s"] > 0
+        case = {p: x for (m, p), x in by.items() if m == pdims}
+        want = case["6 local FFTs"]["median_s"] + 6 * n * case["local copy"]["median_s"]
+        assert margin.floor_seconds(case) == pytest.approx(want)
+    table = margin.table(records)
+    assert "| 8x8x8 | 1x8 | t |" in table and "| 8x8x8 | 4x2 | t |" in table
+    with pytest.raises(SystemExit):
+        margin.main(["--meshes", "8"])
+    assert "2 positive sizes" in capsys.readouterr().err
