@@ -10,7 +10,7 @@ interleaved round-robin as in benchmarks/harness.py, medians):
 * `fftn-1dev`: `jnp.fft.fftn` of the same array on one device, the reference of every ratio;
 * `pfft3d`: the full transform (transposed layout);
 * the prefixes of the forward pipeline, each a shard_map program of the first stages of
-  `plan.stages` run by the library's own `pencilfft._fft.forward_stage`: "FFT Z", "+ exchange over y", "+ FFT Y", "+ exchange over x", "+ FFT X" for
+  `plan.stages` run by the stages' own `forward`: "FFT Z", "+ exchange over y", "+ FFT Y", "+ exchange over x", "+ FFT X" for
   pencils, "FFT Y,Z (2-D)", "+ exchange over x", "+ FFT X" for slabs over X, "FFT Z",
   "+ exchange over y", "+ FFT X,Y (2-D)" (with the move to the layout) for slabs over Y.  A step's cost is its
   prefix's time minus the previous prefix's: the last prefix is the transform itself;
@@ -71,11 +71,10 @@ def pipeline_steps(plan) -> list[tuple[str, Callable[[Any], Any]]]:
     """(label, step) of the forward transform's stages (`plan.stages`), in order.
 
     A step is one FFT (with the padding that follows it) or one exchange, run by the library's
-    own `forward_stage`, so the last prefix is the transform itself (transposed layout).  Each
-    step maps a per-device block with a leading batch axis of 1, as `_forward_block` flattens
+    own `forward`, so the last prefix is the transform itself (transposed layout).  Each
+    step maps a per-device block with a leading batch axis of 1, as `_stages.run_forward` flattens
     it: (1, x, y, Z) in, (1, y', z, X) out of the last step.
     """
-    from pencilfft._fft import forward_stage
     from pencilfft._stages import Exchange, Fft
 
     if plan.pdims[0] * plan.pdims[1] == 1:
@@ -90,7 +89,7 @@ def pipeline_steps(plan) -> list[tuple[str, Callable[[Any], Any]]]:
             else:
                 label = f"FFT {remaining.pop(0)}"
         elif isinstance(stage, Exchange):
-            label = f"exchange over {plan.axes[stage.mesh_axis]}"
+            label = f"exchange over {stage.axis_name}"
         else:  # padding (or the natural layout's move) belongs to the step before it
             groups[-1][1].append(stage)
             continue
@@ -99,7 +98,7 @@ def pipeline_steps(plan) -> list[tuple[str, Callable[[Any], Any]]]:
     def step(stages):
         def run(k):
             for stage in stages:
-                k = forward_stage(plan, stage, k)
+                k = stage.forward(k)
             return k
         return run
 
@@ -108,7 +107,7 @@ def pipeline_steps(plan) -> list[tuple[str, Callable[[Any], Any]]]:
 
 def prefix_block(steps: Sequence[Callable[[Any], Any]], x):
     """The composition of `steps` on a per-device real-space block (x, y, Z); 3-D block out."""
-    k = x[None]  # the batch axis of 1 that `_forward_block` works with
+    k = x[None]  # the batch axis of 1 that `_stages.run_forward` works with
     for step in steps:
         k = step(k)
     return k[0]

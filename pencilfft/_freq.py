@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from ._plan import plan_backward
 
-__all__ = ["fftfreq3d", "rfftfreq3d"]
+__all__ = ["fftfreq3d", "rfftfreq3d", "wavenumbers3d"]
 
 
 def _spacings(d) -> tuple[float, float, float]:
@@ -36,12 +36,12 @@ def _spacings(d) -> tuple[float, float, float]:
     return spacings
 
 
-def _vectors(k, d, s, layout, mesh, real: bool, caller: str):
-    # The inverse transform's plan validates k against s exactly as pifft3d/pirfft3d would.
-    plan = plan_backward(k, s, norm="backward", layout=layout, mesh=mesh, real=real,
+def _vectors(k, d, s, layout, mesh, kinds, caller: str):
+    # The inverse transform's plan validates k against s exactly as its inverse would.
+    plan = plan_backward(k, s, norm="backward", layout=layout, mesh=mesh, kinds=kinds,
                          caller=caller)
     padded = tuple(np.shape(k)[-3:]) == plan.k_shape
-    X, Y, Z = plan.real_shape
+    X, Y, Z = plan.modes
     lengths = (X, plan.yp, plan.zp) if padded else (X, Y, plan.zc)
     spacings = _spacings(d)
     if plan.mesh is None and isinstance(k, jax.core.Tracer):
@@ -57,11 +57,10 @@ def _vectors(k, d, s, layout, mesh, real: bool, caller: str):
 # Static arguments only: jax caches one compiled program per (plan, lengths, spacings).
 @functools.partial(jax.jit, static_argnames=("plan", "lengths", "spacings"))
 def _make_vectors(*, plan, lengths, spacings):
-    fdtype = jnp.float64 if np.dtype(plan.k_dtype) == np.complex128 else jnp.float32
+    fdtype = jnp.float64 if np.dtype(plan.k_dtype) in (np.complex128, np.float64) else jnp.float32
     where = {"transposed": (2, 0, 1), "natural": (0, 1, 2)}[plan.layout]  # X, Y, Z positions
     axis_of = tuple(plan.k_spec)[-3:] if plan.mesh is not None else (None,) * 3
     sizes = dict(zip(plan.axes, plan.pdims))
-    half = (False, False, plan.real)  # rfftfreq along Z for the real transforms
     specs = []
     for pos in where:
         spec = [None, None, None]
@@ -71,14 +70,14 @@ def _make_vectors(*, plan, lengths, spacings):
     def block():
         """Each device computes its own slice of each vector: nothing is transferred."""
         out = []
-        for n_true, n, d, pos, spec, h in zip(plan.real_shape, lengths, spacings, where, specs, half):
+        for n_true, n, d, pos, spec, kind in zip(plan.modes, lengths, spacings, where, specs,
+                                                 plan.kinds):
             name = spec[pos]
             local = n // sizes[name] if name is not None else n
             start = jax.lax.axis_index(name) * local if name is not None else 0
             g = start + jnp.arange(local)
-            f = g if h else jnp.where(g < (n_true + 1) // 2, g, g - n_true)
-            n_valid = n_true // 2 + 1 if h else n_true
-            v = jnp.where(g < n_valid, (2 * np.pi / (n_true * d)) * f, 0)
+            n_valid = n_true // 2 + 1 if kind == "rfft" else n_true
+            v = jnp.where(g < n_valid, _wavenumbers(kind, g, n_true, d), 0)
             shape3 = [1, 1, 1]
             shape3[pos] = local
             out.append(v.astype(fdtype).reshape(shape3))
@@ -87,6 +86,36 @@ def _make_vectors(*, plan, lengths, spacings):
     if plan.mesh is None:
         return block()
     return jax.shard_map(block, mesh=plan.mesh, in_specs=(), out_specs=tuple(specs))()
+
+
+def _wavenumbers(kind: str, m, n: int, d: float):
+    """The angular wavenumber of mode m of an n-point transform of `kind` with spacing d: the
+    k of its basis function (cos(k x) or sin(k x) for the DCTs and DSTs, on the grid each type
+    samples: nodes n*d for types 1 and 3, cell centres (n + 1/2)*d for types 2 and 4)."""
+    if kind == "fft":
+        return (2 * np.pi / (n * d)) * jnp.where(m < (n + 1) // 2, m, m - n)
+    if kind == "rfft":
+        return (2 * np.pi / (n * d)) * m
+    length, shift = _R2R_BASIS[kind]
+    return (np.pi / ((n + length) * d)) * (m + shift)
+
+
+# kind -> (L - n in points, the mode's offset): k_m = pi * (m + offset) / (L * d)
+_R2R_BASIS = {"dct1": (-1, 0.0), "dct2": (0, 0.0), "dct3": (0, 0.5), "dct4": (0, 0.5),
+              "dst1": (1, 1.0), "dst2": (0, 1.0), "dst3": (0, 0.5), "dst4": (0, 0.5)}
+
+
+def wavenumbers3d(k, kinds, d=1.0, *, s=None, layout: str = "transposed", mesh=None):
+    """Angular wavenumbers (kx, ky, kz) of the spectrum of `ptransform3d` with `kinds`.
+
+    As `fftfreq3d` (same shapes and shardings, broadcasting against `k`; padded positions 0),
+    per axis: 2*pi*fftfreq(n, d) for "fft", 2*pi*rfftfreq(n, d) for "rfft", and for the DCTs
+    and DSTs the wavenumber of each basis function: pi*m/(n*d) for dct2 (m = 0..n-1),
+    pi*m/((n-1)*d) for dct1, pi*(m+1)/((n+1)*d) for dst1, pi*(m+1)/(n*d) for dst2 and
+    pi*(m+1/2)/(n*d) for dct3, dct4, dst3 and dst4.  `s` (the real-space shape) is required
+    with "rfft" or when `k` is padded for the mesh.
+    """
+    return _vectors(k, d, s, layout, mesh, kinds, caller="wavenumbers3d")
 
 
 def fftfreq3d(k, d=1.0, *, s=None, layout: str = "transposed", mesh=None):
@@ -101,7 +130,7 @@ def fftfreq3d(k, d=1.0, *, s=None, layout: str = "transposed", mesh=None):
     two of them so they broadcast against `k`; for "transposed" kx is (1, 1, X), ky (Y, 1, 1) and
     kz (1, Z, 1), as `jaxdecomp.fftfreq3d`.  Each is split like the axis of `k` it spans.
     """
-    return _vectors(k, d, s, layout, mesh, real=False, caller="fftfreq3d")
+    return _vectors(k, d, s, layout, mesh, ("fft",) * 3, caller="fftfreq3d")
 
 
 def rfftfreq3d(k, d=1.0, *, s, layout: str = "transposed", mesh=None):
@@ -109,4 +138,4 @@ def rfftfreq3d(k, d=1.0, *, s, layout: str = "transposed", mesh=None):
 
     `s`, the real-space shape (X, Y, Z), is required.
     """
-    return _vectors(k, d, s, layout, mesh, real=True, caller="rfftfreq3d")
+    return _vectors(k, d, s, layout, mesh, ("fft", "fft", "rfft"), caller="rfftfreq3d")

@@ -35,7 +35,8 @@ from jax.sharding import Mesh, NamedSharding
 
 from ._jax_private import needs_devices_when_lowered
 from ._decomposition import check_batch
-from ._plan import Plan, _is_tracer, has_explicit_axes, plan_backward, plan_forward
+from ._plan import Plan, _is_tracer, check_k_shape, has_explicit_axes
+from ._stages import run_backward, run_forward
 
 __all__ = ["LinearOp", "Transform", "apply", "place", "run"]
 
@@ -105,16 +106,16 @@ class LinearOp:
 
 @dataclasses.dataclass(frozen=True)
 class Transform(LinearOp):
-    """One distributed 3D transform (forward or backward) with its mesh left open.
+    """One distributed 3D transform (forward or backward) of `plan`.
 
-    `plan` is the one-device plan (mesh None); `in_shape` the global input shape (a spectrum
-    may be exact or padded for some mesh).
+    The plan is made once, at the call: with its mesh when the mesh is known, without one when
+    the partitioner decides it (`Plan.bind` then fits it to the mesh XLA gives, without
+    planning again).  `in_shape` is the global input shape (a spectrum may be exact or padded
+    for the mesh).
     """
 
     plan: Plan
-    block_fn: Callable  # _fft._forward_block or _fft._backward_block
     forward: bool
-    exchange: str
     in_shape: tuple[int, ...]
     transposed: bool = False
 
@@ -126,7 +127,8 @@ class Transform(LinearOp):
     @property
     def primal_out(self) -> jax.ShapeDtypeStruct:
         if self.forward:
-            return jax.ShapeDtypeStruct(self.plan.batch + self.plan.exact_k_shape, self.plan.k_dtype)
+            shape = self.plan.k_shape if self.plan.mesh is not None else self.plan.exact_k_shape
+            return jax.ShapeDtypeStruct(self.plan.batch + shape, self.plan.k_dtype)
         return jax.ShapeDtypeStruct(self.plan.batch + self.plan.real_shape, self.plan.real_dtype)
 
     def batched(self, n: int) -> Transform:
@@ -141,19 +143,20 @@ class Transform(LinearOp):
     def argname(self) -> str:
         return "x" if self.forward else "k"
 
+    def body(self, plan: Plan) -> Callable:
+        """The per-device map of `plan`'s stages in this direction (global on one device)."""
+        run = run_forward if self.forward else run_backward
+        return functools.partial(run, plan.stages)
+
     def primal_local(self, x: jax.Array) -> jax.Array:
-        return self.block_fn(self.plan, x)
+        return self.body(self.plan)(x)
 
     def primal_on_mesh(self, mesh):
-        common = dict(norm=self.plan.norm, layout=self.plan.layout, mesh=mesh,
-                      real=self.plan.real, exchange=self.exchange)
+        plan = self.plan if self.plan.mesh is mesh else self.plan.bind(mesh, self.forward)
         if self.forward:
-            plan = plan_forward(self.primal_in, **common)
-            in_spec, out_spec = plan.real_spec, plan.k_spec
-        else:
-            plan = plan_backward(self.primal_in, self.plan.real_shape, **common)
-            in_spec, out_spec = plan.k_spec, plan.real_spec
-        return functools.partial(self.block_fn, plan), in_spec, out_spec
+            return self.body(plan), plan.real_spec, plan.k_spec
+        check_k_shape(plan, self.in_shape[-3:])
+        return self.body(plan), plan.k_spec, plan.real_spec
 
     def primal_rule(self) -> tuple[str, str]:
         # Real space (X, Y, Z) is split (a, b, -); k space (Y, Z, X) also (a, b, -) in the
@@ -220,13 +223,16 @@ def _local_call(x, t: LinearOp):
     # custom_partitioning traces this one-device implementation on the global value, whose type
     # on an Explicit mesh names the mesh axes; slicing a split axis there is a typing error, so
     # the whole map is traced with those axes made Auto (the partitioner replaces it anyway).
+    # It must also close over no array constants (custom_partitioning asserts so), which the
+    # DCTs' twiddle factors would be: inside a jit they stay with the inner program.
+    local = jax.jit(t.local)
     sharding = getattr(jax.typeof(x), "sharding", None)
     mesh = getattr(sharding, "mesh", None)
     if mesh is not None and not mesh.empty and has_explicit_axes(mesh):
         with jax.sharding.use_abstract_mesh(mesh):
-            return jax.sharding.auto_axes(t.local, out_sharding=NamedSharding(
+            return jax.sharding.auto_axes(local, out_sharding=NamedSharding(
                 mesh, jax.sharding.PartitionSpec()))(x)
-    return t.local(x)
+    return local(x)
 
 
 _partitioned = custom_partitioning(_local_call, static_argnums=(1,))

@@ -27,7 +27,8 @@ from ._decomposition import (batch_axes, check_batch, check_mesh, check_split, m
                              round_up, split_problem)
 from ._jax_private import legacy_mesh
 from ._sharding import LAYOUTS, k_space_spec, real_space_spec
-from ._stages import Stage, forward_stages
+from . import _r2r
+from ._stages import FFT_KINDS, KINDS, Stage, forward_stages
 
 NORMS = ("backward", "ortho", "forward")
 EXCHANGES, PAIRWISE_MIN_BYTES = _transpose.EXCHANGES, _transpose.PAIRWISE_MIN_BYTES
@@ -37,29 +38,38 @@ EXCHANGES, PAIRWISE_MIN_BYTES = _transpose.EXCHANGES, _transpose.PAIRWISE_MIN_BY
 class Plan:
     """Everything static about one distributed 3D transform (both directions share it).
 
-    Global shapes: `real_shape` = (X, Y, Z) of the real-space array (last three axes),
-    `k_shape` = the k-space array's last three axes in `layout` order, padded.
+    Global shapes: `real_shape` = (X, Y, Z) of the real-space array (last three axes; the
+    padded grid when dealiasing), `modes` = the spectrum's lengths per axis before halving and
+    mesh padding (`real_shape` unless padded), `k_shape` = the k-space array's last three axes
+    in `layout` order, padded for the mesh.
     """
 
-    mesh: Any  # Mesh or AbstractMesh, or None for a purely local transform
+    mesh: Any  # Mesh or AbstractMesh, or None for a purely local transform (or one left to XLA)
     axes: tuple[str | None, str | None]  # mesh axis names splitting (X, Y) in real space
     pdims: tuple[int, int]  # (Pa, Pb): sizes of those axes (1 where absent)
-    batch: tuple[int, ...]  # leading unsharded axes
+    batch: tuple[int, ...]  # leading axes
     real_shape: tuple[int, int, int]  # (X, Y, Z)
-    real: bool  # real-to-complex (Z halved to Z//2+1)
+    kinds: tuple[str, str, str]  # the transform along X, Y, Z (`_stages.KINDS`)
+    modes: tuple[int, int, int]
     layout: str
     norm: str
-    real_dtype: Any  # dtype in real space (complex for c2c, float for r2c)
-    k_dtype: Any  # complex dtype in k space
+    real_dtype: Any  # dtype in real space
+    k_dtype: Any  # dtype in k space
+    exchange: str = "auto"  # as asked; `exchanges` is what it means on this mesh
     exchanges: tuple[str, str] = ("alltoall", "alltoall")  # algorithm over (a, b)
     # The mesh, when its batch axes are left to the partitioner (`batch_mesh`): mesh is None
     # then, and this one is checked when the transform is compiled for one device.
     deferred: Any = None
 
     @property
+    def real(self) -> bool:
+        """Real-to-complex along Z (its spectrum halved to Z//2+1)."""
+        return self.kinds[2] == "rfft"
+
+    @property
     def zc(self) -> int:
         """Length of the k-space Z axis before padding."""
-        z = self.real_shape[2]
+        z = self.modes[2]
         return z // 2 + 1 if self.real else z
 
     @property
@@ -70,15 +80,15 @@ class Plan:
     @property
     def yp(self) -> int:
         """Length of the k-space Y axis, padded to a multiple of Pa."""
-        return round_up(self.real_shape[1], self.pdims[0])
+        return round_up(self.modes[1], self.pdims[0])
 
     @property
     def padded(self) -> bool:
-        return self.yp != self.real_shape[1] or self.zp != self.zc
+        return self.yp != self.modes[1] or self.zp != self.zc
 
     @property
     def k_shape(self) -> tuple[int, int, int]:
-        x = self.real_shape[0]
+        x = self.modes[0]
         if self.layout == "transposed":
             return (self.yp, self.zp, x)
         return (x, self.yp, self.zp)
@@ -86,18 +96,24 @@ class Plan:
     @property
     def exact_k_shape(self) -> tuple[int, int, int]:
         """The k-space shape without padding, in `layout` order."""
-        x, y, _ = self.real_shape
+        x, y, _ = self.modes
         return (y, self.zc, x) if self.layout == "transposed" else (x, y, self.zc)
 
     @property
     def ndim(self) -> int:
         return len(self.batch) + 3
 
+    def truncation_scale(self, d: int) -> float:
+        """The factor of the forward dealiasing along global axis d (0 X, 1 Y, 2 Z): N/M for
+        norm "backward", sqrt(N/M) for "ortho", 1 for "forward", so that the N-mode spectrum
+        of a band-limited field is what an N-point transform gives."""
+        power = {"backward": 1.0, "ortho": 0.5, "forward": 0.0}[self.norm]
+        return (self.modes[d] / self.real_shape[d]) ** power
+
     @property
     def stages(self) -> tuple[Stage, ...]:
         """The forward transform's stages on a per-device block; backward walks them reversed."""
-        return forward_stages(self.real_shape, self.pdims, self.real, self.layout,
-                              self.zc, self.zp, self.yp)
+        return forward_stages(self)
 
     @property
     def real_spec(self) -> P:
@@ -106,6 +122,21 @@ class Plan:
     @property
     def k_spec(self) -> P:
         return _spec_for(self, lambda m, n: k_space_spec(m, self.layout, n))
+
+    def bind(self, mesh, forward: bool) -> Plan:
+        """This plan on `mesh` (the compiler-partitioned path learns it late): the mesh's axes,
+        their sizes and exchanges, after checking that they split the arrays."""
+        mesh = check_mesh(mesh)
+        shape = self.batch + self.real_shape
+        check_batch(shape, mesh, "x" if forward else "k")
+        axes, pdims = mesh_axes(mesh)
+        if forward:
+            check_split(shape, pdims, axes, "x")
+        else:
+            _check_s_split(self.real_shape, pdims, axes, self.modes)
+        block_bytes = _block_bytes(shape, mesh, self.k_dtype)
+        return dataclasses.replace(self, mesh=mesh, axes=axes, pdims=pdims, deferred=None,
+                                   exchanges=_exchanges(self.exchange, mesh, pdims, block_bytes))
 
 
 def _spec_for(plan: Plan, make) -> P:
@@ -253,65 +284,186 @@ def _platform(mesh) -> str:
     return jax.default_backend()  # an AbstractMesh (from a traced type) names no devices
 
 
-def plan_forward(x, *, norm, layout, mesh, real: bool, exchange: str = "auto",
-                 argname: str = "x") -> Plan:
-    """Plan for pfft3d/prfft3d of x (global shape (..., X, Y, Z))."""
-    check_norm_layout(norm, layout)
-    shape = _check_array(x, argname)
-    dtype = x.dtype
-    if real:
+def check_kinds(kinds, real: bool = False) -> tuple[str, str, str]:
+    """`kinds` as a 3-tuple of `_stages.KINDS` names for (X, Y, Z); None: "fft" on every axis
+    ("rfft" along Z for `real`)."""
+    if kinds is None:
+        return ("fft", "fft", "rfft" if real else "fft")
+    if isinstance(kinds, str) or not all(isinstance(k, str) for k in _as_tuple(kinds)):
+        raise TypeError(f"`kinds` must be 3 strings, the transform along (X, Y, Z), e.g. "
+                        f"('dct2', 'fft', 'fft'); got {kinds!r}")
+    kinds = _as_tuple(kinds)
+    if len(kinds) != 3:
+        raise ValueError(f"`kinds` must name 3 transforms (X, Y, Z); got {len(kinds)}: {kinds!r}")
+    for i, kind in enumerate(kinds):
+        if kind not in KINDS:
+            raise ValueError(f"`kinds[{i}]` = {kind!r} is not a transform kind; expected one of "
+                             f"{KINDS}")
+        if kind == "rfft" and i != 2:
+            raise ValueError(f"`kinds[{i}]` = 'rfft': the real-to-complex transform runs along Z "
+                             f"only (kinds[2]), the first axis transformed, where the data are "
+                             f"still real; use 'fft' here")
+    return kinds
+
+
+def _as_tuple(v) -> tuple:
+    try:
+        return tuple(v)
+    except TypeError:
+        return (v,)
+
+
+def check_padding(padding, kinds: tuple[str, str, str]) -> tuple[float, float, float]:
+    """`padding` as 3 factors >= 1 (one number: the same on every axis); only Fourier axes
+    ("fft", "rfft") can be padded."""
+    values = _as_tuple(padding)
+    try:
+        if any(isinstance(v, (str, bytes, bool, np.bool_)) for v in values):
+            raise TypeError
+        factors = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise TypeError(f"`padding` must be a number or 3 numbers (X, Y, Z), e.g. 1.5 for the "
+                        f"3/2 rule; got {padding!r}") from None
+    if len(factors) == 1:
+        factors *= 3
+    if len(factors) != 3 or not all(np.isfinite(f) and f >= 1 for f in factors):
+        raise ValueError(f"`padding` must be one factor >= 1 or 3 of them (X, Y, Z); got "
+                         f"{padding!r}")
+    for i, (f, kind) in enumerate(zip(factors, kinds)):
+        if f != 1 and kind not in FFT_KINDS:
+            raise ValueError(f"`padding[{i}]` = {f:g} on a {kind!r} axis: only Fourier axes "
+                             f"('fft', 'rfft') are padded (dealiased)")
+    return factors
+
+
+def _modes_of(grid: tuple[int, ...], padding, argname: str) -> tuple[int, int, int]:
+    """The spectrum's lengths N = M / padding of a padded grid M (each must come out whole)."""
+    modes = []
+    for i, (m, f) in enumerate(zip(grid, padding)):
+        n = round(m / f)
+        if f != 1 and (n < 1 or abs(n * f - m) > 1e-9 * m):
+            raise ValueError(f"`{argname}.shape[{i - 3}]` = {m} is not `padding[{i}]` = {f:g} "
+                             f"times a whole number of modes (the padded grid is padding x N "
+                             f"points)")
+        modes.append(n)
+    return tuple(modes)
+
+
+def _grid_of(modes: tuple[int, int, int], padding) -> tuple[int, int, int]:
+    """The padded grid M = padding x N of a spectrum's lengths N (each must come out whole)."""
+    grid = []
+    for i, (n, f) in enumerate(zip(modes, padding)):
+        m = round(n * f)
+        if abs(m - n * f) > 1e-9 * m:
+            raise ValueError(f"`s[{i}]` = {n} times `padding[{i}]` = {f:g} is not a whole number "
+                             f"of points for the padded grid")
+        grid.append(m)
+    return tuple(grid)
+
+
+def _check_lengths(modes, kinds, argname: str) -> None:
+    for i, (n, kind) in enumerate(zip(modes, kinds)):
+        if kind in _r2r.KINDS and n < _r2r.min_length(kind):
+            raise ValueError(f"{kind} needs at least {_r2r.min_length(kind)} points; "
+                             f"`{argname}` has {n} along axis {'XYZ'[i]}")
+
+
+def _dtypes(dtype, kinds, argname: str) -> tuple[Any, Any]:
+    """(real-space dtype, k-space dtype) of a transform of `kinds` whose input has `dtype`."""
+    c = _fft_dtype(dtype, argname)  # validates: numeric, supported by jax
+    if "rfft" in kinds:
         if np.issubdtype(dtype, np.complexfloating):
             raise TypeError(
                 f"`{argname}` must be real for a real-to-complex transform; got dtype {dtype} "
-                f"(use pfft3d for complex input)"
+                f"(use pfft3d, or 'fft' along Z, for complex input)"
             )
-        k_dtype = _fft_dtype(dtype, argname)
-        real_dtype = _float_dtype(k_dtype)
-    else:
-        k_dtype = real_dtype = _fft_dtype(dtype, argname)
+        return _float_dtype(c), c
+    if "fft" in kinds:  # complex from the first FFT on: the input is cast, as fftn does
+        return c, c
+    same = c if np.issubdtype(dtype, np.complexfloating) else _float_dtype(c)
+    return same, same  # DCTs and DSTs keep real data real
+
+
+def _k_dtypes(dtype, kinds, argname: str) -> tuple[Any, Any]:
+    """(real-space dtype, k-space dtype) for the inverse transform of a spectrum of `dtype`."""
+    if "rfft" in kinds or "fft" in kinds:
+        c = _fft_dtype(dtype, argname)
+        return (_float_dtype(c) if "rfft" in kinds else c), c
+    return _dtypes(dtype, kinds, argname)
+
+
+def plan_forward(x, *, norm, layout, mesh, real: bool = False, kinds=None, padding=1,
+                 exchange: str = "auto", argname: str = "x") -> Plan:
+    """Plan for a forward transform of x (global shape (..., X, Y, Z): the padded grid when
+    `padding` is not 1), along `kinds` (None: c2c, or r2c along Z for `real`)."""
+    check_norm_layout(norm, layout)
+    kinds = check_kinds(kinds, real)
+    padding = check_padding(padding, kinds)
+    shape = _check_array(x, argname)
+    real_dtype, k_dtype = _dtypes(x.dtype, kinds, argname)
+    modes = _modes_of(shape[-3:], padding, argname)
+    _check_lengths(modes, kinds, argname)
     mesh, deferred = batch_mesh(x, shape, find_mesh(x, mesh), argname)
     axes, pdims = mesh_axes(mesh)
     check_split(shape, pdims, axes, argname)  # any other placement is resharded
     block_bytes = _block_bytes(shape, mesh, k_dtype)
-    return Plan(mesh, axes, pdims, shape[:-3], shape[-3:], real, layout, norm or "backward",
-                real_dtype, k_dtype, _exchanges(exchange, mesh, pdims, block_bytes), deferred)
+    return Plan(mesh, axes, pdims, shape[:-3], shape[-3:], kinds, modes, layout,
+                norm or "backward", real_dtype, k_dtype, exchange,
+                _exchanges(exchange, mesh, pdims, block_bytes), deferred)
 
 
-def plan_backward(k, s, *, norm, layout, mesh, real: bool, exchange: str = "auto",
-                  argname: str = "k", caller: str = "pirfft3d") -> Plan:
-    """Plan for pifft3d/pirfft3d of k (k-space, global last axes in `layout` order).
+def plan_backward(k, s, *, norm, layout, mesh, real: bool = False, kinds=None, padding=1,
+                  exchange: str = "auto", argname: str = "k", caller: str = "pirfft3d") -> Plan:
+    """Plan for the inverse transform of k (k-space, global last axes in `layout` order).
 
-    `s` is the real-space (X, Y, Z); None means k is not padded (complex transforms only).
-    Also validates `s` against k for the frequency helpers.
+    `s` is the spectrum's real-space shape N = (X, Y, Z) (the output is padding x N); None
+    means k is not padded for the mesh (not with "rfft").  Also validates `s` against k for the
+    frequency helpers.
     """
     check_norm_layout(norm, layout)
+    kinds = check_kinds(kinds, real)
+    padding = check_padding(padding, kinds)
     shape = _check_array(k, argname)
-    dtype = k.dtype
-    k_dtype = _fft_dtype(dtype, argname)
+    real_dtype, k_dtype = _k_dtypes(k.dtype, kinds, argname)
     mesh, deferred = batch_mesh(k, shape, find_mesh(k, mesh), argname)
     axes, pdims = mesh_axes(mesh)
     kx, ky, kz = _xyz(shape[-3:], layout)
     if s is None:
-        if real:
+        if kinds[2] == "rfft":
             raise ValueError(f"`s` (the real-space shape (X, Y, Z)) is required for {caller}")
-        s = (kx, ky, kz)
+        modes = (kx, ky, kz)
     else:
-        s = _check_s(s)
-    block_bytes = _block_bytes(shape[:-3] + s, mesh, k_dtype)
-    plan = Plan(mesh, axes, pdims, shape[:-3], s, real, layout, norm or "backward",
-                _float_dtype(k_dtype) if real else k_dtype, k_dtype,
-                _exchanges(exchange, mesh, pdims, block_bytes), deferred)
-    if (kx, ky, kz) not in {_xyz(plan.k_shape, layout), _xyz(plan.exact_k_shape, layout)}:
-        raise ValueError(
-            f"`{argname}.shape[-3:]` = {shape[-3:]} does not fit the real-space shape `s` = {s} "
-            f"on this mesh: expected {plan.exact_k_shape} (exact) or {plan.k_shape} (padded) in "
-            f"the {layout} layout"
-        )
-    problem = split_problem(s, pdims, axes)
-    if problem is not None:
-        index, why = problem
-        raise ValueError(f"`s[{index}]` {why}; `s` = {s}")
+        modes = _check_s(s)
+    _check_lengths(modes, kinds, "s")
+    grid = _grid_of(modes, padding)
+    block_bytes = _block_bytes(shape[:-3] + grid, mesh, k_dtype)
+    plan = Plan(mesh, axes, pdims, shape[:-3], grid, kinds, modes, layout, norm or "backward",
+                real_dtype, k_dtype, exchange, _exchanges(exchange, mesh, pdims, block_bytes),
+                deferred)
+    check_k_shape(plan, shape[-3:], argname)
+    _check_s_split(grid, pdims, axes, modes)
     return plan
+
+
+def check_k_shape(plan: Plan, k_last3, argname: str = "k") -> None:
+    """A spectrum's last three axes must be the plan's, exact or padded for the mesh."""
+    if tuple(k_last3) not in {plan.k_shape, plan.exact_k_shape}:
+        raise ValueError(
+            f"`{argname}.shape[-3:]` = {tuple(k_last3)} does not fit the real-space shape `s` = "
+            f"{plan.modes} on this mesh: expected {plan.exact_k_shape} (exact) or "
+            f"{plan.k_shape} (padded) in the {plan.layout} layout"
+        )
+
+
+def _check_s_split(grid, pdims, axes, modes) -> None:
+    problem = split_problem(grid, pdims, axes)
+    if problem is None:
+        return
+    index, why = problem
+    if tuple(grid) == tuple(modes):
+        raise ValueError(f"`s[{index}]` {why}; `s` = {tuple(modes)}")
+    raise ValueError(f"the padded grid {tuple(grid)} (`s` = {tuple(modes)} times `padding`): "
+                     f"axis {index} {why}")
 
 
 def _xyz(k_last3, layout):

@@ -14,7 +14,7 @@ with a scale c and end-point weights h (types 1, 3) and g (types 1, 2 under "ort
   sum_n z_n e^{-i pi (n+a)(k+b)/M} = e^{-i pi a (k+b)/M} FFT_2M(z_n e^{-i pi n b/M})[k],
   whose real part is the cosine sum and minus its imaginary part the sine sum.  Type 1 has
   integer shifts, which are index shifts instead of twiddles, so it is a plain real FFT.
-Only FFTs, slices, gathers with constant indices and products with constant (numpy-built,
+Only FFTs, slices, pads, reshapes and products with constant (numpy-built,
 float64-accurate) twiddles are used: it runs on any backend, under jit, vmap and shard_map, and
 being linear it differentiates and `jax.linear_transpose`s.  Complex input is transformed as a
 real batch (real and imaginary parts stacked), so in one FFT call.
@@ -71,9 +71,16 @@ def _const(values: np.ndarray, dtype) -> jax.Array:
     return jnp.asarray(np.asarray(values).astype(dtype))
 
 
-def _perm(n: int) -> np.ndarray:
-    """Makhoul's reordering: even samples, then odd samples reversed."""
-    return np.concatenate([np.arange(0, n, 2), np.arange(1, n, 2)[::-1]])
+def _reorder(x: jax.Array) -> jax.Array:
+    """Makhoul's reordering: even samples, then odd samples reversed (slices, not a gather)."""
+    return jnp.concatenate([x[..., 0::2], jnp.flip(x[..., 1::2], -1)], axis=-1)
+
+
+def _unreorder(v: jax.Array) -> jax.Array:
+    """The inverse of `_reorder`: interleave the two halves back."""
+    n, h = v.shape[-1], (v.shape[-1] + 1) // 2
+    odd = jnp.pad(jnp.flip(v[..., h:], -1), [(0, 0)] * (v.ndim - 1) + [(0, n % 2)])
+    return jnp.stack([v[..., :h], odd], axis=-1).reshape(*v.shape[:-1], 2 * h)[..., :n]
 
 
 def _dct2(x: jax.Array, c: float, g: np.ndarray) -> jax.Array:
@@ -81,7 +88,7 @@ def _dct2(x: jax.Array, c: float, g: np.ndarray) -> jax.Array:
     cplx = jnp.result_type(x.dtype, jnp.complex64)
     half = n // 2 + 1  # the rfft's bins; y_k and y_{N-k} both come from bin k
     k = np.arange(half)
-    w = jnp.fft.rfft(x[..., _perm(n)], axis=-1)
+    w = jnp.fft.rfft(_reorder(x), axis=-1)
     w = w * _const(c * g[:half] * np.exp(-0.5j * np.pi * k / n), cplx)
     # y_k = Re w_k and, from the Hermitian symmetry of the spectrum, y_{N-k} = -Im w_k.
     return jnp.concatenate([w.real, -jnp.flip(w.imag[..., 1:(n + 1) // 2], -1)], axis=-1)
@@ -92,13 +99,13 @@ def _dct3(x: jax.Array, c: float, h: np.ndarray) -> jax.Array:
     cplx = jnp.result_type(x.dtype, jnp.complex64)
     half = n // 2 + 1
     k = np.arange(half)
-    # DCT-III = 2N * DCT-II^-1 (scipy), with the 1/2 on x0 folded into the weights.
+    # DCT-III = 2N * DCT-II^-1 (scipy), with the 1/2 on x0 folded into the weights and the
+    # 2N into the twiddle (cancelling the irfft's 1/N and Makhoul's 1/2).
     z = x * _const(c * h * np.where(np.arange(n) == 0, 1.0, 0.5), x.dtype)
     pad = [(0, 0)] * (x.ndim - 1) + [(1, 0)]
     z_rev = jnp.pad(jnp.flip(z, -1)[..., : half - 1], pad)  # z_{N-k}, with z_N = 0
-    v = jax.lax.complex(z[..., :half], -z_rev) * _const(np.exp(0.5j * np.pi * k / n), cplx)
-    v = jnp.fft.irfft(v, n=n, axis=-1, norm="forward")
-    return v[..., np.argsort(_perm(n))]
+    v = jax.lax.complex(z[..., :half], -z_rev) * _const(n * np.exp(0.5j * np.pi * k / n), cplx)
+    return _unreorder(jnp.fft.irfft(v, n=n, axis=-1))
 
 
 def _padded(x: jax.Array, kind: str, c: float, h: np.ndarray, g: np.ndarray) -> jax.Array:

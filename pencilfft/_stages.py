@@ -1,35 +1,142 @@
 """The forward transform as a list of stages; the backward transform walks it reversed.
 
-Static: stages are built from a `Plan`'s shapes, pdims and layout alone (nothing is traced here).
-`_fft.py` runs them on per-device blocks, forward in order and backward in reverse, each stage
-undoing itself.  Axes are numbered in the per-device block with the batch flattened to one
-leading axis: (B, x, y, Z) in real space.
+Each stage kind holds its data and defines its forward map and its inverse (`forward(k)`,
+`backward(k)` on a per-device (B, ...) block): the stages are the whole interpreter.  Lists are
+built from a `Plan`'s static data alone (nothing is traced here).  Axes are numbered in the
+per-device block with the batch flattened to one leading axis: (B, x, y, Z) in real space.
 
-Forward pencil (mesh (a, b) of sizes (Pa, Pb)):
+Forward pencil (mesh (a, b) of sizes (Pa, Pb)), with [Truncate] only on padded (dealiased)
+axes and [Pad] only where the mesh does not divide the spectrum:
 
-    Fft((3,))  Pad(3, zp)  Exchange(b: split 3, gather 2)  Fft((3,))  Pad(3, yp)
-    Exchange(a: split 3, gather 1)  Fft((3,))  [Move(3, 1) in the natural layout]
+    Fft(Z) [Truncate Z] [Pad Z]  Exchange(b: split 3, gather 2)  Fft(Y) [Truncate Y] [Pad Y]
+    Exchange(a: split 3, gather 1)  Fft(X) [Truncate X]  [Move(3, 1) in the natural layout]
 
-A slab (Pb == 1) replaces the first three stages with one 2-D `Fft((2, 3))` and its exchange over
-a; one device runs one 3-D `Fft` (and `Move(1, 3)` in the transposed layout).  A slab over Y
-(Pa == 1) is a slab in cost too: FFT Z, the exchange over b to (B, z, X, Y), one 2-D FFT over
-(X, Y) and one move to the layout (the pencil path would add a reordering "exchange" over a and
-an FFT call; measured in benchmarks/RESULTS.md "Margin").  Stages whose
-inverse needs a length (the crop after a pad, the real inverse FFT) carry it.
+A slab over X (Pb == 1) replaces the first three stages with one 2-D `Fft` over (Y, Z) and its
+exchange over a; a slab over Y (Pa == 1) is a slab in cost too: Fft(Z), the exchange over b to
+(B, z, X, Y), one 2-D Fft over (X, Y) and one move to the layout (the pencil path would add a
+reordering over the size-1 axis; benchmarks/RESULTS.md "margin").  One device runs one 3-D `Fft`
+(and `Move(1, 3)` in the transposed layout).
+
+Where to add a transform kind: a per-axis kind is a name in `KINDS` with its 1-D forward and
+inverse in `_one_axis` (or its own module, as `_r2r.py`), and an entry in the public API.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+
+from . import _r2r
+from ._transpose import transpose_blocks
+
+if TYPE_CHECKING:
+    from ._plan import Plan
+
+FFT_KINDS = ("fft", "rfft")  # Fourier kinds: complex output, padding (dealiasing) allowed
+KINDS = FFT_KINDS + _r2r.KINDS
+
+
+def _one_axis(k: jax.Array, kind: str, axis: int, norm: str, forward: bool, size: int) -> jax.Array:
+    """One 1-D transform of `kind` along `axis` (`size`: the real length, for irfft)."""
+    if kind == "fft":
+        return (jnp.fft.fft if forward else jnp.fft.ifft)(k, axis=axis, norm=norm)
+    if kind == "rfft":
+        if forward:
+            return jnp.fft.rfft(k, axis=axis, norm=norm)
+        return jnp.fft.irfft(k, n=size, axis=axis, norm=norm)
+    return (_r2r.forward if forward else _r2r.backward)(k, kind, axis, norm)
 
 
 @dataclasses.dataclass(frozen=True)
 class Fft:
-    """FFT over local `axes` (whole on every device).  `real`: r2c forward / c2r backward, the
-    last axis of `axes` halved; `sizes` are the real-space lengths of `axes` (the c2r output)."""
+    """Transforms of `kinds` over local `axes` (whole on every device).  "rfft" is only ever the
+    last axis; `sizes` are the real-space lengths of `axes` (the irfft output)."""
 
     axes: tuple[int, ...]
-    real: bool = False
-    sizes: tuple[int, ...] = ()
+    kinds: tuple[str, ...]
+    sizes: tuple[int, ...]
+    norm: str
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        if all(kind == "fft" for kind in self.kinds):  # one multi-dimensional call
+            return jnp.fft.fftn(k, axes=self.axes, norm=self.norm)
+        if self.kinds[-1] == "rfft" and all(kind == "fft" for kind in self.kinds[:-1]):
+            return jnp.fft.rfftn(k, axes=self.axes, norm=self.norm)
+        # Mixed kinds, last axis first (an rfft must see the real input); the 1-D transforms
+        # along different axes commute otherwise.
+        for axis, kind, size in reversed(list(zip(self.axes, self.kinds, self.sizes))):
+            k = _one_axis(k, kind, axis, self.norm, True, size)
+        return k
+
+    def backward(self, k: jax.Array) -> jax.Array:
+        if all(kind == "fft" for kind in self.kinds):
+            return jnp.fft.ifftn(k, axes=self.axes, norm=self.norm)
+        if self.kinds[-1] == "rfft" and all(kind == "fft" for kind in self.kinds[:-1]):
+            return jnp.fft.irfftn(k, s=self.sizes, axes=self.axes, norm=self.norm)
+        for axis, kind, size in zip(self.axes, self.kinds, self.sizes):  # irfft last: real out
+            k = _one_axis(k, kind, axis, self.norm, False, size)
+        return k
+
+
+@dataclasses.dataclass(frozen=True)
+class Truncate:
+    """Dealiasing along a padded Fourier axis: keep the `modes` lowest of the `fine` grid's
+    frequencies, scaled by `scale` (backward: zero-pad to `fine`, scaled back).
+
+    An even `modes` has a Nyquist mode, which the backward map splits evenly between +N/2 and
+    -N/2 (so a real field stays real) and the forward map sums back; on the half spectrum
+    (`half`, an rfft axis of `fine // 2 + 1` entries) -N/2 is implicit: halved and doubled.
+    """
+
+    axis: int
+    fine: int  # length of the padded grid along the axis
+    modes: int  # N, the spectrum's length before halving (Z//2+1 entries when `half`)
+    half: bool
+    scale: float
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        n, ax = self.modes, self.axis
+        take = lambda a, b: jax.lax.slice_in_dim(k, a, b, axis=ax)  # noqa: E731
+        if self.half:
+            out = take(0, n // 2 + 1)
+            if n % 2 == 0:
+                out = _scale_index(out, ax, n // 2, 2.0)
+        elif n % 2:
+            out = jnp.concatenate([take(0, (n + 1) // 2), take(self.fine - n // 2, self.fine)], ax)
+        else:
+            nyquist = take(n // 2, n // 2 + 1) + take(self.fine - n // 2, self.fine - n // 2 + 1)
+            out = jnp.concatenate([take(0, n // 2), nyquist,
+                                   take(self.fine - n // 2 + 1, self.fine)], ax)
+        return out * jnp.asarray(self.scale, out.real.dtype)
+
+    def backward(self, k: jax.Array) -> jax.Array:
+        n, ax = self.modes, self.axis
+        k = k * jnp.asarray(1 / self.scale, k.real.dtype)
+        take = lambda a, b: jax.lax.slice_in_dim(k, a, b, axis=ax)  # noqa: E731
+
+        def zeros(m):
+            shape = list(k.shape)
+            shape[ax] = m
+            return jnp.zeros(shape, k.dtype)
+
+        if self.half:
+            out = _scale_index(k, ax, n // 2, 0.5) if n % 2 == 0 else k
+            return jnp.concatenate([out, zeros(self.fine // 2 + 1 - (n // 2 + 1))], ax)
+        if n % 2:
+            return jnp.concatenate([take(0, (n + 1) // 2), zeros(self.fine - n),
+                                    take((n + 1) // 2, n)], ax)
+        nyquist = take(n // 2, n // 2 + 1) * 0.5
+        return jnp.concatenate([take(0, n // 2), nyquist, zeros(self.fine - n - 1), nyquist,
+                                take(n // 2 + 1, n)], ax)
+
+
+def _scale_index(k: jax.Array, axis: int, i: int, factor: float) -> jax.Array:
+    shape = [1] * k.ndim
+    shape[axis] = k.shape[axis]
+    w = jnp.ones(k.shape[axis], k.real.dtype).at[i].set(factor).reshape(shape)
+    return k * w
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,23 +147,39 @@ class Pad:
     length: int
     padded: int
 
+    def forward(self, k: jax.Array) -> jax.Array:
+        widths = [(0, 0)] * k.ndim
+        widths[self.axis] = (0, self.padded - k.shape[self.axis])
+        return jnp.pad(k, widths)
+
+    def backward(self, k: jax.Array) -> jax.Array:
+        return jax.lax.slice_in_dim(k, 0, self.length, axis=self.axis)
+
 
 @dataclasses.dataclass(frozen=True)
 class Exchange:
-    """`_transpose.transpose_blocks` over mesh axis `mesh_axis` (0: a, 1: b) of size `n`.
+    """`_transpose.transpose_blocks` over mesh axis `axis_name` of size `n` with `algorithm`.
 
     The inverse exchange splits what was gathered, gathers what was split and undoes `order`."""
 
-    mesh_axis: int
+    axis_name: str
     n: int
     split: int
     gather: int
     order: tuple[int, ...]
+    algorithm: str = "alltoall"
 
-    def inverse(self) -> "Exchange":
+    def inverse(self) -> Exchange:
         inv = tuple(self.order.index(i) for i in range(len(self.order)))
-        return Exchange(self.mesh_axis, self.n, split=self.order.index(self.gather),
-                        gather=self.order.index(self.split), order=inv)
+        return dataclasses.replace(self, split=self.order.index(self.gather),
+                                   gather=self.order.index(self.split), order=inv)
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        return transpose_blocks(k, self.axis_name, self.n, self.split, self.gather, self.order,
+                                algorithm=self.algorithm)
+
+    def backward(self, k: jax.Array) -> jax.Array:
+        return self.inverse().forward(k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,41 +189,83 @@ class Move:
     source: int
     destination: int
 
+    def forward(self, k: jax.Array) -> jax.Array:
+        return jnp.moveaxis(k, self.source, self.destination)
 
-Stage = Fft | Pad | Exchange | Move
+    def backward(self, k: jax.Array) -> jax.Array:
+        return jnp.moveaxis(k, self.destination, self.source)
 
 
-def forward_stages(real_shape: tuple[int, int, int], pdims: tuple[int, int], real: bool,
-                   layout: str, zc: int, zp: int, yp: int) -> tuple[Stage, ...]:
+Stage = Fft | Truncate | Pad | Exchange | Move
+
+
+def run_forward(stages: tuple[Stage, ...], x: jax.Array) -> jax.Array:
+    """Real-space block (..., x, y, Z) -> k-space block, the leading axes flattened meanwhile."""
+    batch = x.shape[:-3]
+    k = x.reshape((-1,) + x.shape[-3:])
+    for stage in stages:
+        k = stage.forward(k)
+    return k.reshape(batch + k.shape[1:])
+
+
+def run_backward(stages: tuple[Stage, ...], k: jax.Array) -> jax.Array:
+    """k-space block -> real-space block (..., x, y, Z): the stages reversed, each inverted."""
+    batch = k.shape[:-3]
+    x = k.reshape((-1,) + k.shape[-3:])
+    for stage in reversed(stages):
+        x = stage.backward(x)
+    return x.reshape(batch + x.shape[1:])
+
+
+# ----------------------------------------------------------------------------------------------
+# The stage lists
+
+
+def _after(plan: Plan, axes: tuple[int, ...], dims: tuple[int, ...]) -> tuple[Stage, ...]:
+    """Truncations after the transform of block `axes` (global dims `dims`: 0 X, 1 Y, 2 Z),
+    last axis first, for the padded ones."""
+    out: list[Stage] = []
+    for axis, d in reversed(list(zip(axes, dims))):
+        if plan.real_shape[d] != plan.modes[d]:
+            out.append(Truncate(axis, plan.real_shape[d], plan.modes[d],
+                                plan.kinds[d] == "rfft", plan.truncation_scale(d)))
+    return tuple(out)
+
+
+def _fft(plan: Plan, axes: tuple[int, ...], dims: tuple[int, ...]) -> tuple[Stage, ...]:
+    kinds = tuple(plan.kinds[d] for d in dims)
+    sizes = tuple(plan.real_shape[d] for d in dims)
+    return (Fft(axes, kinds, sizes, plan.norm),) + _after(plan, axes, dims)
+
+
+def _pad(axis: int, length: int, padded: int) -> tuple[Stage, ...]:
+    return (Pad(axis, length, padded),) if padded != length else ()
+
+
+def forward_stages(plan: Plan) -> tuple[Stage, ...]:
     """The stages of the forward transform of one (B, x, y, Z) block (see the module docstring)."""
-    X, Y, Z = real_shape
-    pa, pb = pdims
-    if pa == pb == 1:  # one device: nothing to exchange, one 3-D FFT
-        stages: tuple[Stage, ...] = (Fft((1, 2, 3), real, (X, Y, Z)),)
-        return stages + ((Move(1, 3),) if layout == "transposed" else ())
-    if pa == 1:  # slab over Y: FFT Z, one exchange, then one 2-D FFT over the whole (X, Y)
-        stages = (
-            Fft((3,), real, (Z,)),
-            Pad(3, zc, zp),
-            Exchange(1, pb, split=3, gather=2, order=(0, 3, 1, 2)),  # (B, z, X, Y)
-            Fft((2, 3)),
-        )
+    pa, pb = plan.pdims
+    (name_a, name_b), (alg_a, alg_b) = plan.axes, plan.exchanges
+    yc = plan.modes[1]
+    if pa == pb == 1:  # one device: nothing to exchange, one 3-D transform
+        stages = _fft(plan, (1, 2, 3), (0, 1, 2))
+        return stages + ((Move(1, 3),) if plan.layout == "transposed" else ())
+    if pa == 1:  # slab over Y
+        stages = _fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp) + (
+            Exchange(name_b, pb, split=3, gather=2, order=(0, 3, 1, 2), algorithm=alg_b),
+        ) + _fft(plan, (2, 3), (0, 1))  # (B, z, X, Y)
         # One move to the layout: (B, Y, z, X) transposed, (B, X, Y, z) natural.
-        return stages + ((Move(3, 1),) if layout == "transposed" else (Move(1, 3),))
-    if pb == 1:  # slab over X: one 2-D FFT over the whole local (Y, Z) planes
-        stages = (
-            Fft((2, 3), real, (Y, Z)),
-            Pad(2, Y, yp),
-            Exchange(0, pa, split=2, gather=1, order=(0, 2, 3, 1)),  # (B, y', Zc, X)
-        )
+        return stages + ((Move(3, 1),) if plan.layout == "transposed" else (Move(1, 3),))
+    if pb == 1:  # slab over X: one 2-D transform of the whole local (Y, Z) planes
+        stages = _fft(plan, (2, 3), (1, 2)) + _pad(2, yc, plan.yp) + (
+            Exchange(name_a, pa, split=2, gather=1, order=(0, 2, 3, 1), algorithm=alg_a),
+        )  # (B, y', Zc, X)
     else:
-        stages = (
-            Fft((3,), real, (Z,)),
-            Pad(3, zc, zp),
-            Exchange(1, pb, split=3, gather=2, order=(0, 1, 3, 2)),  # (B, x, z, Y)
-            Fft((3,)),
-            Pad(3, Y, yp),
-            Exchange(0, pa, split=3, gather=1, order=(0, 3, 2, 1)),  # (B, y', z, X)
-        )
-    stages += (Fft((3,)),)
-    return stages + ((Move(3, 1),) if layout == "natural" else ())  # natural: (B, X, y', z)
+        stages = _fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp) + (
+            Exchange(name_b, pb, split=3, gather=2, order=(0, 1, 3, 2), algorithm=alg_b),
+        ) + _fft(plan, (3,), (1,)) + _pad(3, yc, plan.yp) + (  # (B, x, z, Y)
+            Exchange(name_a, pa, split=3, gather=1, order=(0, 3, 2, 1), algorithm=alg_a),
+        )  # (B, y', z, X)
+    stages += _fft(plan, (3,), (0,))
+    return stages + ((Move(3, 1),) if plan.layout == "natural" else ())  # natural: (B, X, y', z)
+

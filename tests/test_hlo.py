@@ -45,9 +45,8 @@ def expected(plan):
     stages: one FFT op per Fft stage, and per Exchange stage one all_to_all or n-1 permutes."""
     exchanges = [s for s in plan.stages if isinstance(s, Exchange) and s.n > 1]
     n_fft = sum(isinstance(s, Fft) for s in plan.stages)
-    alg = {s.mesh_axis: plan.exchanges[s.mesh_axis] for s in exchanges}
-    n_a2a = sum(alg[s.mesh_axis] == "alltoall" for s in exchanges)
-    n_permutes = sum(s.n - 1 for s in exchanges if alg[s.mesh_axis] == "pairwise")
+    n_a2a = sum(s.algorithm == "alltoall" for s in exchanges)
+    n_permutes = sum(s.n - 1 for s in exchanges if s.algorithm == "pairwise")
     # slicing fusions (one per peer) + one after each exchange; one per local move (the
     # natural layout's, the slab over Y's; at least one: XLA may fuse the last reordering
     # apart), +1 for r2c's padding.
