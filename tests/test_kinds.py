@@ -71,6 +71,7 @@ def check(kinds, pdims, shape, norm="backward", layout="transposed"):
 
 # Every DCT/DST along X, Y and Z in turn (FFTs along the other two): on one device all 24, on
 # the meshes the kind moves along the axes so that each mesh sees each kind once.
+@pytest.mark.single_process  # one device: nothing multi-process about it
 @pytest.mark.parametrize("kind", R2R)
 @pytest.mark.parametrize("axis", [0, 1, 2])
 def test_each_kind_on_each_axis_one_device(kind, axis):
