@@ -249,9 +249,10 @@ def _where(pdims: Sequence[int], mesh: Any) -> str:
     return "on one device (no mesh)" if mesh is None else f"on a {_mesh_text(pdims)} mesh"
 
 
-def _transform_name(real: bool, forward: bool) -> str:
-    return {(False, True): "pfft3d", (False, False): "pifft3d", (True, True): "prfft3d",
-            (True, False): "pirfft3d"}[(real, forward)]
+def _transform_name(plan: Any, forward: bool) -> str:
+    named = {("fft",) * 3: ("pfft3d", "pifft3d"), ("fft", "fft", "rfft"): ("prfft3d", "pirfft3d")}
+    fwd, inv = named.get(tuple(plan.kinds), ("ptransform3d", "pitransform3d"))
+    return fwd if forward else inv
 
 
 def check_transform(plan: Any, forward: bool, x: Any) -> None:
@@ -280,7 +281,7 @@ def _check_plan(plan: Any, forward: bool, traced: bool, resident: bool, limit: A
     free = available(local_devices(plan.mesh))
     if free is None or need <= free.per_device:
         return
-    name = _transform_name(plan.real, forward)
+    name = _transform_name(plan, forward)
     parts = [f"output {gib(est.out_bytes)}" if not donated else "",
              f"{est.buffers} {'exchange buffers' if est.buffers > 1 else 'work buffer'} of "
              f"{gib(est.buffer_bytes)}"]
@@ -292,7 +293,7 @@ def _check_plan(plan: Any, forward: bool, traced: bool, resident: bool, limit: A
     if donated:
         kept.append("the output taking the input's place if it is donated")
     ways = []
-    if not plan.real:
+    if tuple(plan.kinds) == ("fft",) * 3:
         ways.append("the real-to-complex transforms if the data are real (prfft3d/pirfft3d: "
                     "half the memory)")
     ways.append("a mesh with more devices (each holds 1/P of the grid)")

@@ -290,3 +290,9 @@ def test_kind_that_does_not_fit_the_data():
     mesh = make_mesh((4, 2))
     with pytest.raises(ValueError, match=r"`x.shape\[0\]` \(X=6\) must be divisible by mesh axis 'x'"):
         pencilfft.ptransform3d(np.zeros((6, 8, 8)), ("dct2", "fft", "fft"), mesh=mesh)
+
+
+def test_memory_limit_names_the_transform(monkeypatch):
+    monkeypatch.setenv("PENCILFFT_MEMORY_LIMIT", "1KiB")
+    with pytest.raises(pencilfft.MemoryLimitError, match=r"^ptransform3d of a 8x8x8"):
+        pencilfft.ptransform3d(np.zeros((8, 8, 8)), ("dct2", "fft", "fft"))
