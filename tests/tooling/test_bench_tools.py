@@ -184,3 +184,31 @@ def test_margin_benchmark_times_the_users_form(tmp_path, capsys):
     with pytest.raises(SystemExit):
         margin.main(["--meshes", "8"])
     assert "2 positive sizes" in capsys.readouterr().err
+
+
+def test_kinds_benchmark_times_every_kind_beside_scipy(tmp_path):
+    """benchmarks.kinds (issue 20), one process: each kind forward and round trip on scipy (one
+    core), one device and a mesh, checked against scipy; its tables render (the mpirun product
+    is not run here: a synthetic record set checks its table)."""
+    from benchmarks import kinds
+
+    out = tmp_path / "kinds.jsonl"
+    assert kinds.main(["--shape", "16", "--meshes", "4x2", "--repeats", "1", "--warmup", "0",
+                       "--out", str(out)]) == 0
+    records = read_jsonl(out)
+    assert sorted((r["where"], r["kinds"], r["direction"]) for r in records) == sorted(
+        (w, k, d) for w in (kinds.SCIPY, kinds.ONE_DEVICE, "4x2") for k in kinds.KINDS
+        for d in kinds.DIRECTIONS)
+    for r in records:
+        assert r["status"] == "ok" and r["median_s"] > 0 and r["err"] < 1e-5, r
+        assert "loadavg_1m" in r["machine"] and r["dtype"] == "float32"
+    text = kinds.table(records)
+    assert text.count("| 16x16x16 | float32 |") == 6  # 2 directions x 3 places
+    assert "| 16x16x16 | float32 | forward | 4x2 |" in text
+    product = [dict(row=row, shape=[8] * 3, dtype="float32", status="ok", median_s=s,
+                    bytes_per_process=2**20, processes=2, pdims=[2, 1], rounds=1, repeats=1,
+                    machine={"loadavg_1m": 1.0}, vs_mpi4py_fft=0.5, vs_mpi4py_fft_no_z_nyquist=1e-7,
+                    vs_mpi4py_fft_no_nyquist=1e-7)
+               for row, s in (("pencilfft 3/2", 0.002), ("mpi4py-fft 3/2", 0.003))]
+    text = kinds.dealias_table(product)
+    assert "| 8x8x8 | float32 | mpi4py-fft 3/2 | 3 (1.50) | 1 |" in text
