@@ -86,8 +86,11 @@ class Truncate:
     frequencies, scaled by `scale` (backward: zero-pad to `fine`, scaled back).
 
     An even `modes` has a Nyquist mode, which the backward map splits evenly between +N/2 and
-    -N/2 (so a real field stays real) and the forward map sums back; on the half spectrum
-    (`half`, an rfft axis of `fine // 2 + 1` entries) -N/2 is implicit: halved and doubled.
+    -N/2 (so a real field stays real) and the forward map sums back.  On the half spectrum
+    (`half`, an rfft axis of `fine // 2 + 1` entries) -N/2 is implicit: it is the conjugate of
+    +N/2 as long as the other axes are still in real space (the stage lists truncate Z right
+    after its own rfft for that), so the sum is 2 Re(K[N/2]) and the backward map puts
+    Re(k[N/2]) / 2 there (an N-point irfft ignores the imaginary part of its Nyquist too).
     """
 
     axis: int
@@ -102,7 +105,7 @@ class Truncate:
         if self.half:
             out = take(0, n // 2 + 1)
             if n % 2 == 0:
-                out = _scale_index(out, ax, n // 2, 2.0)
+                out = _nyquist_real(out, ax, n // 2, 2.0)
         elif n % 2:
             out = jnp.concatenate([take(0, (n + 1) // 2), take(self.fine - n // 2, self.fine)], ax)
         else:
@@ -122,7 +125,7 @@ class Truncate:
             return jnp.zeros(shape, k.dtype)
 
         if self.half:
-            out = _scale_index(k, ax, n // 2, 0.5) if n % 2 == 0 else k
+            out = _nyquist_real(k, ax, n // 2, 0.5) if n % 2 == 0 else k
             return jnp.concatenate([out, zeros(self.fine // 2 + 1 - (n // 2 + 1))], ax)
         if n % 2:
             return jnp.concatenate([take(0, (n + 1) // 2), zeros(self.fine - n),
@@ -132,11 +135,11 @@ class Truncate:
                                 take(n // 2 + 1, n)], ax)
 
 
-def _scale_index(k: jax.Array, axis: int, i: int, factor: float) -> jax.Array:
-    shape = [1] * k.ndim
-    shape[axis] = k.shape[axis]
-    w = jnp.ones(k.shape[axis], k.real.dtype).at[i].set(factor).reshape(shape)
-    return k * w
+def _nyquist_real(k: jax.Array, axis: int, i: int, factor: float) -> jax.Array:
+    """k with entry i along `axis` replaced by factor * its real part (the last entry here)."""
+    last = jax.lax.slice_in_dim(k, i, i + 1, axis=axis)
+    return jnp.concatenate([jax.lax.slice_in_dim(k, 0, i, axis=axis),
+                            (factor * last.real).astype(k.dtype)], axis)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +236,10 @@ def _after(plan: Plan, axes: tuple[int, ...], dims: tuple[int, ...]) -> tuple[St
 
 
 def _fft(plan: Plan, axes: tuple[int, ...], dims: tuple[int, ...]) -> tuple[Stage, ...]:
+    if len(dims) > 1 and plan.kinds[dims[-1]] == "rfft" and plan.real_shape[2] != plan.modes[2]:
+        # A padded half spectrum is truncated while X and Y are still in real space (see
+        # `Truncate`): Z alone first.
+        return _fft(plan, axes[-1:], dims[-1:]) + _fft(plan, axes[:-1], dims[:-1])
     kinds = tuple(plan.kinds[d] for d in dims)
     sizes = tuple(plan.real_shape[d] for d in dims)
     return (Fft(axes, kinds, sizes, plan.norm),) + _after(plan, axes, dims)

@@ -25,7 +25,7 @@ def np_pad(k, axis, m, half=False):
     if half:
         out = np.zeros((m // 2 + 1,) + k.shape[1:], k.dtype)
         out[: n // 2 + 1] = k
-        out[n // 2] *= 0.5
+        out[n // 2] = 0.5 * k[n // 2].real  # -N/2 is implicit: the real part, halved
     else:
         out = np.zeros((m,) + k.shape[1:], k.dtype)
         out[: n // 2] = k[: n // 2]
@@ -42,7 +42,7 @@ def np_truncate(k, axis, n, half=False):
         return np.moveaxis(k, 0, axis)
     if half:
         out = k[: n // 2 + 1].copy()
-        out[n // 2] *= 2
+        out[n // 2] = 2 * out[n // 2].real  # + its implicit conjugate at -N/2
     else:
         out = np.concatenate([k[: n // 2], k[n // 2: n // 2 + 1] + k[m - n // 2: m - n // 2 + 1],
                               k[m - n // 2 + 1:]])
@@ -213,3 +213,19 @@ def test_padded_grid_the_mesh_cannot_split():
     k = put_global(np.zeros((4, 4, 4), np.complex128), pencilfft.k_space_sharding(mesh))
     with pytest.raises(ValueError, match=r"the padded grid \(6, 6, 6\).*must be divisible by mesh axis 'x'"):
         pencilfft.pifft3d(k, s=(4, 4, 4), padding=1.5)
+
+
+@pytest.mark.parametrize("pdims", [(4, 2), (8, 1), (1, 8), None],
+                         ids=lambda p: "x".join(map(str, p)) if p else "1dev")
+def test_padded_half_spectrum_is_the_half_of_the_padded_full_one(pdims):
+    """prfft3d(padding) of a real field on the padded grid is the first Z//2+1 planes of
+    pfft3d(padding) of the same field: the kz = N/2 plane sums +N/2 and -N/2 as the complex
+    transform does (and is Hermitian in (kx, ky)), on every path."""
+    u = random_field(M, np.float64, 12)
+    placed = (put_global(u, pencilfft.real_space_sharding(make_mesh(pdims))) if pdims
+              else jnp.asarray(u))
+    half = to_numpy(pencilfft.prfft3d(placed, padding=1.5, layout="natural"))
+    full = to_numpy(pencilfft.pfft3d(placed, padding=1.5, layout="natural"))
+    want = np_forward(u, N)
+    assert rel_err(full, want) < 1e-12
+    assert rel_err(half[..., : N[2] // 2 + 1], want[..., : N[2] // 2 + 1]) < 1e-12

@@ -63,6 +63,8 @@ def test_backward_stage_undoes_forward_stage(stage, shape):
         x = x + 1j * rng.standard_normal(shape)
     x = jnp.asarray(x)
     if isinstance(stage, Truncate):  # backward then forward: the spectrum comes back
+        if stage.half:  # (with a real Nyquist on a half spectrum, as a real field has)
+            x = x.at[..., -1].set(x[..., -1].real)
         np.testing.assert_allclose(np.asarray(stage.forward(stage.backward(x))), np.asarray(x),
                                    rtol=0, atol=1e-12)
         return
