@@ -68,10 +68,11 @@ def test_matches_scipy_float64(kind, n, norm, axis):
         assert_close(y, theirs(x, kind, axis, norm), np.float64)
 
 
+@pytest.mark.parametrize("n", [17, 16])  # the complex paths of types 4 differ for odd/even N
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("kind", _r2r.KINDS)
-def test_complex_input(kind, norm):
-    x = random_field((2, 17), np.complex128, seed=1)
+def test_complex_input(kind, norm, n):
+    x = random_field((2, n), np.complex128, seed=1)
     for ours, theirs in ((_r2r.forward, scipy_forward), (_r2r.backward, scipy_backward)):
         y = ours(jnp.asarray(x), kind, 1, norm)
         assert y.dtype == jnp.complex128
@@ -83,10 +84,38 @@ def test_complex_input(kind, norm):
         assert_close(y32, ref, np.complex64)
 
 
+@pytest.mark.parametrize("kind, n", [(k, n) for k in _r2r.KINDS for n in (1, 2, 3, 4, 6)
+                                     if n >= _r2r.min_length(k)])
+def test_complex_short_lengths(kind, n):
+    """The direct complex formulations (no real/imaginary stacking) at small odd/even N."""
+    axis = 1
+    x = random_field(shape_with(n, axis), np.complex128, seed=n)
+    for ours, theirs in ((_r2r.forward, scipy_forward), (_r2r.backward, scipy_backward)):
+        y = ours(jnp.asarray(x), kind, axis, "backward")
+        assert y.dtype == jnp.complex128 and y.shape == x.shape
+        ref = theirs(x.real, kind, axis, "backward") + 1j * theirs(x.imag, kind, axis, "backward")
+        assert_close(y, ref, np.complex128)
+
+
+@pytest.mark.parametrize("n", [5, 6])
+@pytest.mark.parametrize("kind", _r2r.KINDS)
+def test_complex_linear_transpose_jit_vmap(kind, n):
+    """Complex input: jax.linear_transpose gives M^T (no conjugation), and jit/vmap agree."""
+    m = scipy_matrix(kind, n, "ortho")
+    ct = random_field((n, 2), np.complex128, seed=6)
+    transpose = jax.linear_transpose(lambda v: _r2r.forward(v, kind, 0, "ortho"),
+                                     jnp.zeros((n, 2), jnp.complex128))
+    (got,) = jax.jit(transpose)(jnp.asarray(ct))
+    assert_close(got, m.T @ ct, np.complex128)
+    mapped = jax.jit(jax.vmap(lambda v: _r2r.forward(v, kind, 0, "ortho"), 1, 1))(ct)
+    assert_close(mapped, m @ ct, np.complex128)
+
+
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("kind", _r2r.KINDS)
-def test_float32(kind, norm):
-    x = random_field((2, 2, 17), np.float32, seed=2)
+@pytest.mark.parametrize("n", [17, 16])
+def test_float32(kind, norm, n):
+    x = random_field((2, 2, n), np.float32, seed=2)
     for ours, theirs in ((_r2r.forward, scipy_forward), (_r2r.backward, scipy_backward)):
         y = ours(jnp.asarray(x), kind, -1, norm)
         assert y.dtype == jnp.float32
