@@ -23,7 +23,7 @@ inverse in `_one_axis` (or its own module, as `_r2r.py`), and an entry in the pu
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
