@@ -81,15 +81,23 @@ def test_each_kind_on_each_axis_one_device(kind, axis):
     check(tuple(kinds), None, SHAPES[1])
 
 
-@pytest.mark.parametrize("pdims", MESHES[:3], ids=lambda p: "x".join(map(str, p)))
-@pytest.mark.parametrize("i,kind", list(enumerate(R2R)))
-def test_each_kind_on_meshes(pdims, i, kind):
+# Under mpirun (slow to compile for several processes) each kind runs on one mesh, the meshes
+# taking turns; in one process on all three.
+ONE_PROCESS = pytest.mark.single_process
+KIND_MESHES = [pytest.param(i, kind, pdims, id=f"{kind}-{'x'.join(map(str, pdims))}",
+                            marks=() if pdims == MESHES[i % 3] else ONE_PROCESS)
+               for i, kind in enumerate(R2R) for pdims in MESHES[:3]]
+
+
+@pytest.mark.parametrize("i,kind,pdims", KIND_MESHES)
+def test_each_kind_on_meshes(i, kind, pdims):
     kinds = ["fft"] * 3
     kinds[i % 3] = kind
     check(tuple(kinds), pdims, SHAPES[i % 2])
 
 
-@pytest.mark.parametrize("norm", ["backward", "ortho", "forward"])
+@pytest.mark.parametrize("norm", ["backward", pytest.param("ortho", marks=ONE_PROCESS),
+                                  pytest.param("forward", marks=ONE_PROCESS)])
 @pytest.mark.parametrize("kinds", [("dct2", "dct2", "dct2"), ("dst1", "dct4", "dst3"),
                                    ("dct1", "dst2", "dct3"), ("dst4", "fft", "rfft"),
                                    ("dct2", "fft", "fft")])

@@ -127,7 +127,8 @@ def test_band_limited_values_are_kept():
 
 @pytest.mark.parametrize("pdims", [(4, 2), (2, 4), (1, 8), (8,), None],
                          ids=lambda p: "x".join(map(str, p)) if p else "1dev")
-@pytest.mark.parametrize("layout", ["transposed", "natural"])
+@pytest.mark.parametrize("layout", ["transposed",
+                                    pytest.param("natural", marks=pytest.mark.single_process)])
 def test_real_to_complex_round_trip_and_reference(pdims, layout):
     x = random_field(N, np.float64, 6)
     mesh = make_mesh(pdims) if pdims else None
@@ -145,7 +146,8 @@ def test_real_to_complex_round_trip_and_reference(pdims, layout):
     assert rel_err(to_numpy(fine), want) < 1e-12
 
 
-@pytest.mark.parametrize("norm", ["backward", "ortho", "forward"])
+@pytest.mark.parametrize("norm", ["backward", pytest.param("ortho", marks=pytest.mark.single_process),
+                                  pytest.param("forward", marks=pytest.mark.single_process)])
 def test_per_axis_padding_and_norms(norm):
     n, padding = (16, 8, 12), (1.5, 1, 2)
     grid = (24, 8, 24)
