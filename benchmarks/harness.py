@@ -123,6 +123,14 @@ def parse_pdims(text: str) -> tuple[int, ...] | str:
     return dims
 
 
+def parse_pxq(text: str) -> tuple[int, int]:
+    """`parse_pdims`, but only PxQ: for tools whose meshes always have two axes."""
+    dims = parse_pdims(text)
+    if not isinstance(dims, tuple) or len(dims) != 2:
+        raise argparse.ArgumentTypeError(f"pdims {text!r}: expected PxQ, 2 positive sizes, e.g. 4x2")
+    return dims
+
+
 def square_pdims(n: int) -> tuple[int, int]:
     """The most square (P, Q) with P * Q = n and P <= Q (slurm/common.sh has the same rule)."""
     if n < 1:

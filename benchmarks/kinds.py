@@ -76,16 +76,6 @@ COMPLEX = {"float32": "complex64", "float64": "complex128"}
 PRODUCT_ROWS = ("pencilfft 3/2", "mpi4py-fft 3/2", "pencilfft", "mpi4py-fft")
 
 
-def _pdims(text: str) -> tuple[int, int]:
-    try:
-        dims = tuple(int(n) for n in text.lower().split("x"))
-    except ValueError:
-        dims = ()
-    if len(dims) != 2 or min(dims) < 1:
-        raise argparse.ArgumentTypeError(f"a mesh is 2 positive sizes, e.g. 4x2; got {text!r}")
-    return dims
-
-
 def _context() -> dict[str, Any]:
     return {"machine": {**harness.machine_info(), "loadavg_1m": harness.loadavg()},
             "versions": harness.versions(), "command": " ".join(sys.argv)}
@@ -650,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
     p.add_argument("--shape", type=int, default=256, help="N: a grid of N^3 (default 256)")
     p.add_argument("--dtypes", nargs="+", choices=tuple(COMPLEX), default=["float32"])
-    p.add_argument("--meshes", nargs="+", type=_pdims, default=[(4, 2), (8, 1), (1, 8)])
+    p.add_argument("--meshes", nargs="+", type=harness.parse_pxq, default=[(4, 2), (8, 1), (1, 8)])
     p.add_argument("--kinds", nargs="+", choices=tuple(KINDS), default=list(KINDS))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)

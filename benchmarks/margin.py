@@ -163,21 +163,11 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _pdims(text: str) -> tuple[int, int]:
-    try:
-        dims = tuple(int(n) for n in text.lower().split("x"))
-    except ValueError:
-        dims = ()
-    if len(dims) != 2 or min(dims) < 1:
-        raise argparse.ArgumentTypeError(f"a mesh is 2 positive sizes, e.g. 4x2; got {text!r}")
-    return dims
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.margin", description=__doc__.split("\n")[0])
     p.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
     p.add_argument("--shapes", nargs="+", type=int, default=[128, 256], help="N: grids of N^3")
-    p.add_argument("--meshes", nargs="+", type=_pdims, default=[(8, 1), (1, 8), (4, 2), (2, 4)])
+    p.add_argument("--meshes", nargs="+", type=harness.parse_pxq, default=[(8, 1), (1, 8), (4, 2), (2, 4)])
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=1)

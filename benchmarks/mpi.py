@@ -42,14 +42,6 @@ ROWS = tuple(f"pencilfft/{e}" for e in EXCHANGES) + (
     "mpi4py-fft", "exchange: jax all_to_all", "exchange: MPI Alltoall", "local FFTs")
 
 
-def parse_pdims(text: str) -> tuple[int, int]:
-    """harness.parse_pdims, but only PxQ: a process grid here always has two sizes."""
-    dims = harness.parse_pdims(text)
-    if not isinstance(dims, tuple) or len(dims) != 2:
-        raise argparse.ArgumentTypeError(f"pdims {text!r}: expected PxQ, e.g. 2x1")
-    return dims
-
-
 def _timer(comm, repeats: int, warmup: int) -> Callable[[Callable[[], Any]], float]:
     """Median seconds of a call, every call started after a barrier, max over the processes."""
     import jax
@@ -211,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks.mpi", description=__doc__.split("\n")[0])
     p.add_argument("--shapes", type=int, nargs="+", default=[128])
-    p.add_argument("--pdims", type=parse_pdims, nargs="+", default=None,
+    p.add_argument("--pdims", type=harness.parse_pxq, nargs="+", default=None,
                    help="process grids PxQ (default: Nx1, a slab over all processes)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
