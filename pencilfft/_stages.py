@@ -59,11 +59,18 @@ class Fft:
     sizes: tuple[int, ...]
     norm: str
 
+    @property
+    def fourier(self) -> str | None:
+        """"fft" or "rfft" when every axis is Fourier (at most the last a half spectrum): then
+        one multi-dimensional call does them all; None for mixed kinds."""
+        if all(kind == "fft" for kind in self.kinds[:-1]) and self.kinds[-1] in FFT_KINDS:
+            return self.kinds[-1]
+        return None
+
     def forward(self, k: jax.Array) -> jax.Array:
-        if all(kind == "fft" for kind in self.kinds):  # one multi-dimensional call
-            return jnp.fft.fftn(k, axes=self.axes, norm=self.norm)
-        if self.kinds[-1] == "rfft" and all(kind == "fft" for kind in self.kinds[:-1]):
-            return jnp.fft.rfftn(k, axes=self.axes, norm=self.norm)
+        if self.fourier is not None:
+            fftn = jnp.fft.fftn if self.fourier == "fft" else jnp.fft.rfftn
+            return fftn(k, axes=self.axes, norm=self.norm)
         # Mixed kinds, last axis first (an rfft must see the real input); the 1-D transforms
         # along different axes commute otherwise.
         for axis, kind, size in reversed(list(zip(self.axes, self.kinds, self.sizes))):
@@ -71,9 +78,9 @@ class Fft:
         return k
 
     def backward(self, k: jax.Array) -> jax.Array:
-        if all(kind == "fft" for kind in self.kinds):
+        if self.fourier == "fft":
             return jnp.fft.ifftn(k, axes=self.axes, norm=self.norm)
-        if self.kinds[-1] == "rfft" and all(kind == "fft" for kind in self.kinds[:-1]):
+        if self.fourier == "rfft":
             return jnp.fft.irfftn(k, s=self.sizes, axes=self.axes, norm=self.norm)
         for axis, kind, size in zip(self.axes, self.kinds, self.sizes):  # irfft last: real out
             k = _one_axis(k, kind, axis, self.norm, False, size)
