@@ -13,24 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from ._plan import plan_backward
+from ._plan import plan_backward, three_numbers
 
 __all__ = ["fftfreq3d", "rfftfreq3d", "wavenumbers3d"]
 
 
 def _spacings(d) -> tuple[float, float, float]:
     """(dx, dy, dz) from one number or three; each finite and non-zero."""
-    values = np.ravel(np.asarray(d, dtype=object))
-    try:
-        if any(isinstance(v, (str, bytes, bool, np.bool_)) for v in values):
-            raise TypeError  # float("1") and float(True) would pass
-        spacings = tuple(float(v) for v in values)
-    except (TypeError, ValueError):
-        raise TypeError(f"`d` must be a number or 3 numbers (dx, dy, dz); got {d!r}") from None
-    if len(spacings) == 1:
-        spacings *= 3
-    if len(spacings) != 3 or np.ndim(d) > 1:
-        raise ValueError(f"`d` must be a number or 3 numbers (dx, dy, dz); got {d!r}")
+    spacings = three_numbers(d, "d", "(dx, dy, dz)")
     if not all(np.isfinite(v) and v != 0 for v in spacings):
         raise ValueError(f"`d` (the sample spacing) must be finite and non-zero; got {d!r}")
     return spacings

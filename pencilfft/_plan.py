@@ -313,20 +313,28 @@ def _as_tuple(v) -> tuple:
         return (v,)
 
 
-def check_padding(padding, kinds: tuple[str, str, str]) -> tuple[float, float, float]:
-    """`padding` as 3 factors >= 1 (one number: the same on every axis); only Fourier axes
-    ("fft", "rfft") can be padded."""
-    values = _as_tuple(padding)
+def three_numbers(value, argname: str, hint: str) -> tuple[float, float, float]:
+    """One number or three (X, Y, Z) as 3 floats; strings and bools are refused (float("1")
+    and float(True) would pass)."""
+    values = np.ravel(np.asarray(value, dtype=object))
     try:
         if any(isinstance(v, (str, bytes, bool, np.bool_)) for v in values):
             raise TypeError
-        factors = tuple(float(v) for v in values)
+        numbers = tuple(float(v) for v in values)
     except (TypeError, ValueError):
-        raise TypeError(f"`padding` must be a number or 3 numbers (X, Y, Z), e.g. 1.5 for the "
-                        f"3/2 rule; got {padding!r}") from None
-    if len(factors) == 1:
-        factors *= 3
-    if len(factors) != 3 or not all(np.isfinite(f) and f >= 1 for f in factors):
+        raise TypeError(f"`{argname}` must be a number or 3 numbers {hint}; got {value!r}") from None
+    if len(numbers) == 1:
+        numbers *= 3
+    if len(numbers) != 3 or np.ndim(value) > 1:
+        raise ValueError(f"`{argname}` must be a number or 3 numbers {hint}; got {value!r}")
+    return numbers
+
+
+def check_padding(padding, kinds: tuple[str, str, str]) -> tuple[float, float, float]:
+    """`padding` as 3 factors >= 1 (one number: the same on every axis); only Fourier axes
+    ("fft", "rfft") can be padded."""
+    factors = three_numbers(padding, "padding", "(X, Y, Z), e.g. 1.5 for the 3/2 rule")
+    if not all(np.isfinite(f) and f >= 1 for f in factors):
         raise ValueError(f"`padding` must be one factor >= 1 or 3 of them (X, Y, Z); got "
                          f"{padding!r}")
     for i, (f, kind) in enumerate(zip(factors, kinds)):
