@@ -92,13 +92,15 @@ def build(shape: tuple[int, int, int], pdims: tuple[int, int], impls: Sequence[s
 
 def run_case(shape, pdims, impls, repeats: int, warmup: int, label: str, seed: int = 0,
              exchange: str = "auto"):
+    import jax
+
     from pencilfft._measure import max_rel_err
 
     programs = build(shape, pdims, impls, seed, exchange)
     records, by = [], {}
     for p in programs:
         try:
-            p.compiled = __import__("jax").jit(p.fn).lower(p.arg).compile()
+            p.compiled = jax.jit(p.fn).lower(p.arg).compile()
         except Exception as e:  # noqa: BLE001 - a library that cannot run a case is a result
             p.compiled = None
             by[p.name] = {"status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}
