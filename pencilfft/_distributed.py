@@ -453,17 +453,32 @@ def _stop_job(signum: int) -> None:
 # They can only be dropped below Python: standard output (fd 1) becomes a pipe that a thread
 # copies to the real one, line by line, leaving these out.
 
-_GLOO_LINE = re.compile(
-    rb"\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. "
-    rb"Expected number of connected peer ranks is : (\d+)\r?"
-)
-_GLOO_PREFIX = b"[Gloo] "
+# Each process writes one such line per communicator, from several threads (one per local
+# device) at once, and std::cout does not write a line in one piece: lines of two threads
+# interleave at the pieces of the message ("...is : 3[Gloo] Rank " then "1 is connected...").
+# So a line is chatter when it is made of nothing but those pieces and its counts of connected
+# peers are the expected ones (communicators that reached all their peers; a line with a
+# missing peer is kept).
+_GLOO_TEXTS = (b"[Gloo] Rank ", b" is connected to ", b" peer ranks. ",
+               b"Expected number of connected peer ranks is : ")
+_GLOO_PIECES = re.compile(b"(?:" + b"|".join(map(re.escape, _GLOO_TEXTS)) + rb"|\d+)+")
+_GLOO_CONNECTED = re.compile(rb" is connected to (\d+)")
+_GLOO_EXPECTED = re.compile(rb"Expected number of connected peer ranks is : (\d+)")
 
 
 def _is_gloo_chatter(line: bytes) -> bool:
-    """A gloo connection line that reports every expected peer (the others are kept)."""
-    m = _GLOO_LINE.fullmatch(line)
-    return m is not None and m.group(1) == m.group(2)
+    """Pieces of gloo connection lines that report every expected peer (the others are kept)."""
+    line = line.removesuffix(b"\r")
+    if _GLOO_PIECES.fullmatch(line) is None or not any(t in line for t in _GLOO_TEXTS):
+        return False
+    return sorted(_GLOO_CONNECTED.findall(line)) == sorted(_GLOO_EXPECTED.findall(line))
+
+
+def _may_become_chatter(partial: bytes) -> bool:
+    """Whether a line still without its newline may turn out to be gloo's chatter."""
+    run = _GLOO_PIECES.match(partial)
+    rest = partial[run.end():] if run else partial
+    return any(t.startswith(rest) for t in _GLOO_TEXTS)
 
 
 class _LineFilter:
@@ -492,8 +507,7 @@ class _LineFilter:
             *lines, pending = (pending + chunk).split(b"\n")
             out = b"".join(line + b"\n" for line in lines if not _is_gloo_chatter(line))
             # A partial line goes out at once (a progress bar), unless it may become gloo's.
-            if pending and not (pending.startswith(_GLOO_PREFIX)
-                                or _GLOO_PREFIX.startswith(pending)):
+            if pending and not _may_become_chatter(pending):
                 out, pending = out + pending, b""
             self._write(out)
         if not _is_gloo_chatter(pending):

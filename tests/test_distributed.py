@@ -420,6 +420,10 @@ def test_gloo_chatter_is_dropped_from_standard_output():
         for piece in (b"[Gloo] Rank ", b"1 is connected to 2 peer ranks. ",  # unbuffered C++
                       b"Expected number of connected peer ranks is : 3\n"):
             os.write(fd, piece)
+        # two threads' lines interleaved at the pieces of the message, as seen under mpirun
+        os.write(fd, (_GLOO % (0, 3, 3))[:-1] + b"[Gloo] Rank ")
+        os.write(fd, b"\n1 is conn")
+        os.write(fd, b"ected to 3 peer ranks. Expected number of connected peer ranks is : 3\n")
         os.write(fd, _GLOO % (2, 3, 3) + b"progress 50%\r")
         got = b""
         deadline = time.monotonic() + 20
