@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: once in one process with 8 simulated CPU devices, then under
 # mpirun -np 2 (4 devices per process) and -np 4 (2 per process): 8 devices in every run.
+# Every test runs in the single-process step; under mpirun only those marked `mpirun`, what can
+# differ when a mesh spans processes (tests/conftest.py says what and why).
 #
 # Every step has a timeout, and every test a hard one (PENCILFFT_TEST_TIMEOUT, default 300 s,
 # tests/mp/pencilfft_mpi_plugin.py), so a stuck rank fails the run instead of hanging it.
@@ -15,10 +17,10 @@ MPIRUN=${MPIRUN:-$BIN/mpirun}
 export PYTHONPATH="$PWD/tests/mp${PYTHONPATH:+:$PYTHONPATH}"
 # -p no:cacheprovider: ranks must not race on .pytest_cache, nor reorder tests from it.
 PYTEST=("$PY" -m pytest -q -p pencilfft_mpi_plugin -p no:cacheprovider)
-# Each of the three steps is stopped after STEP_TIMEOUT seconds (default 2400: a stuck rank
-# fails the run; on an idle 2-core machine the steps take about 12, 12 and 30 minutes, which
-# fit CI's 90 minutes with the installation; a stuck step costs at most 40).
-STEP_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-2400}
+# Each of the three steps is stopped after STEP_TIMEOUT seconds (default 1200: a stuck rank
+# fails the run; on an idle 2-core machine the steps take about 6, 1.5 and 2 minutes, the whole
+# command under 20 minutes; three stuck steps would still end within CI's 90 minutes).
+STEP_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-1200}
 LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
 status=0
@@ -38,24 +40,27 @@ stop() {  # stop EXIT_STATUS
 trap 'stop 130' INT
 trap 'stop 143' TERM
 trap 'stop 129' HUP
-step() {  # step CMD...: run a step with its timeout, in the background, and wait for it
+step() {  # step NAME CMD...: run a step with its timeout, in the background, wait for it, and
+  # say how long it took
+  local name=$1 start=$SECONDS rc=0
+  shift
   timeout -k 30 "$STEP_TIMEOUT" "$@" &
   child=$!
-  local rc=0
   wait "$child" || rc=$?
   child=
+  echo "== $name: $((SECONDS - start)) s (exit status $rc)"
   return "$rc"
 }
 
 echo "== single process, 8 devices"
-PENCILFFT_TEST_DEVICES=8 step "${PYTEST[@]}" "$@" || status=1
+PENCILFFT_TEST_DEVICES=8 step "single process" "${PYTEST[@]}" "$@" || status=1
 
 for np in 2 4; do
   echo "== mpirun -np $np, $((8 / np)) devices per process"
   rm -f "$LOGS"/rank*
   rc=0
   PENCILFFT_LOG_DIR=$LOGS PENCILFFT_TEST_DEVICES=$((8 / np)) \
-    step "$MPIRUN" -np "$np" "${PYTEST[@]}" "$@" || rc=$?
+    step "mpirun -np $np" "$MPIRUN" -np "$np" "${PYTEST[@]}" "$@" || rc=$?
   if [ "$rc" = 124 ]; then echo "== mpirun -np $np timed out"; fi
   for ((r = 1; r < np; r++)); do
     rank_rc=$(cat "$LOGS/rank$r.rc" 2>/dev/null || echo "none (killed)")
@@ -68,4 +73,5 @@ for np in 2 4; do
   if [ "$rc" != 0 ]; then status=1; fi
 done
 
+echo "== tests/run.sh: $SECONDS s in all"
 exit $status

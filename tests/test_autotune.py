@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 import pencilfft
-from conftest import put_global, random_field, reference, rel_err, to_numpy, tol
+from conftest import MPIRUN, put_global, random_field, reference, rel_err, to_numpy, tol
 
 
-@pytest.mark.parametrize("dtype", [np.complex64, np.float32])
+# Under mpirun: autotune times and checks its candidates across processes.
+@pytest.mark.parametrize("dtype", [pytest.param(np.complex64, marks=MPIRUN), np.float32])
 def test_autotune_returns_a_working_choice(dtype):
     shape = (8, 8, 8)
     tuning = pencilfft.autotune(shape, dtype=dtype, repeats=1, exchanges=("alltoall", "pairwise"))
@@ -25,6 +26,7 @@ def test_autotune_returns_a_working_choice(dtype):
     assert rel_err(to_numpy(k), reference(x, "transposed")) <= tol(np.complex64)
 
 
+@MPIRUN  # batch meshes across processes
 def test_autotune_keeps_batch_axes_and_tunes_the_pencil_ones():
     shape = (4, 8, 8, 8)
     tuning = pencilfft.autotune(shape, batch=(2,), repeats=1, exchanges=("alltoall",))

@@ -17,8 +17,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import (RANK, halo_reference, put_global, random_field, reference, rel_err, root_only,
-                      to_numpy, tol)
+from conftest import (MPIRUN, RANK, halo_reference, mpirun_for, put_global, random_field, reference,
+                      rel_err, root_only, to_numpy, tol)
 
 NAMES = ("c", "x", "y")
 # (mesh shape, batch): the batch axis split 2 or 8 ways, with pencils, slabs both ways.
@@ -59,7 +59,8 @@ FORMS = {
 }
 
 
-@pytest.mark.parametrize("form", FORMS)
+# Under mpirun: batch meshes across processes, eager and under jit (Auto: the partitioner).
+@pytest.mark.parametrize("form", mpirun_for("eager", "jit") + ["jit-ambient", "vmap", "jit-vmap"])
 @pytest.mark.parametrize("axis_type", ["explicit", "auto"])
 @pytest.mark.parametrize("mesh_shape,batch", MESHES, ids=MESH_IDS)
 def test_forward_and_inverse(mesh_shape, batch, axis_type, form):
@@ -73,7 +74,7 @@ def test_forward_and_inverse(mesh_shape, batch, axis_type, form):
     assert rel_err(to_numpy(back), data) <= tol(back.dtype)
 
 
-@pytest.mark.parametrize("layout", ["transposed", "natural"])
+@pytest.mark.parametrize("layout", mpirun_for("transposed") + ["natural"])
 @pytest.mark.parametrize("mesh_shape,batch", MESHES, ids=MESH_IDS)
 def test_real_and_natural(mesh_shape, batch, layout):
     """r2c (Z//2+1 = 7 padded on the meshes that split Z) and the natural layout."""
@@ -91,7 +92,7 @@ def test_real_and_natural(mesh_shape, batch, layout):
     assert rel_err(to_numpy(back), data) <= tol(np.float64)
 
 
-@pytest.mark.parametrize("form", ["jit", "jit-vmap"])
+@pytest.mark.parametrize("form", mpirun_for("jit") + ["jit-vmap"])
 @pytest.mark.parametrize("mesh_shape,batch", MESHES[:3], ids=MESH_IDS[:3])
 def test_gspmd_partitioner(mesh_shape, batch, form):
     """jaxdecomp's tests also run with the GSPMD partitioner; with no mesh in scope the
@@ -138,7 +139,7 @@ def _collective_groups(text, mesh):
     return groups
 
 
-@pytest.mark.parametrize("axis_type", ["explicit", "auto"])
+@pytest.mark.parametrize("axis_type", ["explicit"] + mpirun_for("auto"))
 def test_halo_exchange_on_batches(axis_type):
     """Each field's halos as on a (2, 2) mesh of its own; vmap over the batch axis too."""
     mesh, data, x = setup((2, 2, 2), 4, axis_type, dtype=np.float64, seed=3, shape=(8, 8, 3))
@@ -214,6 +215,7 @@ def test_errors_name_the_batch_axis(axis_type):
             jax.jit(pencilfft.pfft3d)(x[0])
 
 
+@MPIRUN  # the loaders give each process its blocks of an ensemble
 def test_scatter_gather_save_load_on_batches(shared_dir):
     """The loaders give every process its blocks of the ensemble (under mpirun: the batch axis
     spread over processes)."""
@@ -233,6 +235,7 @@ def test_scatter_gather_save_load_on_batches(shared_dir):
     np.testing.assert_array_equal(to_numpy(y), data)
 
 
+@MPIRUN  # the refusal reaches every rank
 def test_loaders_refuse_a_batch_the_mesh_cannot_split():
     mesh = make_mesh3((2, 2, 2))
     with pytest.raises(ValueError, match=r"`data` has shape \(3, 8, 16, 12\), which the mesh's batch axes cannot split: .*'c' \(=2\)"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from conftest import clean_env
+from conftest import MPIRUN, clean_env
 
 from pencilfft import _check
 from pencilfft._check import default_meshes, run_check
@@ -27,6 +27,7 @@ def _check_args(*argv: str):
     return build_parser().parse_args(["check", *argv])
 
 
+@MPIRUN  # the report is printed by the lead process only
 def test_check_in_process_prints_once_and_passes(capsys):
     """Runs on the suite's 8 devices (in one process or under mpirun): only process 0 prints."""
     assert run_check(_check_args("--shape", "16x16x8", "--mesh", "4x2", "8", "--repeats", "1")) == 0
@@ -79,6 +80,7 @@ def test_wrong_padding_fails_the_check(capsys, monkeypatch):
         assert "FAIL (> 1e-05)" in out and "1 case(s) failed" in out
 
 
+@MPIRUN  # the ensemble's table too
 def test_meshes_with_batch_axes_check_an_ensemble(capsys):
     """--mesh 2x4x1: the leading mesh axis splits an ensemble of fields (issue 19)."""
     args = _check_args("--shape", "16x16x8", "--mesh", "2x4x1", "2x2x2", "--repeats", "1")
@@ -192,7 +194,6 @@ def test_devices_on_gpus_is_refused(capsys, monkeypatch):
         assert "this run uses gpu devices; leave --devices out" in capsys.readouterr().err
 
 
-@pytest.mark.single_process
 def test_check_command_sets_up_devices_itself(tmp_path):
     """A fresh process with no XLA_FLAGS: `python -m pencilfft check` makes 8 CPU devices."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PENCILFFT_TEST_DEVICES")}
@@ -209,7 +210,6 @@ def test_check_command_sets_up_devices_itself(tmp_path):
     assert "all checks passed" in proc.stdout
 
 
-@pytest.mark.single_process
 def test_devices_option_in_a_fresh_process(tmp_path):
     """The issue's first line, an IndivisibleError traceback: --devices 6 and a grid the 3x2
     mesh pads in k space (Y 32 -> 33)."""
@@ -223,7 +223,6 @@ def test_devices_option_in_a_fresh_process(tmp_path):
     assert "6 cpu devices" in proc.stdout and "3x2: Y 32->33" in proc.stdout
 
 
-@pytest.mark.single_process  # starts its own mpirun of 2 processes
 def test_check_under_mpirun_prints_once_without_gloo_chatter(tmp_path):
     """--devices is per process under mpirun (2 x 4 = 8 devices); the report is printed once,
     and gloo's "[Gloo] Rank r is connected to n peer ranks" lines are gone (issue 21: tens of
@@ -243,7 +242,6 @@ def test_check_under_mpirun_prints_once_without_gloo_chatter(tmp_path):
     assert "[Gloo]" not in proc.stdout + proc.stderr
 
 
-@pytest.mark.single_process
 @pytest.mark.parametrize("how", ["XLA_FLAGS", "jax_num_cpu_devices"])
 def test_readme_says_how_to_get_8_cpu_devices(how, tmp_path):
     """The README's examples need 8 devices; both ways it gives work with this jax."""

@@ -21,7 +21,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
 import pencilfft.compat as compat
-from conftest import PDIMS, make_mesh, put_global, random_field, rel_err, to_numpy
+from conftest import MPIRUN, PDIMS, make_mesh, put_global, random_field, rel_err, to_numpy
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -81,6 +81,7 @@ def test_get_fft_output_sharding_is_the_spectrum_sharding(pdims, axis_type):
         assert want == pencilfft.k_space_sharding(mesh, ndim=ndim)
 
 
+@MPIRUN  # compat beside jaxdecomp under multi-controller, every mesh
 @pytest.mark.parametrize("pdims", [(1, 8), (8, 1), (4, 2), (2, 4)], ids=IDS[:4])
 def test_get_fft_output_sharding_against_jaxdecomps(pdims):
     """The same as jaxdecomp's except on (P, 1) meshes, where jaxdecomp splits k-space Z and
@@ -180,7 +181,6 @@ def reference_fields(noise):
     return to_numpy(dx), to_numpy(rho)
 
 
-@pytest.mark.single_process  # a fresh interpreter with 8 devices of its own
 def test_pm_code_for_jaxdecomp_runs_without_it(tmp_path, noise, reference_fields):
     """(tests/tooling/test_pm.py runs the same pipeline through pencilfft.compat in-process, also under
     mpirun, against the one-device run.)"""

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
 import pencilfft.compat as compat
-from conftest import (PDIMS, halo_reference, make_mesh, put_global, random_field, rel_err,
+from conftest import (MPIRUN, PDIMS, halo_reference, make_mesh, put_global, random_field, rel_err,
                       to_numpy, tol)
 
 IDS = ["x".join(map(str, p)) for p in PDIMS]
@@ -85,7 +85,9 @@ FORWARD, BACKWARD = (2, 0, 1), (1, 2, 0)
 
 @pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("axis_type", ["explicit", "auto"])
-@pytest.mark.parametrize("pdims", MESHES_2, ids=IDS_2)
+# Under mpirun: compat's transposes across processes (4x2).
+@pytest.mark.parametrize("pdims", [pytest.param(p, marks=MPIRUN) if p == (4, 2) else p
+                                   for p in MESHES_2], ids=IDS_2)
 def test_transposes_against_numpy(pdims, axis_type, contiguous):
     """X -> Y -> Z -> Y -> X, with jaxdecomp's global orders and splits, eagerly and under jit."""
     compat.config.update("transpose_axis_contiguous", contiguous)
@@ -219,7 +221,10 @@ def _numpy_paint_exchange_fold(data, pdims, pad, h):
 WIDE = [(4, 8, 8), (4, 8, 4), (1, 2, 2), (2, 4, 2)]
 
 
-@pytest.mark.parametrize("interior,pad,h", WIDE, ids=[f"n{n}-p{p}-h{h}" for n, p, h in WIDE])
+# Under mpirun: JaxPM's painting pattern across processes (4-cell blocks padded by 8).
+@pytest.mark.parametrize("interior,pad,h",
+                         [pytest.param(*w, marks=MPIRUN) if w == WIDE[0] else w for w in WIDE],
+                         ids=[f"n{n}-p{p}-h{h}" for n, p, h in WIDE])
 @pytest.mark.parametrize("pdims", [(4, 2), (2, 4)], ids=["4x2", "2x4"])
 def test_jaxpm_wide_halos_paint_exchange_fold(pdims, interior, pad, h):
     """Under jit on an Auto mesh with nothing in scope (JaxPM's call), against numpy."""
@@ -232,6 +237,7 @@ def test_jaxpm_wide_halos_paint_exchange_fold(pdims, interior, pad, h):
                                rtol=1e-14, atol=1e-14)
 
 
+@MPIRUN  # a JaxPM-like client under multi-controller
 def test_painting_with_halos_conserves_mass_and_matches_one_device():
     """The physics behind the pattern: each device deposits into its padded block up to h cells
     beyond its interior; after the exchange and the fold, the grid equals the periodic sum of

@@ -37,7 +37,6 @@ def test_readme_test_command_installs_the_mpi_extra():
     assert command in (ROOT / ".ci" / "run").read_text()
 
 
-@pytest.mark.single_process
 def test_transforms_run_without_the_extras():
     """mpi4py, mpich and rich blocked from import: pencilfft imports and transforms."""
     code = (

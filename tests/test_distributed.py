@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from conftest import MULTI_PROCESS, clean_env
+from conftest import MPIRUN, MULTI_PROCESS, clean_env
 
 from pencilfft import _distributed
 from pencilfft import initialize
@@ -85,6 +85,7 @@ def _free_port() -> int:
 # ------------------------------------------------------------------- in this test process
 
 
+@MPIRUN  # depends on the number of processes
 def test_initialize_again_is_harmless():
     """conftest already called initialize(); another call changes nothing, prints nothing."""
     before = (jax.process_count(), jax.process_index(), jax.distributed.is_initialized())
@@ -94,6 +95,7 @@ def test_initialize_again_is_harmless():
     assert jax.distributed.is_initialized() == MULTI_PROCESS
 
 
+@MPIRUN
 @pytest.mark.skipif(not MULTI_PROCESS, reason="needs mpirun")
 def test_mpi_ranks_are_jax_processes():
     from mpi4py import MPI
@@ -104,6 +106,7 @@ def test_mpi_ranks_are_jax_processes():
     assert len(jax.devices()) == 8
 
 
+@MPIRUN
 @pytest.mark.skipif(not MULTI_PROCESS, reason="needs mpirun")
 def test_processes_of_a_node_got_their_own_cpus():
     """conftest's initialize() under an unbinding mpirun gave each local process its share."""
@@ -126,7 +129,6 @@ def test_processes_of_a_node_got_their_own_cpus():
 # -------------------------------------------------------------------------- in children
 
 
-@pytest.mark.single_process
 @pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
 def test_plain_process_is_a_no_op(verbose):
     ((out, err),) = _run_children(
@@ -144,7 +146,6 @@ def test_plain_process_is_a_no_op(verbose):
         assert len(lines) == 1  # nothing printed but the report
 
 
-@pytest.mark.single_process
 def test_mpirun_np_1_is_a_no_op():
     mpirun = Path(sys.executable).parent / "mpirun"
     if not mpirun.exists():
@@ -158,7 +159,6 @@ def test_mpirun_np_1_is_a_no_op():
     assert len(out.strip().splitlines()) == 1
 
 
-@pytest.mark.single_process
 @pytest.mark.parametrize(
     "layout", ["task-per-device", "task-per-node"], ids=lambda s: s
 )
@@ -392,7 +392,6 @@ def test_bad_slurm_variables_say_which(env, name):
         _distributed._slurm_tasks_on_this_node(env)
 
 
-@pytest.mark.single_process
 def test_initialize_with_bad_slurm_ntasks_says_which(monkeypatch):
     for var in _distributed._SLURM_VARS:
         monkeypatch.setenv(var, "0")
@@ -444,6 +443,7 @@ def test_gloo_chatter_is_dropped_from_standard_output():
     assert got == (b"before\n" + _GLOO % (1, 2, 3) + b"progress 50%\rafter, no newline")
 
 
+@MPIRUN
 @pytest.mark.skipif(not MULTI_PROCESS, reason="needs mpirun")
 def test_gloo_filter_is_on_under_mpirun():
     """conftest's initialize() under mpirun started the filter (verbose=False)."""
@@ -453,7 +453,6 @@ def test_gloo_filter_is_on_under_mpirun():
 # ------------------------------------------------------------------------------- signals
 
 
-@pytest.mark.single_process
 def test_signal_handlers_install_once_and_restore(monkeypatch):
     import signal
 
@@ -480,11 +479,13 @@ def test_signal_handlers_install_once_and_restore(monkeypatch):
         signal.set_wakeup_fd(wakeup)
 
 
+@MPIRUN  # depends on the number of processes
 def test_signal_handlers_only_with_several_processes():
     """conftest called initialize(): under mpirun SIGTERM ends the job, in one process not."""
     assert _distributed._SignalState.installed == MULTI_PROCESS
 
 
+@MPIRUN  # depends on the number of processes
 def test_abort_hook_only_with_several_processes():
     """conftest called initialize(): under mpirun the hook is in place, in one process not."""
     import sys
@@ -492,7 +493,6 @@ def test_abort_hook_only_with_several_processes():
     assert bool(getattr(sys.excepthook, "_pencilfft_abort", False)) == MULTI_PROCESS
 
 
-@pytest.mark.single_process
 def test_abort_hook_install_is_idempotent_and_removable():
     import sys
 

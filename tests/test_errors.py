@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft as pf
-from conftest import make_mesh, put_global
+from conftest import MPIRUN, make_mesh, put_global
 
 # long double is wider than float64 on x86-64 and aarch64 Linux; on macOS arm64 and Windows it
 # is float64 itself, which jax supports, so there is no wrong dtype to test.
@@ -211,6 +211,7 @@ def test_bad_input(env, make, exc, fragments, mode):
     assert not missing, f"message {message!r} lacks {missing}"
 
 
+@MPIRUN  # a deleted multi-process array is refused on every rank
 @pytest.mark.parametrize("f", [pf.pfft3d, pf.prfft3d, pf.pifft3d])
 def test_deleted_input(env, f):
     """A donated (deleted) array is refused with a message, not a crash inside XLA."""
@@ -222,6 +223,7 @@ def test_deleted_input(env, f):
         f(x)
 
 
+@MPIRUN  # a refused call leaves no rank waiting in a collective
 def test_validation_error_leaves_no_partial_state(env):
     """After a rejected call the same process still transforms correctly (nothing half-done)."""
     with pytest.raises(ValueError):

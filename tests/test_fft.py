@@ -8,8 +8,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import (assert_same_spec, make_mesh, put_global, random_field, reference, rel_err,
-                      to_numpy, tol, valid)
+from conftest import (assert_same_spec, make_mesh, mpirun_for, put_global, random_field,
+                      reference, rel_err, to_numpy, tol, valid)
 
 SHAPES = [(16, 32, 64), (64, 32, 16), (24, 40, 56)]
 
@@ -19,7 +19,8 @@ def expected_k_spec(mesh, layout, ndim=3):
 
 
 @pytest.mark.parametrize("layout", ["transposed", "natural"])
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+# Under mpirun: the exchanges cross processes on every mesh, both layouts (one grid).
+@pytest.mark.parametrize("shape", mpirun_for(SHAPES[0]) + SHAPES[1:], ids=str)
 def test_forward_and_back_match_numpy(pdims, shape, layout):
     if not valid(shape, pdims):
         pytest.skip(f"{shape} cannot be split on {pdims}")
@@ -52,7 +53,9 @@ def test_norms_and_dtypes(pdims, dtype, norm):
     assert rel_err(to_numpy(back), x) <= tol(dtype)
 
 
-@pytest.mark.parametrize("layout", ["transposed", "natural"])
+# Under mpirun: the compiler-partitioned path (Auto) and the known mesh (Explicit) on
+# multi-process arrays, every mesh.
+@pytest.mark.parametrize("layout", mpirun_for("transposed") + ["natural"])
 def test_jit_on_auto_and_explicit_meshes(pdims, axis_type, layout):
     mesh = make_mesh(pdims, axis_type)
     x = random_field((16, 32, 16), np.complex64, seed=2)
@@ -90,7 +93,8 @@ def test_jit_finds_ambient_mesh(axis_type, how):
     assert rel_err(to_numpy(k), reference(x, "transposed")) <= tol(np.complex64)
 
 
-@pytest.mark.parametrize("placement", ["numpy", "replicated", "one_device", "other_spec"])
+# Under mpirun: resharding a multi-process array to the real-space split.
+@pytest.mark.parametrize("placement", ["numpy", "replicated", "one_device"] + mpirun_for("other_spec"))
 def test_input_is_resharded(placement):
     mesh = make_mesh((4, 2))
     x = random_field((16, 16, 8), np.complex64, seed=5)
@@ -99,8 +103,6 @@ def test_input_is_resharded(placement):
     elif placement == "replicated":
         arg = put_global(x, NamedSharding(mesh, P()))
     elif placement == "one_device":
-        if jax.process_count() > 1:
-            pytest.skip("a single-device array is not global under several processes")
         arg = jax.device_put(x, jax.devices()[3])
     else:
         arg = put_global(x, NamedSharding(mesh, P("y", "x")))
@@ -156,7 +158,8 @@ def test_one_device_mesh():
 
 
 @pytest.mark.parametrize("exchange", ["alltoall", "pairwise"])
-@pytest.mark.parametrize("layout", ["transposed", "natural"])
+# Under mpirun: both exchange algorithms across processes on every mesh, padded shapes.
+@pytest.mark.parametrize("layout", mpirun_for("transposed") + ["natural"])
 def test_exchange_algorithms_agree(pdims, exchange, layout):
     """Both ways of moving the blocks give the numpy answer, padded shapes included."""
     shape = (8, 12, 10)  # Y=12 pads on a 8-way first axis; Z=10 pads on a 4-way second axis

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import make_mesh, padded_k_shape, put_global, rel_err, to_numpy, tol, valid
+from conftest import MPIRUN, make_mesh, padded_k_shape, put_global, rel_err, to_numpy, tol, valid
 
 # Where X, Y, Z sit among k's last three axes.
 POSITION = {"transposed": (2, 0, 1), "natural": (0, 1, 2)}
@@ -86,12 +86,14 @@ def test_dtype_and_spacing(dtype, d, real):
     check_vectors(f(k, d, s=shape), shape, k.shape, layout, real, mesh, fdtype, d)
 
 
+@MPIRUN  # one representative of fftfreq3d on every mesh, across processes
 def test_fftfreq3d_of_exact_k_needs_no_s(pdims):
     shape = (16, 16, 16)  # no padding on any mesh
     k, mesh = sharded_k(shape, pdims, "transposed", False)
     check_vectors(pencilfft.fftfreq3d(k), shape, k.shape, "transposed", False, mesh, np.float64)
 
 
+@MPIRUN  # one representative of rfftfreq3d across processes (a padded half spectrum)
 def test_on_a_real_transform_output():
     mesh = make_mesh((4, 2))
     shape = (8, 6, 9)

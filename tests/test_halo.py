@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
 import pencilfft.compat
-from conftest import PDIMS, halo_reference, make_mesh, put_global, random_field, to_numpy
+from conftest import MPIRUN, PDIMS, halo_reference, make_mesh, put_global, random_field, to_numpy
 
 INTERIOR = (4, 5)  # interior cells of every block along X and Y (uneven on purpose)
 Z = 3
@@ -67,7 +67,11 @@ def exchange(extents, periods):
     return lambda v: pencilfft.halo_exchange(v, extents, periods)
 
 
-@pytest.mark.parametrize("extents,periods", CASES, ids=[case_id(c) for c in CASES])
+# Under mpirun: halos across processes on every mesh: narrow periodic, non-periodic, and wider
+# than the interior.
+@pytest.mark.parametrize("extents,periods",
+                         [pytest.param(*c, marks=MPIRUN) if i in (0, 2, 6) else c
+                          for i, c in enumerate(CASES)], ids=[case_id(c) for c in CASES])
 @pytest.mark.parametrize("pdims", PDIMS, ids=IDS)
 def test_eager_matches_numpy(pdims, extents, periods):
     data, x = setup(pdims, extents, seed=1)
@@ -79,7 +83,10 @@ def test_eager_matches_numpy(pdims, extents, periods):
 JIT_CASES = CASES[1:3] + CASES[6:8]
 
 
-@pytest.mark.parametrize("extents,periods", JIT_CASES, ids=[case_id(c) for c in JIT_CASES])
+# Under mpirun: the partitioner's halo exchange on multi-process arrays.
+@pytest.mark.parametrize("extents,periods",
+                         [pytest.param(*c, marks=MPIRUN) if i == 0 else c
+                          for i, c in enumerate(JIT_CASES)], ids=[case_id(c) for c in JIT_CASES])
 @pytest.mark.parametrize("pdims", PDIMS, ids=IDS)
 def test_jit_on_auto_mesh_with_no_mesh_in_scope(pdims, extents, periods):
     """JaxPM's call: the mesh is only known when XLA partitions the program."""
@@ -124,7 +131,10 @@ GRAD_CASES = ([(p, "auto", (2, 1)) for p in PDIMS] + [((2, 4), "explicit", (2, 1
               + [((4, 2), "auto", (8, 6)), ((2, 4), "explicit", (6, 8))])  # wider than interior
 
 
-@pytest.mark.parametrize("pdims,axis_type,extents", GRAD_CASES,
+# Under mpirun: the adjoint across processes (4x2 and 8, Auto).
+@pytest.mark.parametrize("pdims,axis_type,extents",
+                         [pytest.param(*c, marks=MPIRUN) if c[0] in ((4, 2), (8,)) else c
+                          for c in GRAD_CASES],
                          ids=[f"{'x'.join(map(str, p))}-{t}-h{e[0]}{e[1]}" for p, t, e in GRAD_CASES])
 def test_grad_and_vjp_are_the_adjoint(pdims, axis_type, extents):
     """Halo cotangents go back to the cells they were copied from; halo cells beyond a
@@ -215,7 +225,10 @@ JD_CASES = [((4, 2), (1, 1)), ((2, 4), (2, 1)), ((1, 8), (0, 2)), ((8, 1), (1, 0
 
 @pytest.mark.parametrize("periods", [(True, True), (False, True), (False, False)],
                          ids=["PP", "NP", "NN"])
-@pytest.mark.parametrize("pdims,extents", JD_CASES,
+# Under mpirun: compat's halos against jaxdecomp's across processes (JaxPM's wide halos).
+@pytest.mark.parametrize("pdims,extents",
+                         [pytest.param(*c, marks=MPIRUN) if i == 4 else c
+                          for i, c in enumerate(JD_CASES)],
                          ids=[f"{p[0]}x{p[1]}-h{e[0]}{e[1]}" for p, e in JD_CASES])
 def test_matches_jaxdecomp(pdims, extents, periods):
     """jaxdecomp's values, halos wider than the interior included: pencilfft.compat's always;
@@ -283,7 +296,6 @@ def test_bad_arrays():
         jax.jit(exchange((1, 1), (True, True)))(replicated)
 
 
-@pytest.mark.single_process  # numpy and one-device inputs live in one process
 def test_unsharded_input_is_refused_and_mesh_places_it():
     data = random_field(padded_shape((4, 2), (1, 1)), np.float64, seed=13)
     for unsharded in (data, jnp.asarray(data)):
@@ -307,7 +319,6 @@ def test_too_large_halo_under_jit_with_no_mesh_is_reported_when_compiled():
         jax.jit(exchange((13, 1), (True, True)))(x)
 
 
-@pytest.mark.single_process  # the example puts a numpy array that lives in one process
 def test_readme_laplacian_example():
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = re.search(r"### Halo exchange.*?```python\n(.*?)```", text, re.S).group(1)

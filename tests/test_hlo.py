@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pencilfft
-from conftest import make_mesh, put_global, to_numpy
+from conftest import MPIRUN, make_mesh, put_global, to_numpy
 from pencilfft._plan import plan_forward
 from pencilfft._stages import Exchange, Fft, Move
 
@@ -121,6 +121,7 @@ def test_memory_of_compiled_transforms(pdims, layout):
     assert alias == 1.0 and donated <= kept, (donated, kept)
 
 
+@MPIRUN  # donation of a multi-process array
 def test_donated_transform_is_correct_and_consumes_its_input():
     mesh = make_mesh((4, 2))
     data = np.random.default_rng(3).standard_normal((16, 16, 16)).astype(np.complex64)

@@ -13,7 +13,7 @@ import re
 import jax
 import numpy as np
 import pytest
-from conftest import (MULTI_PROCESS, RANK, barrier, make_mesh, put_global, rel_err, root_only,
+from conftest import (MPIRUN, MULTI_PROCESS, RANK, barrier, make_mesh, put_global, rel_err, root_only,
                       seeded_data, to_numpy, tol)
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -23,6 +23,9 @@ from pencilfft import gather, load, save, scatter
 from pencilfft._sharding import k_space_sharding, real_space_sharding
 
 LAST = jax.process_count() - 1
+# The loaders exist for several processes: all of this module runs under mpirun too (it is
+# cheap: no transform is compiled here but a few round trips).
+pytestmark = MPIRUN
 
 # (global shape, dtype): a batch axis, odd Z, integers (accepted, as the transforms promote them).
 CASES = [

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pencilfft
-from conftest import make_mesh, put_global, random_field, reference, rel_err, to_numpy, tol
+from conftest import MPIRUN, make_mesh, put_global, random_field, reference, rel_err, to_numpy, tol
 
 jaxdecomp = pytest.importorskip("jaxdecomp")
 
@@ -28,7 +28,8 @@ def setup(pdims, dtype, seed=70):
 
 
 @pdims_2axes
-@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+# Under mpirun: pencilfft beside jaxdecomp when both span processes, every mesh.
+@pytest.mark.parametrize("dtype", [pytest.param(np.complex64, marks=MPIRUN), np.complex128])
 def test_forward_matches_jaxdecomp(pdims, dtype):
     mesh, x, xs = setup(pdims, dtype)
     k_jd = jaxdecomp.pfft3d(xs)
@@ -130,7 +131,8 @@ def test_compat_transposes_match_jaxdecomp(pdims, contiguous):
         compat.config.update("transpose_axis_contiguous", saved[1])
 
 
-@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (2, 1, 4)], ids=["2x2x2", "2x1x4"])
+@pytest.mark.parametrize("mesh_shape", [pytest.param((2, 2, 2), marks=MPIRUN), (2, 1, 4)],
+                         ids=["2x2x2", "2x1x4"])
 def test_batched_vmap_matches_jaxdecomp(mesh_shape):
     """An ensemble on a 3-axis Auto mesh (c, x, y), as jaxdecomp's users write it."""
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P

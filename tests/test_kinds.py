@@ -10,7 +10,7 @@ import scipy.fft as sf
 from jax.sharding import PartitionSpec as P
 
 import pencilfft
-from conftest import (check_directional_derivative, make_mesh, put_global, random_field,
+from conftest import (MPIRUN, check_directional_derivative, make_mesh, put_global, random_field,
                       rel_err, to_numpy)
 
 R2R = ("dct1", "dct2", "dct3", "dct4", "dst1", "dst2", "dst3", "dst4")
@@ -72,7 +72,6 @@ def check(kinds, pdims, shape, norm="backward", layout="transposed"):
 
 # Every DCT/DST along X, Y and Z in turn (FFTs along the other two): on one device all 24, on
 # the meshes the kind moves along the axes so that each mesh sees each kind once.
-@pytest.mark.single_process  # one device: nothing multi-process about it
 @pytest.mark.parametrize("kind", R2R)
 @pytest.mark.parametrize("axis", [0, 1, 2])
 def test_each_kind_on_each_axis_one_device(kind, axis):
@@ -81,11 +80,7 @@ def test_each_kind_on_each_axis_one_device(kind, axis):
     check(tuple(kinds), None, SHAPES[1])
 
 
-# Under mpirun (slow to compile for several processes) each kind runs on one mesh, the meshes
-# taking turns; in one process on all three.
-ONE_PROCESS = pytest.mark.single_process
-KIND_MESHES = [pytest.param(i, kind, pdims, id=f"{kind}-{'x'.join(map(str, pdims))}",
-                            marks=() if pdims == MESHES[i % 3] else ONE_PROCESS)
+KIND_MESHES = [pytest.param(i, kind, pdims, id=f"{kind}-{'x'.join(map(str, pdims))}")
                for i, kind in enumerate(R2R) for pdims in MESHES[:3]]
 
 
@@ -96,8 +91,7 @@ def test_each_kind_on_meshes(i, kind, pdims):
     check(tuple(kinds), pdims, SHAPES[i % 2])
 
 
-@pytest.mark.parametrize("norm", ["backward", pytest.param("ortho", marks=ONE_PROCESS),
-                                  pytest.param("forward", marks=ONE_PROCESS)])
+@pytest.mark.parametrize("norm", ["backward", "ortho", "forward"])
 @pytest.mark.parametrize("kinds", [("dct2", "dct2", "dct2"), ("dst1", "dct4", "dst3"),
                                    ("dct1", "dst2", "dct3"), ("dst4", "fft", "rfft"),
                                    ("dct2", "fft", "fft")])
@@ -105,7 +99,11 @@ def test_norms_and_mixed_kinds(kinds, norm):
     check(kinds, (4, 2), SHAPES[0], norm)
 
 
-@pytest.mark.parametrize("pdims", MESHES, ids=lambda p: "x".join(map(str, p)) if p else "1dev")
+# Under mpirun: one representative of ptransform3d/pitransform3d across processes (DCT, DST and
+# rfft through the pencil exchanges), both layouts.
+@pytest.mark.parametrize("pdims", [pytest.param(p, marks=MPIRUN) if p == (4, 2) else p
+                                   for p in MESHES],
+                         ids=lambda p: "x".join(map(str, p)) if p else "1dev")
 @pytest.mark.parametrize("layout", ["transposed", "natural"])
 def test_layouts_and_rfft_with_r2r(pdims, layout):
     check(("dct3", "dst2", "rfft"), pdims, SHAPES[1], "ortho", layout)
@@ -141,7 +139,9 @@ def test_float32_precision_and_dtype():
 KINDS = ("dct2", "fft", "fft")
 
 
-@pytest.mark.parametrize("form", ["jit-auto-no-mesh", "jit-explicit", "set_mesh"])
+# Under mpirun: the compiler-partitioned path with DCTs on multi-process arrays.
+@pytest.mark.parametrize("form", [pytest.param("jit-auto-no-mesh", marks=MPIRUN), "jit-explicit",
+                                  "set_mesh"])
 def test_calling_forms(form):
     x = data((8, 16, 10), KINDS, 6)
     ref = reference(x, KINDS)
@@ -230,7 +230,9 @@ def test_gradient_against_finite_differences():
 # ------------------------------------------------------------------------------ wavenumbers
 
 
-@pytest.mark.parametrize("pdims", [(4, 2), (1, 8), None], ids=lambda p: "x".join(map(str, p)) if p else "1dev")
+# Under mpirun: wavenumbers3d across processes.
+@pytest.mark.parametrize("pdims", [pytest.param((4, 2), marks=MPIRUN), (1, 8), None],
+                         ids=lambda p: "x".join(map(str, p)) if p else "1dev")
 def test_wavenumbers_per_kind(pdims):
     shape = (8, 8, 9)
     d = (0.5, 1.0, 2.0)

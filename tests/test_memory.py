@@ -17,7 +17,7 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-from conftest import RANK, barrier, clean_env, make_mesh, put_global, seeded_data
+from conftest import MPIRUN, RANK, barrier, clean_env, make_mesh, put_global, seeded_data
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
@@ -227,6 +227,7 @@ def test_check_off_and_cached(monkeypatch):
     assert calls == [1]  # once per plan
 
 
+@MPIRUN  # the refusal reaches every rank
 def test_load_too_big_is_refused_on_every_rank(monkeypatch, shared_dir):
     path = os.path.join(shared_dir, "field.npy")
     if RANK == 0:
@@ -242,6 +243,7 @@ def test_load_too_big_is_refused_on_every_rank(monkeypatch, shared_dir):
     assert pencilfft.load(path, make_mesh((4, 2))).shape == (64, 64, 64)
 
 
+@MPIRUN  # on every rank, before any collective
 def test_autotune_too_big_is_refused_before_it_allocates(monkeypatch):
     monkeypatch.setenv(ENV, "100KiB")
     with pytest.raises(MemoryLimitError, match=r"autotune: pfft3d/pifft3d of a 64x64x64 "
@@ -279,7 +281,6 @@ _CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.single_process
 def test_address_space_limit_is_seen():
     """`ulimit -v` (RLIMIT_AS) as in the issue: the big grid is refused naming RLIMIT_AS,
     a small one still runs under the same limit (no false refusal)."""

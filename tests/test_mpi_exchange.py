@@ -19,11 +19,12 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import clean_env, make_mesh, put_global, random_field, tol
+from conftest import MPIRUN, clean_env, make_mesh, put_global, random_field, tol
 
 CHILD = Path(__file__).parent / "mp" / "mpi_exchange_child.py"
 
 
+@MPIRUN  # under mpirun -np 2 and 4 every process holds several devices too
 def test_refused_with_several_devices_per_process():
     mesh = make_mesh((4, 2))
     x = put_global(random_field((8, 8, 8), np.complex64), pencilfft.real_space_sharding(mesh))
@@ -55,13 +56,13 @@ def test_one_device_needs_no_exchange():
                                rtol=0, atol=tol(np.complex64) * float(np.abs(x).sum()))
 
 
+@MPIRUN  # the choices depend on the processes' devices
 def test_autotune_offers_it_only_where_it_runs():
     from pencilfft import _autotune
 
     assert _autotune._default_exchanges(jax.devices()) == ("alltoall", "pairwise")
 
 
-@pytest.mark.single_process
 @pytest.mark.parametrize("np_,pdims", [(2, "2x1"), (2, "1x2"), (4, "2x2")])
 def test_under_mpirun_one_device_per_process(np_, pdims):
     mpirun = Path(sys.executable).parent / "mpirun"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import pencilfft
-from conftest import (PDIMS, check_directional_derivative, make_mesh, put_global,
+from conftest import (MPIRUN, PDIMS, check_directional_derivative, make_mesh, put_global,
                       random_field, rel_err, to_numpy)
 
 N = (16, 16, 16)
@@ -125,10 +125,10 @@ def test_band_limited_values_are_kept():
     assert rel_err(fine[::3, ::3, ::3], coarse[::2, ::2, ::2]) < 1e-12
 
 
-@pytest.mark.parametrize("pdims", [(4, 2), (2, 4), (1, 8), (8,), None],
+# Under mpirun: one representative of the padded (3/2-rule) transforms across processes.
+@pytest.mark.parametrize("pdims", [pytest.param((4, 2), marks=MPIRUN), (2, 4), (1, 8), (8,), None],
                          ids=lambda p: "x".join(map(str, p)) if p else "1dev")
-@pytest.mark.parametrize("layout", ["transposed",
-                                    pytest.param("natural", marks=pytest.mark.single_process)])
+@pytest.mark.parametrize("layout", ["transposed", "natural"])
 def test_real_to_complex_round_trip_and_reference(pdims, layout):
     x = random_field(N, np.float64, 6)
     mesh = make_mesh(pdims) if pdims else None
@@ -146,8 +146,7 @@ def test_real_to_complex_round_trip_and_reference(pdims, layout):
     assert rel_err(to_numpy(fine), want) < 1e-12
 
 
-@pytest.mark.parametrize("norm", ["backward", pytest.param("ortho", marks=pytest.mark.single_process),
-                                  pytest.param("forward", marks=pytest.mark.single_process)])
+@pytest.mark.parametrize("norm", ["backward", "ortho", "forward"])
 def test_per_axis_padding_and_norms(norm):
     n, padding = (16, 8, 12), (1.5, 1, 2)
     grid = (24, 8, 24)

@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import PDIMS, make_mesh, put_global, random_field, rel_err, to_numpy, tol
+from conftest import MPIRUN, PDIMS, make_mesh, put_global, random_field, rel_err, to_numpy, tol
 
 # X and Y divide every 8-device mesh; Z = 12 does not divide 8 (c2c padded on 1x8) and the r2c
 # half spectrum Z//2+1 = 7 divides no mesh axis: the padded pencils are exercised too.
@@ -51,7 +51,10 @@ def all_gathers(fn, *args) -> int:
 CASES = [("transposed", "complex128"), ("transposed", "complex64"), ("natural", "complex64")]
 
 
-@pytest.mark.parametrize("layout,dtype", CASES, ids=["-".join(c) for c in CASES])
+# Under mpirun: the compiler-partitioned path on multi-process arrays, every mesh, c2c and r2c.
+@pytest.mark.parametrize("layout,dtype",
+                         [pytest.param(*c, marks=MPIRUN) if c == CASES[1] else c for c in CASES],
+                         ids=["-".join(c) for c in CASES])
 @pytest.mark.parametrize("real", [False, True], ids=["c2c", "r2c"])
 @pytest.mark.parametrize("pdims", PDIMS, ids=IDS)
 def test_forward_and_round_trip(pdims, real, layout, dtype):
@@ -104,7 +107,8 @@ def np_poisson(x: np.ndarray) -> np.ndarray:
     return np.fft.ifftn(np.fft.fftn(x) * kernel).real
 
 
-@pytest.mark.parametrize("pdims", [(4, 2), (8, 1), (8,)], ids=["4x2", "8x1", "8"])
+@pytest.mark.parametrize("pdims", [pytest.param((4, 2), marks=MPIRUN), (8, 1), (8,)],
+                         ids=["4x2", "8x1", "8"])
 def test_scan_of_poisson_steps_with_frequencies(pdims):
     """A PM-like loop: lax.scan over fft -> fftfreq3d kernel -> ifft, 3 steps."""
     shape = (8, 8, 8)
@@ -122,7 +126,9 @@ def test_scan_of_poisson_steps_with_frequencies(pdims):
 
 
 @pytest.mark.parametrize("real", [False, True], ids=["c2c", "r2c"])
-@pytest.mark.parametrize("pdims", [(4, 2), (1, 8), (8,)], ids=["4x2", "1x8", "8"])
+# Under mpirun: gradients through the partitioner across processes.
+@pytest.mark.parametrize("pdims", [pytest.param((4, 2), marks=MPIRUN), (1, 8), (8,)],
+                         ids=["4x2", "1x8", "8"])
 def test_grad_and_vjp(pdims, real):
     data = random_field(SHAPE, np.float64 if real else np.complex128, seed=5)
     x = auto_input(data, pdims)
@@ -174,7 +180,6 @@ def test_eager_vmap_of_a_concrete_auto_array():
     assert rel_err(to_numpy(k), k_ref(data, "transposed", False)) <= tol(np.complex128)
 
 
-@pytest.mark.single_process  # numpy inputs and in_shardings: the arrays live in one process
 def test_jit_with_in_and_out_shardings():
     mesh = make_mesh((2, 4), "auto")
     data = random_field(SHAPE, np.complex128, seed=11)
@@ -189,7 +194,6 @@ def test_jit_with_in_and_out_shardings():
     assert rel_err(np.asarray(g(data)), data) <= tol(np.complex128)
 
 
-@pytest.mark.single_process
 def test_input_made_inside_the_jit():
     """with_sharding_constraint on an Auto mesh."""
     data = random_field(SHAPE, np.complex128, seed=12)
@@ -200,7 +204,6 @@ def test_input_made_inside_the_jit():
     assert rel_err(np.asarray(f(data)), k_ref(2.0 * data, "transposed", False)) <= 1e-12
 
 
-@pytest.mark.single_process
 def test_one_device_program_runs_the_local_transform():
     data = random_field(SHAPE, np.complex128, seed=13)
     k = jax.jit(pencilfft.pfft3d)(data)  # a numpy input: one device

@@ -19,9 +19,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from conftest import make_mesh, put_global, random_field, rel_err, to_numpy, tol
 from pencilfft import _r2r
 
-# Per-device math only (one shard_map case aside): once, in one process; under mpirun the
-# distributed transforms that use it are tested by test_kinds.py.
-pytestmark = pytest.mark.single_process
+# Per-device math only (one shard_map case aside): one process; under mpirun the distributed
+# transforms that use it are tested by test_kinds.py.
 
 NORMS = ("backward", "ortho", "forward")
 LENGTHS = (1, 2, 5, 8, 17)

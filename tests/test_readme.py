@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -26,7 +25,6 @@ print("README example ok")
 """
 
 
-@pytest.mark.single_process
 def test_readme_poisson_example(tmp_path):
     text = README.read_text()
     code = re.search(r"## Example.*?```python\n(.*?)```", text, re.S).group(1)

@@ -30,7 +30,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import (MULTI_PROCESS, RANK, barrier, clean_env, make_mesh, put_global, root_only,
+from conftest import (MPIRUN, MULTI_PROCESS, RANK, barrier, clean_env, make_mesh, put_global, root_only,
                       seeded_data)
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -50,8 +50,8 @@ several_ranks = pytest.mark.skipif(not MULTI_PROCESS, reason="needs several rank
 
 @pytest.fixture(autouse=True)
 def _deadline(request):
-    if request.node.get_closest_marker("single_process"):
-        yield  # runs children, each under its own time-out
+    if request.node.get_closest_marker("mpirun") is None:
+        yield  # one process only (some run children, each under its own time-out)
         return
     # The runner's plugin keeps the real stderr: pytest's capture would swallow the stacks.
     plugin = sys.modules.get("pencilfft_mpi_plugin")
@@ -121,6 +121,7 @@ def _fail_memory(monkeypatch):
 
 @pytest.mark.parametrize("failure", [_fail_reserve, _fail_write, _fail_sync, _fail_rename,
                                      _fail_memory], ids=lambda f: f.__name__[6:])
+@MPIRUN
 def test_failed_save_leaves_target_untouched(failure, shared_dir, monkeypatch):
     """A full disk, an I/O error, a refused rename, no memory: on one rank, an error on all."""
     path = os.path.join(shared_dir, "field.npy")
@@ -141,6 +142,7 @@ def test_failed_save_leaves_target_untouched(failure, shared_dir, monkeypatch):
     barrier()
 
 
+@MPIRUN
 def test_save_leaves_only_the_target(shared_dir):
     path = os.path.join(shared_dir, "field.npy")
     data = seeded_data((8, 8, 2), np.complex64)
@@ -151,6 +153,7 @@ def test_save_leaves_only_the_target(shared_dir):
         np.testing.assert_array_equal(np.load(path), data * 2)
 
 
+@MPIRUN
 def test_save_keeps_permissions_and_symlinks(shared_dir):
     real = os.path.join(shared_dir, "real.npy")
     link = os.path.join(shared_dir, "link.npy")
@@ -168,6 +171,7 @@ def test_save_keeps_permissions_and_symlinks(shared_dir):
         assert _listing(shared_dir) == ["link.npy", "real.npy"]
 
 
+@MPIRUN
 def test_save_new_file_follows_umask(shared_dir):
     path = os.path.join(shared_dir, "new.npy")
     save(path, _x())
@@ -180,6 +184,7 @@ def test_save_new_file_follows_umask(shared_dir):
 # ----------------------------------------------------------------- disagreement between ranks
 
 
+@MPIRUN
 @several_ranks
 @pytest.mark.parametrize("func", ["scatter", "gather"])
 def test_root_invalid_on_one_rank(func):
@@ -193,6 +198,7 @@ def test_root_invalid_on_one_rank(func):
             gather(_x(mesh=mesh), root=root)
 
 
+@MPIRUN
 @several_ranks
 @pytest.mark.parametrize("func", ["scatter", "gather"])
 def test_root_differs_between_ranks(func):
@@ -219,6 +225,7 @@ def _call(func: str, comm, shared_dir: str):
     return load(path, mesh, comm=comm)
 
 
+@MPIRUN
 @several_ranks
 @pytest.mark.parametrize("func", ["scatter", "gather", "save", "load"])
 @pytest.mark.parametrize("other", ["self", "duplicate", "string"])
@@ -252,6 +259,7 @@ def test_comm_differs_on_one_rank(func, other, shared_dir):
     _call("gather", world, shared_dir)  # and everything still works afterwards
 
 
+@MPIRUN
 @several_ranks
 def test_reordered_comm_names_root_in_its_order():
     """`root` is a rank of `comm`: with the ranks reversed, root 0 is the last process."""
@@ -277,6 +285,7 @@ def _other_mesh(kind: str) -> Mesh:
     return Mesh(devices, ("x", "y"), axis_types=_mesh_x_y().axis_types)
 
 
+@MPIRUN
 @several_ranks
 @pytest.mark.parametrize("func", ["scatter", "load"])
 @pytest.mark.parametrize("kind", ["shape", "device-order"])
@@ -295,6 +304,7 @@ def test_mesh_differs_on_one_rank(func, kind, shared_dir):
             load(path, mesh)
 
 
+@MPIRUN
 @several_ranks
 @pytest.mark.parametrize("func", ["gather", "save"])
 def test_array_deleted_on_one_rank(func, shared_dir):
@@ -309,6 +319,7 @@ def test_array_deleted_on_one_rank(func, shared_dir):
         assert _listing(shared_dir) == []
 
 
+@MPIRUN
 @several_ranks
 @pytest.mark.parametrize("func", ["gather", "save"])
 @pytest.mark.parametrize("kind", ["dtype", "sharding"])
@@ -322,6 +333,7 @@ def test_array_differs_on_one_rank(func, kind, shared_dir):
         gather(x) if func == "gather" else save(os.path.join(shared_dir, "d.npy"), x)
 
 
+@MPIRUN
 @several_ranks
 def test_save_path_differs_on_one_rank(shared_dir):
     name = "b.npy" if RANK == LAST else "a.npy"
@@ -331,6 +343,7 @@ def test_save_path_differs_on_one_rank(shared_dir):
         assert _listing(shared_dir) == []
 
 
+@MPIRUN
 def test_load_failure_on_one_rank_reaches_all(shared_dir, monkeypatch):
     """An error while reading the blocks (after the checks) still reaches every rank."""
     path = os.path.join(shared_dir, "r.npy")
@@ -389,7 +402,6 @@ def _run(argv, env, timeout: float) -> tuple[subprocess.CompletedProcess, float]
     return done, time.monotonic() - start
 
 
-@pytest.mark.single_process
 def test_uncaught_exception_ends_the_mpi_job():
     """Before, rank 1 sat in jax's shutdown and rank 0 in the collective: minutes, or forever."""
     mpirun = Path(sys.executable).parent / "mpirun"
@@ -427,7 +439,6 @@ def _gone_within(pids, seconds: float) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-@pytest.mark.single_process
 @pytest.mark.parametrize("how", ["timeout-TERM", "INT-one-rank"])
 def test_signal_ends_the_mpi_job(how):
     """Before, jax.distributed's handler logged "SIGTERM caught" and the ranks kept waiting in
@@ -475,7 +486,6 @@ def test_signal_ends_the_mpi_job(how):
     assert not any("unreachable" in r for r in _reports(out + rest))
 
 
-@pytest.mark.single_process
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_run_sh_stops_its_step_when_stopped(tmp_path, sig):
     """Before, a killed tests/run.sh left its pytest (and mpirun's ranks) running: bash runs a
@@ -579,7 +589,6 @@ def test_abort_waits_until_the_launcher_read_the_output():
         assert time.monotonic() - start < 10
 
 
-@pytest.mark.single_process
 def test_kill_during_save_keeps_the_old_file(tmp_path):
     """kill -9 in the middle of writing the blocks: the target holds the old array."""
     path, marker = tmp_path / "field.npy", tmp_path / "marker"
@@ -608,7 +617,6 @@ def test_kill_during_save_keeps_the_old_file(tmp_path):
     np.testing.assert_array_equal(np.load(path), new)
 
 
-@pytest.mark.single_process
 def test_size_limit_keeps_the_old_file(tmp_path):
     """Over `ulimit -f` (EFBIG): before, the old file was truncated first and lost."""
     path = tmp_path / "field.npy"
@@ -625,7 +633,6 @@ def test_size_limit_keeps_the_old_file(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["field.npy"]
 
 
-@pytest.mark.single_process
 def test_full_disk_is_an_error_not_a_crash():
     """On a full file system (a 1 MiB tmpfs): OSError, not SIGBUS, and the old file intact.
 

@@ -24,8 +24,6 @@ if str(ROOT) not in sys.path:  # `benchmarks` is not installed: import it from t
 
 from benchmarks import batch, harness, margin, memory, steps
 
-pytestmark = pytest.mark.single_process
-
 PENCIL_PREFIXES = ["FFT Z", "+ exchange over y", "+ FFT Y", "+ exchange over x", "+ FFT X"]
 SLAB_PREFIXES = ["FFT Y,Z (2-D)", "+ exchange over x", "+ FFT X"]
 

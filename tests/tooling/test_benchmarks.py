@@ -309,7 +309,6 @@ def test_plot_without_measurements_fails_clearly(tmp_path, capsys):
 # Real runs
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.single_process
 def test_smoke_cli_run_then_table_and_plot(tmp_path):
     """The CLI end to end at 16^3: every variant on a pencil and a slab mesh, JSON, table, PNG."""
     pytest.importorskip("matplotlib")

@@ -81,7 +81,6 @@ def test_table_marks_the_ratio_to_mpi4py_fft():
     assert "pencilfft/pairwise" not in text  # rows without data are left out
 
 
-@pytest.mark.single_process  # starts its own mpirun of 2 processes with 1 device each
 def test_mpi_benchmark_runs_under_mpirun(tmp_path):
     import subprocess
     import sys
