@@ -31,12 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ._decomposition import mesh_axes
+from ._decomposition import batch_axes, mesh_axes
 from ._fft import prfft3d
 from ._freq import _wavenumbers
-from ._partitioned import LinearOp, run
+from ._partitioned import LinearOp, _tile, run
 from ._plan import _is_tracer, plan_forward
-from ._sharding import k_space_spec
 
 __all__ = ["power_spectrum"]
 
@@ -297,21 +296,49 @@ class BinSums(LinearOp):
         return _block_rows(self.bins, self.rows, q, (0, 0))
 
     def primal_on_mesh(self, mesh):
-        ndim = len(self.in_shape)
+        local, in_spec, out_spec, pencil = self._blocks_on_mesh(mesh)
+        return (lambda q: jax.lax.psum(local(q), pencil)), in_spec, out_spec
+
+    def _blocks_on_mesh(self, mesh):
+        """(per-device sums of a block, without the psum; q's spec; the sums' spec; the
+        pencil axes).  Leading axes are split by the mesh's batch axes in order (pencilfft's
+        k-space spec); batch axes left without an array axis hold copies (the counts)."""
+        n_lead = len(self.in_shape) - 3
         (a, b), _ = mesh_axes(mesh)
-        k_spec = k_space_spec(mesh, "transposed", ndim)
-        out_spec = P(*(tuple(k_spec)[: ndim - 3] + (None, None)))
+        names = batch_axes(mesh)[0]
+        lead = tuple(names[:n_lead]) + (None,) * max(0, n_lead - len(names))
+        in_spec, out_spec = P(*lead, a, b, None), P(*lead, None, None)
         pencil = tuple(n for n in (a, b) if n is not None)
 
-        def body(q):
+        def local(q):
             ny, nz = q.shape[-3:-1]
             starts = (jax.lax.axis_index(a) * ny, jax.lax.axis_index(b) * nz if b else 0)
-            return jax.lax.psum(_block_rows(self.bins, self.rows, q, starts), pencil)
+            return _block_rows(self.bins, self.rows, q, starts)
 
-        return body, k_spec, out_spec
+        return local, in_spec, out_spec, pencil
+
+    def on_mesh(self, mesh):
+        if not self.transposed:
+            return super().on_mesh(mesh)
+        # The adjoint of psum(local(q)) for a cotangent that is the same on every device (the
+        # sums are replicated) is local^T on each block, with no collective: jax's transpose of
+        # a psum outside shard_map (here, in the partitioner's per-device body) sums again.
+        local, in_spec, out_spec, _ = self._blocks_on_mesh(mesh)
+        block = jax.ShapeDtypeStruct(_tile(self.in_shape, in_spec, mesh), self.dtype)
+        body = lambda ct: jax.linear_transpose(local, block)(ct)[0]
+        return body, NamedSharding(mesh, out_spec), NamedSharding(mesh, in_spec)
 
     def primal_rule(self) -> tuple[str, str]:
         return "i j k", "r n"
+
+    def sharding_rule(self) -> str:
+        # LinearOp's counts the batch axes on an input of the primal's rank; this map changes
+        # the rank (3 field axes -> 2), so both directions count them here.
+        src, dst = self.primal_rule()
+        if self.transposed:
+            src, dst = dst, src
+        batch = " ".join(f"b{i}" for i in range(len(self.in_shape) - 3))
+        return f"{batch} {src} -> {batch} {dst}".strip()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,19 +398,20 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
         f2 = prfft3d(field2.astype(field.dtype) if field2.dtype != field.dtype else field2,
                      mesh=mesh)
         q = f1.real * f2.real + f1.imag * f2.imag
-    sums = _bin(bins, bins.poles, q, plan)
-    counts = _bin(bins, ("count", "ksum"), jnp.ones_like(q), plan)
-    if counts.ndim > 2:  # the same for every field of a batch: max is exact, an all-reduce
-        counts = jnp.max(counts, axis=tuple(range(counts.ndim - 2)))
+    sums = _bin(bins, bins.poles, q, plan.deferred, mesh)
+    # The modes' counts and mean |k| are those of one field, whatever the batch: binned from a
+    # 3-D array of ones, split over the pencil axes only (copies on the batch axes).
+    ones = jnp.ones(q.shape[-3:], q.dtype)
+    counts = _bin(bins, ("count", "ksum"), ones, None, mesh)
     count, ksum = counts[0], counts[1]
     k = (ksum / count)[1:-1]
     pk = (sums / count)[..., 1:-1] * bins.scale
     return k, (pk[..., 0, :] if scalar else pk)
 
 
-def _bin(bins: BinPlan, rows, q, plan):
-    t = BinSums(bins, tuple(rows), tuple(q.shape), q.dtype, deferred=plan.deferred)
-    return run(t, q, plan.mesh)
+def _bin(bins: BinPlan, rows, q, deferred, mesh):
+    t = BinSums(bins, tuple(rows), tuple(q.shape), q.dtype, deferred=deferred)
+    return run(t, q, mesh)
 
 
 def _field_shape(x, argname: str) -> tuple[int, ...]:
