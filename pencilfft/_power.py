@@ -378,10 +378,10 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
       JaxPM's (an empty bin is NaN).  Replicated on every device.
     """
     shape = _field_shape(field, "field")
-    plan = plan_forward(field, norm="backward", layout="transposed", mesh=None, real=True,
-                        argname="field")
     if np.dtype(field.dtype).kind == "c":
         raise TypeError(f"`field` must be real (float32 or float64); got {field.dtype}")
+    plan = plan_forward(field, norm="backward", layout="transposed", mesh=None, real=True,
+                        argname="field")
     if field2 is not None:
         shape2 = _field_shape(field2, "field2")
         if shape2 != shape:
@@ -390,23 +390,40 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
             raise TypeError(f"`field2` must be real (float32 or float64); got {field2.dtype}")
         _check_same_sharding(field, field2)
     bins, scalar = plan_bins(shape[-3:], box_shape, kedges, multipoles, los)
+    if field2 is not None and field2.dtype != field.dtype:
+        field2 = field2.astype(field.dtype)
     mesh = plan.mesh
+    if field2 is not None and mesh is None and plan.deferred is None:
+        # A field traced on an Auto mesh (no mesh in scope) with the other one concrete (closed
+        # over): both on the concrete one's mesh, so that the two spectra have one layout.
+        mesh = plan_forward(field2, norm="backward", layout="transposed", mesh=None, real=True,
+                            argname="field2").mesh
+    spectrum = _spectrum
+    if not (_is_tracer(field) or _is_tracer(field2)):
+        spectrum = _spectrum_jit  # called eagerly: one program instead of op-by-op dispatch
+    k, pk = spectrum(field, field2, bins=bins, mesh=mesh, deferred=plan.deferred)
+    return k, (pk[..., 0, :] if scalar else pk)
+
+
+def _spectrum(field, field2, *, bins: BinPlan, mesh, deferred):
+    """(k, pk (..., poles, bins)) of the planned spectrum (traced)."""
     f1 = prfft3d(field, mesh=mesh)
     if field2 is None:
         q = f1.real ** 2 + f1.imag ** 2
     else:
-        f2 = prfft3d(field2.astype(field.dtype) if field2.dtype != field.dtype else field2,
-                     mesh=mesh)
+        f2 = prfft3d(field2, mesh=mesh)
         q = f1.real * f2.real + f1.imag * f2.imag
-    sums = _bin(bins, bins.poles, q, plan.deferred, mesh)
+    sums = _bin(bins, bins.poles, q, deferred, mesh)
     # The modes' counts and mean |k| are those of one field, whatever the batch: binned from a
     # 3-D array of ones, split over the pencil axes only (copies on the batch axes).
-    ones = jnp.ones(q.shape[-3:], q.dtype)
-    counts = _bin(bins, ("count", "ksum"), ones, None, mesh)
+    counts = _bin(bins, ("count", "ksum"), jnp.ones(q.shape[-3:], q.dtype), None, mesh)
     count, ksum = counts[0], counts[1]
     k = (ksum / count)[1:-1]
     pk = (sums / count)[..., 1:-1] * bins.scale
-    return k, (pk[..., 0, :] if scalar else pk)
+    return k, pk
+
+
+_spectrum_jit = jax.jit(_spectrum, static_argnames=("bins", "mesh", "deferred"))
 
 
 def _bin(bins: BinPlan, rows, q, deferred, mesh):
@@ -426,15 +443,19 @@ def _field_shape(x, argname: str) -> tuple[int, ...]:
 
 
 def _known_sharding(x):
-    """x's NamedSharding when it is known before XLA partitions (concrete or Explicit type)."""
-    sharding = getattr(jax.typeof(x), "sharding", None) if _is_tracer(x) else getattr(
-        x, "sharding", None)
+    """A concrete x's NamedSharding (None for numpy or another sharding)."""
+    sharding = getattr(x, "sharding", None)
     if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
         return sharding
     return None
 
 
 def _check_same_sharding(field, field2) -> None:
+    """Two concrete fields on different meshes or in different shardings: refused (the second
+    would be resharded, or not run at all, silently).  Traced fields are not compared (their
+    types need not show the shardings they will have)."""
+    if _is_tracer(field) or _is_tracer(field2):
+        return
     s1, s2 = _known_sharding(field), _known_sharding(field2)
     if s1 is None or s2 is None:
         return
