@@ -243,8 +243,8 @@ def test_vmap_over_fields():
     no_all_gather(fn, x)
 
 
-@pytest.mark.mpirun
-@pytest.mark.parametrize("form", ["eager", "jit-no-mesh", "vmap"])
+@pytest.mark.parametrize("form", ["eager", pytest.param("jit-no-mesh", marks=pytest.mark.mpirun),
+                                  "vmap"])
 def test_batch_mesh(form):
     """A (2, 2, 2) mesh: the batch axis splits two fields, one spectrum each, never mixed."""
     kind = jax.sharding.AxisType.Explicit if form == "eager" else jax.sharding.AxisType.Auto
