@@ -223,9 +223,7 @@ def _block_rows(bins: BinPlan, rows: tuple, q, starts):
     once = (gz == 0) | ((Z % 2 == 0) & (gz == Z // 2))
     h = jnp.where(valid, jnp.where(once, 1, 2), 0).astype(rdtype)
     mirrored = (valid & ~once).astype(rdtype)  # the mirror's own term, for the poles
-    thresholds = np.asarray(bins.edges, np.float64) ** 2 * (1 - _tie_tolerance(rdtype))
-    b = jnp.searchsorted(jnp.asarray(thresholds, rdtype), k2, side="right")
-    b = jnp.where(valid, b, 0)  # padding: bin 0, dropped (and weighted 0)
+    b = jnp.where(valid, _bin_index(bins.edges, k2), 0)  # padding: bin 0, dropped, weight 0
 
     kmag = jnp.sqrt(k2)
     safe = jnp.where(k2 > 0, kmag, 1)
@@ -245,16 +243,36 @@ def _block_rows(bins: BinPlan, rows: tuple, q, starts):
         else:
             w = (2 * row + 1) * (jnp.where(valid, _legendre(row, mu), 0)
                                  + mirrored * _legendre(row, mum))
-        out.append(_segment_sum(q * w, b, bins.n_bins))
-    return jnp.stack(out, axis=-2)
+        out.append(q * w)
+    return _segment_sum(jnp.stack(out, axis=-1), b, bins.n_bins)
+
+
+def _bin_index(edges: tuple[float, ...], k2):
+    """np.digitize(|k|, edges) from |k|^2, ties (to rounding) in the upper bin: the number of
+    edges e with e^2 (1 - tol) <= k2.  Uniform edges (JaxPM's rules make them) give the bin by
+    arithmetic, then one comparison with each neighbouring edge settles rounding; others take
+    a binary search."""
+    e = np.asarray(edges, np.float64)
+    thresholds = e ** 2 * (1 - _tie_tolerance(k2.dtype))
+    widths = np.diff(e)
+    if not np.allclose(widths, widths[0], rtol=1e-9, atol=0):
+        return jnp.searchsorted(jnp.asarray(thresholds, k2.dtype), k2, side="right")
+    n = len(e)
+    guess = jnp.floor((jnp.sqrt(k2) - e[0]) / widths[0]).astype(jnp.int32) + 1
+    guess = jnp.clip(guess, 0, n)
+    # table[i] = threshold of edge i - 1 (-inf before the first, +inf after the last)
+    table = jnp.asarray(np.concatenate([[-np.inf], thresholds, [np.inf]]), k2.dtype)
+    return (guess + (k2 >= table[guess + 1]).astype(jnp.int32)
+            - (k2 < table[guess]).astype(jnp.int32))
 
 
 def _segment_sum(v, b, n: int):
-    """Sums of v (..., y, z, x) per bin b (y, z, x) -> (..., n): local, over the last 3 axes."""
-    lead = v.shape[:-3]
-    flat_v = v.reshape(lead + (-1,))
-    flat_b = jnp.broadcast_to(b, v.shape[-3:]).reshape(-1)
-    seg = lambda u: jax.ops.segment_sum(u, flat_b, num_segments=n)
+    """Sums of v (..., y, z, x, rows) per bin b (y, z, x) -> (..., rows, n): local, over the
+    block, one scatter for all rows."""
+    lead, rows = v.shape[:-4], v.shape[-1]
+    flat_v = v.reshape(lead + (-1, rows))
+    flat_b = jnp.broadcast_to(b, v.shape[-4:-1]).reshape(-1)
+    seg = lambda u: jax.ops.segment_sum(u, flat_b, num_segments=n).T
     for _ in lead:
         seg = jax.vmap(seg)
     return seg(flat_v)
