@@ -258,7 +258,8 @@ def _bin_index(edges: tuple[float, ...], k2):
     if not np.allclose(widths, widths[0], rtol=1e-9, atol=0):
         return jnp.searchsorted(jnp.asarray(thresholds, k2.dtype), k2, side="right")
     n = len(e)
-    guess = jnp.floor((jnp.sqrt(k2) - e[0]) / widths[0]).astype(jnp.int32) + 1
+    first, width = float(e[0]), float(widths[0])  # Python floats: k2's dtype is kept
+    guess = jnp.floor((jnp.sqrt(k2) - first) / width).astype(jnp.int32) + 1
     guess = jnp.clip(guess, 0, n)
     # table[i] = threshold of edge i - 1 (-inf before the first, +inf after the last)
     table = jnp.asarray(np.concatenate([[-np.inf], thresholds, [np.inf]]), k2.dtype)
