@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Sequence
 from typing import Any
 
 import jax
