@@ -384,8 +384,8 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
       kedges: bin edges in |k|: None (width dk = 2 * 2 pi / min(box)), an int n (n edges below
         the Nyquist wavenumber kmax = pi * min(shape / box): dk = kmax / (n + 1)), a float (dk),
         each giving edges arange(dk, kmax, dk) + dk / 2; or an increasing array of edges.
-        Bin i holds edges[i-1] <= |k| < edges[i] (len(edges) - 1 bins; a mode on an edge up to
-        rounding counts as on it, in the upper bin).
+        Bin i holds edges[i-1] <= |k| < edges[i] (len(edges) - 1 bins); a mode on an edge
+        (|k|^2 within 16 float eps of edge^2, the field's precision) is in the upper bin.
       multipoles: a Legendre order or a sequence of them (each >= 0).
       los: the line of sight (X, Y, Z), normalised; used unless multipoles is 0.
 
@@ -393,7 +393,8 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
       (k, pk): k (n_bins,) the mean |k| of the modes in each bin; pk (..., n_bins) for an int
       `multipoles`, (..., len(multipoles), n_bins) for a sequence: the mean over the bin's
       modes of (2 ell + 1) L_ell(mu) |F_ortho|^2 times the cell volume prod(box / shape), as
-      JaxPM's (an empty bin is NaN).  Replicated on every device.
+      JaxPM's (an empty bin is NaN).  k is replicated on every device, pk too except along
+      batch axes split by the mesh, which keep their split.
     """
     shape = _field_shape(field, "field")
     if np.dtype(field.dtype).kind == "c":
