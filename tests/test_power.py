@@ -142,13 +142,15 @@ ONE_DEVICE = {
     "float-box-quadrupole": dict(kedges=0.05, multipoles=2, los=(0, 1, 0),
                                  box_shape=(100.0, 50.0, 80.0)),
     "array-monopole-list": dict(kedges=[0.1, 0.4, 0.8, 1.2, 2.0], multipoles=[0]),
+    # odd Y and Z (no Nyquist plane along them), even X: the mirrors' mu along an oblique los
+    "odd-grid": dict(shape=(12, 15, 13), kedges=4, multipoles=(1, 2, 3), los=(1, 2, 3)),
 }
 
 
 @pytest.mark.parametrize("case", list(ONE_DEVICE))
 def test_one_device(case):
-    kw = ONE_DEVICE[case]
-    x = random_field(SHAPE, np.float64, 1)
+    kw = dict(ONE_DEVICE[case])
+    x = random_field(kw.pop("shape", SHAPE), np.float64, 1)
     check(pencilfft.power_spectrum(x, **kw), x, **kw)
 
 
@@ -172,7 +174,7 @@ def test_cross_spectrum_is_the_real_part(dtype):
 
 MESHES = [
     pytest.param((4, 2), SHAPE, np.float64, marks=pytest.mark.mpirun, id="4x2"),
-    pytest.param((4, 2), PADDED, np.float32, id="4x2-padded-f32"),
+    pytest.param((4, 2), (16, 14, 13), np.float32, id="4x2-padded-oddZ-f32"),
     pytest.param((1, 8), (16, 16, 12), np.float64, id="1x8-padded"),
     pytest.param((8, 1), PADDED, np.float64, id="8x1-padded"),
     pytest.param((8,), SHAPE, np.float32, id="8-f32"),
