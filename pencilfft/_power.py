@@ -252,7 +252,8 @@ def _bin_index(edges: tuple[float, ...], k2):
     arithmetic, then one comparison with each neighbouring edge settles rounding; others take
     a binary search."""
     e = np.asarray(edges, np.float64)
-    thresholds = e ** 2 * (1 - _tie_tolerance(k2.dtype))
+    # An edge at or below 0 is below every |k| (the DC mode included)
+    thresholds = np.where(e > 0, e ** 2 * (1 - _tie_tolerance(k2.dtype)), -np.inf)
     widths = np.diff(e)
     if not np.allclose(widths, widths[0], rtol=1e-9, atol=0):
         return jnp.searchsorted(jnp.asarray(thresholds, k2.dtype), k2, side="right")
