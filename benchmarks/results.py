@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import batch, harness, kinds, margin, memory, mpi, pm, report, steps
+from benchmarks import batch, harness, kinds, margin, memory, mpi, pm, power, report, steps
 
 Records = list[dict[str, Any]]
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,6 +181,7 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "mpi": (mpi.table, 1),
     "batch": (batch.table, 1),
     "margin": (margin.table, 1),
+    "power": (power.table, 1),
     "kinds": (kinds.table, 1),
     "dealias": (kinds.dealias_table, 1),
 }

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout (tests/tooling/../..)
 if str(ROOT) not in sys.path:  # `benchmarks` is not installed: import it from the checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import batch, harness, margin, memory, steps
+from benchmarks import batch, harness, margin, memory, power, steps
 
 PENCIL_PREFIXES = ["FFT Z", "+ exchange over y", "+ FFT Y", "+ exchange over x", "+ FFT X"]
 SLAB_PREFIXES = ["FFT Y,Z (2-D)", "+ exchange over x", "+ FFT X"]
@@ -182,6 +182,21 @@ def test_margin_benchmark_times_the_users_form(tmp_path, capsys):
     with pytest.raises(SystemExit):
         margin.main(["--meshes", "8"])
     assert "2 positive sizes" in capsys.readouterr().err
+
+
+def test_power_benchmark_runs_beside_one_device(tmp_path):
+    """benchmarks.power at 16^3: pencilfft's power spectrum (mesh known and left to the
+    partitioner) beside one-device fftn + bincount, equal to it, with no all-gather (JaxPM's
+    row needs its source: absent here)."""
+    out = tmp_path / "power.jsonl"
+    assert power.main(["--shape", "16", "--meshes", "4x2", "--repeats", "1", "--warmup", "0",
+                       "--out", str(out)]) == 0
+    records = harness.load_records([out])
+    assert [r["program"] for r in records] == ["pencilfft", "pencilfft-jit", "fftn-1dev"]
+    for r in records:
+        assert r["status"] == "ok" and r["median_s"] > 0 and r["mem_bytes"] > 0, r
+        assert r["max_rel_err_vs_1dev"] < 1e-5 and not r["all_gather"], r
+    assert "| 16x16x16 | 4x2 | pencilfft | " in power.table(records)
 
 
 def test_kinds_benchmark_times_every_kind_beside_scipy(tmp_path):

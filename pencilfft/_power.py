@@ -1,0 +1,484 @@
+"""Power spectra of sharded fields, binned on each device: `power_spectrum`.
+
+The arguments and the result mean what they mean in JaxPM's `jaxpm.utils.power_spectrum` (a
+JaxPM user switches by import), computed without gathering anything:
+
+    F = prfft3d(field)                      half spectrum (..., Y, Z//2+1, X), split like k space
+    q = |F|^2  (cross: Re(F1 conj F2))      per mode, on each device's block
+    S[ell, bin] = sum over modes of q * h * (2 ell + 1) L_ell(mu)     per device, then one psum
+
+where h counts each stored mode for the modes of the full grid it stands for: the kz = 0 and
+(Z even) kz = Z/2 planes once, the others twice (themselves and their Hermitian mirrors, whose
+mu and |k| are evaluated too: they differ where a component is a Nyquist frequency), padded
+positions zero.  The binning is a linear map of q (`BinSums`, a `_partitioned.LinearOp`): in
+shard_map where the mesh is known, through the compiler-partitioned primitive under jit with
+no mesh in scope, its transpose giving the gradient.  Each device computes the wavenumbers, mu
+and bins of its own block from the block's global indices: nothing of size N^3 exists on the
+host, and the compiled program has one all-reduce of the per-bin sums and no all-gather.
+
+Static planning (`plan_bins`: bin edges, poles, line of sight) is apart from the traced code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ._decomposition import batch_axes, mesh_axes
+from ._fft import prfft3d
+from ._freq import _wavenumbers
+from ._partitioned import LinearOp, _tile, run
+from ._plan import _is_tracer, plan_forward
+
+__all__ = ["power_spectrum"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Static planning
+
+
+@dataclasses.dataclass(frozen=True)
+class BinPlan:
+    """The bins of one spectrum, all static (hashable: a parameter of the compiled program).
+
+    `shape` (X, Y, Z) is the field's global grid, `box` its physical size, `edges` the bin
+    edges in |k| (np.digitize's rule: bin i holds edges[i-1] <= |k| < edges[i]; bin 0 and the
+    last one, below and above the edges, are computed and dropped as JaxPM does), `poles` the
+    Legendre orders, `los` the unit line of sight (None: mu is not needed, every pole is 0).
+    """
+
+    shape: tuple[int, int, int]
+    box: tuple[float, float, float]
+    edges: tuple[float, ...]
+    poles: tuple[int, ...]
+    los: tuple[float, float, float] | None
+
+    @property
+    def n_bins(self) -> int:
+        """Bins computed, the two outer ones included (JaxPM's `n_bins`)."""
+        return len(self.edges) + 1
+
+    @property
+    def scale(self) -> float:
+        """prod(box) / N^2: from sums of |F|^2 of the unnormalised ("backward") transform to
+        JaxPM's (|F_ortho|^2 = |F|^2 / N, times the cell volume prod(box / shape))."""
+        n = math.prod(self.shape)
+        return math.prod(self.box) / n / n
+
+
+def kedges_for(kedges, shape, box) -> np.ndarray:
+    """JaxPM's bin edges: kmax = pi * min(shape / box) (the smallest Nyquist wavenumber); an int
+    n gives dk = kmax / (n + 1), a float is dk itself, None gives dk = 2 * (2 pi / min(box));
+    then edges = arange(dk, kmax, dk) + dk / 2.  An array is taken as the edges."""
+    shape, box = np.asarray(shape, float), np.asarray(box, float)
+    kmax = np.pi * np.min(shape / box)
+    if kedges is None or _is_int(kedges) or _is_float(kedges):
+        if kedges is None:
+            dk = 2 * np.pi / np.min(box) * 2
+        elif _is_int(kedges):
+            if kedges < 2:
+                raise ValueError(f"`kedges` as an int is the number of edges (n - 1 bins), at "
+                                 f"least 2; got {kedges!r}")
+            dk = kmax / (int(kedges) + 1)
+        else:
+            dk = float(kedges)
+            if not (np.isfinite(dk) and dk > 0):
+                raise ValueError(f"`kedges` as a float is the bin width dk, finite and > 0; "
+                                 f"got {kedges!r}")
+        edges = np.arange(dk, kmax, dk) + dk / 2
+        if len(edges) < 2:
+            raise ValueError(
+                f"`kedges`={kedges!r} gives {len(edges)} bin edge(s) below the Nyquist "
+                f"wavenumber kmax = pi * min(shape / box_shape) = {kmax:.6g} (dk = {dk:.6g}); "
+                f"at least 2 are needed: a smaller dk, or a larger box_shape"
+            )
+        return edges
+    try:
+        edges = np.asarray(kedges, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"`kedges` must be None, an int, a float or an array of edges; got "
+                        f"{kedges!r}") from None
+    if edges.ndim != 1 or len(edges) < 2:
+        raise ValueError(f"`kedges` as an array must be 1-D with at least 2 edges; got shape "
+                         f"{edges.shape}")
+    if not np.all(np.isfinite(edges)) or np.any(np.diff(edges) <= 0):
+        raise ValueError(f"`kedges` must be finite and strictly increasing; got {edges}")
+    return edges
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_float(v) -> bool:
+    return isinstance(v, (float, np.floating))
+
+
+def _poles(multipoles) -> tuple[tuple[int, ...], bool]:
+    """(orders, scalar): an int or a sequence of ints, each >= 0."""
+    scalar = np.ndim(multipoles) == 0
+    values = [multipoles] if scalar else list(np.ravel(np.asarray(multipoles, dtype=object)))
+    if not values or not all(_is_int(v) for v in values):
+        raise TypeError(f"`multipoles` must be an int or a sequence of ints (Legendre orders); "
+                        f"got {multipoles!r}")
+    if any(v < 0 for v in values):
+        raise ValueError(f"`multipoles` must be >= 0 (Legendre orders); got {multipoles!r}")
+    return tuple(int(v) for v in values), scalar
+
+
+def _los(los) -> tuple[float, float, float]:
+    try:
+        v = np.asarray(los, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"`los` must be 3 numbers (the line of sight along X, Y, Z); got "
+                        f"{los!r}") from None
+    if v.shape != (3,) or not np.all(np.isfinite(v)):
+        raise ValueError(f"`los` must be 3 finite numbers (the line of sight along X, Y, Z); "
+                         f"got {los!r}")
+    norm = np.linalg.norm(v)
+    if norm == 0:
+        raise ValueError(f"`los` (the line of sight) must not be zero; got {los!r}")
+    return tuple(float(c) for c in v / norm)
+
+
+def _box(box_shape, shape) -> tuple[float, float, float]:
+    if box_shape is None:
+        return tuple(float(n) for n in shape)
+    try:
+        box = np.asarray(box_shape, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"`box_shape` must be 3 numbers (the box's size along X, Y, Z); got "
+                        f"{box_shape!r}") from None
+    if box.shape != (3,) or not np.all(np.isfinite(box)) or np.any(box <= 0):
+        raise ValueError(f"`box_shape` must be 3 finite positive numbers (the box's size along "
+                         f"X, Y, Z); got {box_shape!r}")
+    return tuple(float(v) for v in box)
+
+
+def plan_bins(shape, box_shape=None, kedges=None, multipoles=0, los=(0, 0, 1)
+              ) -> tuple[BinPlan, bool]:
+    """(BinPlan, scalar multipoles) for a field of global grid `shape` (X, Y, Z), with JaxPM's
+    rules: box_shape None is the grid itself (unit cells); the line of sight is used (and
+    normalised) unless multipoles is the scalar 0."""
+    box = _box(box_shape, shape)
+    edges = kedges_for(kedges, shape, box)
+    poles, scalar = _poles(multipoles)
+    direction = None if (scalar and poles == (0,)) else _los(los)
+    plan = BinPlan(tuple(int(n) for n in shape), box, tuple(float(e) for e in edges), poles,
+                   direction)
+    return plan, scalar
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-mode weights of one block (traced)
+
+
+def _legendre(ell: int, mu):
+    """L_ell(mu) by the three-term recurrence (n + 1) L_{n+1} = (2n + 1) mu L_n - n L_{n-1}."""
+    prev, cur = jnp.ones_like(mu), mu
+    if ell == 0:
+        return prev
+    for n in range(1, ell):
+        prev, cur = cur, ((2 * n + 1) * mu * cur - n * prev) / (n + 1)
+    return cur
+
+
+def _tie_tolerance(dtype) -> float:
+    """Relative tolerance on |k|^2 below an edge still counted on the edge: a mode whose |k|
+    equals an edge in exact arithmetic (JaxPM's default edges put many there) goes to the upper
+    bin, as np.digitize's rule says, whatever the rounding of |k| and of the edge."""
+    return 16 * float(np.finfo(dtype).eps)
+
+
+def _block_rows(bins: BinPlan, rows: tuple, q, starts):
+    """Per-bin sums (..., len(rows), n_bins) of one block q (..., y, z, X) of the half spectrum
+    whose first element has global indices (starts[0], starts[1], 0) along (Y, Z, X).
+
+    rows: "count" (the modes' multiplicity h), "ksum" (h |k|), or an int ell (h (2 ell + 1)
+    L_ell(mu), summing L over each stored mode and its mirror).  Positions outside the exact
+    half spectrum (mesh padding) weigh 0 whatever q holds there.
+    """
+    X, Y, Z = bins.shape
+    dx, dy, dz = (b / n for b, n in zip(bins.box, bins.shape))
+    ny, nz, nx = q.shape[-3:]
+    rdtype = q.dtype
+    gy = (starts[0] + jnp.arange(ny))[:, None, None]
+    gz = (starts[1] + jnp.arange(nz))[None, :, None]
+    gx = jnp.arange(nx)[None, None, :]
+    # fftfreq's wavenumbers along every axis (Z too: the kz = Z/2 plane is the full grid's
+    # -Z/2 plane, as JaxPM's fftn sees it), and those of the Hermitian mirror (-m mod n).
+    k = [_wavenumbers("fft", g, n, d).astype(rdtype) for g, n, d in ((gx, X, dx), (gy, Y, dy),
+                                                                     (gz, Z, dz))]
+    km = [_wavenumbers("fft", (n - g) % n, n, d).astype(rdtype)
+          for g, n, d in ((gx, X, dx), (gy, Y, dy), (gz, Z, dz))]
+    k2 = k[0] ** 2 + k[1] ** 2 + k[2] ** 2
+    valid = (gy < Y) & (gz < Z // 2 + 1)
+    once = (gz == 0) | ((Z % 2 == 0) & (gz == Z // 2))
+    h = jnp.where(valid, jnp.where(once, 1, 2), 0).astype(rdtype)
+    mirrored = (valid & ~once).astype(rdtype)  # the mirror's own term, for the poles
+    b = jnp.where(valid, _bin_index(bins.edges, k2), 0)  # padding: bin 0, dropped, weight 0
+
+    kmag = jnp.sqrt(k2)
+    safe = jnp.where(k2 > 0, kmag, 1)
+    if bins.los is not None:
+        mu = jnp.where(k2 > 0, sum(c * l for c, l in zip(k, bins.los)) / safe, 0)
+        mum = jnp.where(k2 > 0, sum(c * l for c, l in zip(km, bins.los)) / safe, 0)
+
+    q = jnp.where(valid, q, 0)  # XLA's padding of uneven blocks may hold anything
+    out = []
+    for row in rows:
+        if row == "count":
+            w = h
+        elif row == "ksum":
+            w = h * kmag
+        elif row == 0 or bins.los is None:
+            w = h
+        else:
+            w = (2 * row + 1) * (jnp.where(valid, _legendre(row, mu), 0)
+                                 + mirrored * _legendre(row, mum))
+        out.append(q * w)
+    return _segment_sum(jnp.stack(out, axis=-1), b, bins.n_bins)
+
+
+def _bin_index(edges: tuple[float, ...], k2):
+    """np.digitize(|k|, edges) from |k|^2, ties (to rounding) in the upper bin: the number of
+    edges e with e^2 (1 - tol) <= k2.  Uniform edges (JaxPM's rules make them) give the bin by
+    arithmetic, then one comparison with each neighbouring edge settles rounding; others take
+    a binary search."""
+    e = np.asarray(edges, np.float64)
+    # An edge at or below 0 is below every |k| (the DC mode included)
+    thresholds = np.where(e > 0, e ** 2 * (1 - _tie_tolerance(k2.dtype)), -np.inf)
+    widths = np.diff(e)
+    if not np.allclose(widths, widths[0], rtol=1e-9, atol=0):
+        return jnp.searchsorted(jnp.asarray(thresholds, k2.dtype), k2, side="right")
+    n = len(e)
+    first, width = float(e[0]), float(widths[0])  # Python floats: k2's dtype is kept
+    guess = jnp.floor((jnp.sqrt(k2) - first) / width).astype(jnp.int32) + 1
+    guess = jnp.clip(guess, 0, n)
+    # table[i] = threshold of edge i - 1 (-inf before the first, +inf after the last)
+    table = jnp.asarray(np.concatenate([[-np.inf], thresholds, [np.inf]]), k2.dtype)
+    return (guess + (k2 >= table[guess + 1]).astype(jnp.int32)
+            - (k2 < table[guess]).astype(jnp.int32))
+
+
+def _segment_sum(v, b, n: int):
+    """Sums of v (..., y, z, x, rows) per bin b (y, z, x) -> (..., rows, n): local, over the
+    block, one scatter for all rows."""
+    lead, rows = v.shape[:-4], v.shape[-1]
+    flat_v = v.reshape(lead + (-1, rows))
+    flat_b = jnp.broadcast_to(b, v.shape[-4:-1]).reshape(-1)
+    seg = lambda u: jax.ops.segment_sum(u, flat_b, num_segments=n).T
+    for _ in lead:
+        seg = jax.vmap(seg)
+    return seg(flat_v)
+
+
+# ----------------------------------------------------------------------------------------------
+# The binning as a linear map of q, placed by the partitioner when the mesh is unknown
+
+
+@dataclasses.dataclass(frozen=True)
+class BinSums(LinearOp):
+    """q (..., Y', Zh', X) in the transposed k-space layout -> per-bin sums (..., rows, bins).
+
+    `in_shape` is q's global shape: padded for the mesh (the mesh known) or exact (XLA's
+    uneven blocks, the mesh decided by the partitioner).  Each device sums its own block, then
+    one psum over the pencil axes; batch mesh axes keep their fields apart.
+    """
+
+    bins: BinPlan
+    rows: tuple
+    in_shape: tuple[int, ...]
+    dtype: Any
+    deferred: Any = None
+    transposed: bool = False
+
+    @property
+    def primal_in(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(self.in_shape, self.dtype)
+
+    @property
+    def primal_out(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(self.in_shape[:-3] + (len(self.rows), self.bins.n_bins),
+                                    self.dtype)
+
+    def batched(self, n: int) -> BinSums:
+        return dataclasses.replace(self, in_shape=(n,) + self.in_shape)
+
+    def primal_local(self, q):
+        return _block_rows(self.bins, self.rows, q, (0, 0))
+
+    def primal_on_mesh(self, mesh):
+        local, in_spec, out_spec, pencil = self._blocks_on_mesh(mesh)
+        return (lambda q: jax.lax.psum(local(q), pencil)), in_spec, out_spec
+
+    def _blocks_on_mesh(self, mesh):
+        """(per-device sums of a block, without the psum; q's spec; the sums' spec; the
+        pencil axes).  Leading axes are split by the mesh's batch axes in order (pencilfft's
+        k-space spec); batch axes left without an array axis hold copies (the counts)."""
+        n_lead = len(self.in_shape) - 3
+        (a, b), _ = mesh_axes(mesh)
+        names = batch_axes(mesh)[0]
+        lead = tuple(names[:n_lead]) + (None,) * max(0, n_lead - len(names))
+        in_spec, out_spec = P(*lead, a, b, None), P(*lead, None, None)
+        pencil = tuple(n for n in (a, b) if n is not None)
+
+        def local(q):
+            ny, nz = q.shape[-3:-1]
+            starts = (jax.lax.axis_index(a) * ny, jax.lax.axis_index(b) * nz if b else 0)
+            return _block_rows(self.bins, self.rows, q, starts)
+
+        return local, in_spec, out_spec, pencil
+
+    def on_mesh(self, mesh):
+        if not self.transposed:
+            return super().on_mesh(mesh)
+        # The adjoint of psum(local(q)) for a cotangent that is the same on every device (the
+        # sums are replicated) is local^T on each block, with no collective: jax's transpose of
+        # a psum outside shard_map (here, in the partitioner's per-device body) sums again.
+        local, in_spec, out_spec, _ = self._blocks_on_mesh(mesh)
+        block = jax.ShapeDtypeStruct(_tile(self.in_shape, in_spec, mesh), self.dtype)
+        body = lambda ct: jax.linear_transpose(local, block)(ct)[0]
+        return body, NamedSharding(mesh, out_spec), NamedSharding(mesh, in_spec)
+
+    def primal_rule(self) -> tuple[str, str]:
+        return "i j k", "r n"
+
+    def sharding_rule(self) -> str:
+        # LinearOp's counts the batch axes on an input of the primal's rank; this map changes
+        # the rank (3 field axes -> 2), so both directions count them here.
+        src, dst = self.primal_rule()
+        if self.transposed:
+            src, dst = dst, src
+        batch = " ".join(f"b{i}" for i in range(len(self.in_shape) - 3))
+        return f"{batch} {src} -> {batch} {dst}".strip()
+
+
+# ----------------------------------------------------------------------------------------------
+# The public function
+
+
+def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipoles=0,
+                   los=(0, 0, 1)):
+    """The power spectrum of a sharded 3-D field (or the cross spectrum of two), with multipoles.
+
+    As JaxPM's `jaxpm.utils.power_spectrum` (same arguments and results, so that a JaxPM user
+    switches by import), computed from `prfft3d` on each device's block with one all-reduce of
+    the per-bin sums and no gather; eagerly, under `jax.jit` (with the mesh known or left to the
+    compiler), `jax.vmap` and `jax.grad`.
+
+    Args:
+      field: real array of global shape (X, Y, Z), or (..., X, Y, Z) for one spectrum per field
+        (the leading axes split by a mesh's batch axes), in pencilfft's real-space sharding
+        (any other is resharded); float32 or float64.
+      field2: None for the auto spectrum, or a second field of the same shape and sharding for
+        the cross spectrum: the real part of the binned cross power Re(F1 conj F2), the usual
+        estimator (nbodykit, pypower).  JaxPM returns the modulus of the complex per-bin sum
+        instead; they differ where the binned imaginary part is not zero (odd multipoles).
+      box_shape: the box's physical size (Lx, Ly, Lz); None: the grid shape (unit cells).
+      kedges: bin edges in |k|: None (width dk = 2 * 2 pi / min(box)), an int n (n edges below
+        the Nyquist wavenumber kmax = pi * min(shape / box): dk = kmax / (n + 1)), a float (dk),
+        each giving edges arange(dk, kmax, dk) + dk / 2; or an increasing array of edges.
+        Bin i holds edges[i-1] <= |k| < edges[i] (len(edges) - 1 bins); a mode on an edge
+        (|k|^2 within 16 float eps of edge^2, the field's precision) is in the upper bin.
+      multipoles: a Legendre order or a sequence of them (each >= 0).
+      los: the line of sight (X, Y, Z), normalised; used unless multipoles is 0.
+
+    Returns:
+      (k, pk): k (n_bins,) the mean |k| of the modes in each bin; pk (..., n_bins) for an int
+      `multipoles`, (..., len(multipoles), n_bins) for a sequence: the mean over the bin's
+      modes of (2 ell + 1) L_ell(mu) |F_ortho|^2 times the cell volume prod(box / shape), as
+      JaxPM's (an empty bin is NaN).  k is replicated on every device, pk too except along
+      batch axes split by the mesh, which keep their split.
+    """
+    shape = _field_shape(field, "field")
+    if np.dtype(field.dtype).kind == "c":
+        raise TypeError(f"`field` must be real (float32 or float64); got {field.dtype}")
+    plan = plan_forward(field, norm="backward", layout="transposed", mesh=None, real=True,
+                        argname="field")
+    if field2 is not None:
+        shape2 = _field_shape(field2, "field2")
+        if shape2 != shape:
+            raise ValueError(f"`field2` must have the shape of `field` {shape}; got {shape2}")
+        if np.dtype(field2.dtype).kind == "c":
+            raise TypeError(f"`field2` must be real (float32 or float64); got {field2.dtype}")
+        _check_same_sharding(field, field2)
+    bins, scalar = plan_bins(shape[-3:], box_shape, kedges, multipoles, los)
+    if field2 is not None and field2.dtype != field.dtype:
+        field2 = field2.astype(field.dtype)
+    mesh = plan.mesh
+    if field2 is not None and mesh is None and plan.deferred is None:
+        # A field traced on an Auto mesh (no mesh in scope) with the other one concrete (closed
+        # over): both on the concrete one's mesh, so that the two spectra have one layout.
+        mesh = plan_forward(field2, norm="backward", layout="transposed", mesh=None, real=True,
+                            argname="field2").mesh
+    spectrum = _spectrum
+    if not (_is_tracer(field) or _is_tracer(field2)):
+        spectrum = _spectrum_jit  # called eagerly: one program instead of op-by-op dispatch
+    k, pk = spectrum(field, field2, bins=bins, mesh=mesh, deferred=plan.deferred)
+    return k, (pk[..., 0, :] if scalar else pk)
+
+
+def _spectrum(field, field2, *, bins: BinPlan, mesh, deferred):
+    """(k, pk (..., poles, bins)) of the planned spectrum (traced)."""
+    f1 = prfft3d(field, mesh=mesh)
+    if field2 is None:
+        q = f1.real ** 2 + f1.imag ** 2
+    else:
+        f2 = prfft3d(field2, mesh=mesh)
+        q = f1.real * f2.real + f1.imag * f2.imag
+    sums = _bin(bins, bins.poles, q, deferred, mesh)
+    # The modes' counts and mean |k| are those of one field, whatever the batch: binned from a
+    # 3-D array of ones, split over the pencil axes only (copies on the batch axes).
+    counts = _bin(bins, ("count", "ksum"), jnp.ones(q.shape[-3:], q.dtype), None, mesh)
+    count, ksum = counts[0], counts[1]
+    k = (ksum / count)[1:-1]
+    pk = (sums / count)[..., 1:-1] * bins.scale
+    return k, pk
+
+
+_spectrum_jit = jax.jit(_spectrum, static_argnames=("bins", "mesh", "deferred"))
+
+
+def _bin(bins: BinPlan, rows, q, deferred, mesh):
+    t = BinSums(bins, tuple(rows), tuple(q.shape), q.dtype, deferred=deferred)
+    return run(t, q, mesh)
+
+
+def _field_shape(x, argname: str) -> tuple[int, ...]:
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(f"`{argname}` must be an array (jax.Array or numpy.ndarray); got "
+                        f"{type(x).__name__}")
+    shape = tuple(x.shape)
+    if len(shape) < 3:
+        raise ValueError(f"`{argname}` must be a 3-D field (X, Y, Z), or (..., X, Y, Z) for a "
+                         f"batch of fields; got shape {shape}")
+    return shape
+
+
+def _known_sharding(x):
+    """A concrete x's NamedSharding (None for numpy or another sharding)."""
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
+        return sharding
+    return None
+
+
+def _check_same_sharding(field, field2) -> None:
+    """Two concrete fields on different meshes or in different shardings: refused (the second
+    would be resharded, or not run at all, silently).  Traced fields are not compared (their
+    types need not show the shardings they will have)."""
+    if _is_tracer(field) or _is_tracer(field2):
+        return
+    s1, s2 = _known_sharding(field), _known_sharding(field2)
+    if s1 is None or s2 is None:
+        return
+    if s1.mesh != s2.mesh or not s1.is_equivalent_to(s2, len(field.shape)):
+        raise ValueError(f"`field2` must be sharded as `field` ({s1.spec} on mesh "
+                         f"{dict(s1.mesh.shape)}); got {s2.spec} on mesh {dict(s2.mesh.shape)}")

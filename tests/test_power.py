@@ -1,0 +1,330 @@
+"""power_spectrum against JaxPM's definition (a float64 numpy reference written here), on one
+device and on every mesh class, in every calling form, with batch axes, padded grids, float32,
+gradients, and the compiled programs free of all-gathers.
+
+The reference is `jaxpm.utils.power_spectrum` in our words: fftn(norm="ortho") of the whole
+field, bins by np.digitize of |k| on the N^3 grid, k = mean |k| per bin, pk = per-bin mean of
+(2 ell + 1) L_ell(mu) |F|^2 times prod(box / shape), bins 1..n-1.  Two deliberate differences:
+a mode whose |k| equals an edge in exact arithmetic goes to the upper bin (np.digitize's rule;
+JaxPM's own placement of those modes depends on rounding, and its default edges put many modes
+exactly on edges), and a cross spectrum is the real part of the binned cross power (JaxPM takes
+the modulus of the complex sum).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import pencilfft
+from conftest import (check_directional_derivative, make_mesh, put_global, random_field,
+                      rel_err, to_numpy, tol)
+
+SHAPE = (16, 16, 16)
+PADDED = (16, 14, 12)  # on 4x2: k-space Y (14 by 4) and Z//2+1 (7 by 2) padded for the mesh
+TIE = 1e-9  # relative: |k|^2 within this of an edge^2 counts as on it
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference: JaxPM's definition, float64 numpy, the whole grid
+
+
+def jaxpm_edges(kedges, shape, box):
+    kmax = np.pi * np.min(np.asarray(shape) / np.asarray(box))
+    if kedges is None or isinstance(kedges, (int, float)):
+        if kedges is None:
+            dk = 2 * np.pi / np.min(box) * 2
+        elif isinstance(kedges, int):
+            dk = kmax / (kedges + 1)
+        else:
+            dk = kedges
+        return np.arange(dk, kmax, dk) + dk / 2
+    return np.asarray(kedges, float)
+
+
+def reference(field, field2=None, *, box_shape=None, kedges=None, multipoles=0, los=(0, 0, 1),
+              jaxpm_cross=False, exact_ties=True):
+    """(k, pk) of JaxPM's power_spectrum for one 3-D field (numpy, float64)."""
+    shape = np.array(field.shape)
+    box = shape.astype(float) if box_shape is None else np.asarray(box_shape, float)
+    edges = jaxpm_edges(kedges, shape, box)
+    kvec = [(2 * np.pi * m / length) * np.fft.fftfreq(m).reshape(s)
+            for m, length, s in zip(shape, box, np.eye(3, dtype=int) * -2 + 1)]
+    k2 = sum(k ** 2 for k in kvec)
+    kmesh = np.sqrt(k2)
+    if exact_ties:
+        thresholds = np.where(edges > 0, edges ** 2 * (1 - TIE), -np.inf)  # edges <= 0: all
+        dig = np.searchsorted(thresholds, k2.ravel(), side="right")
+    else:
+        dig = np.digitize(kmesh.ravel(), edges)
+    n_bins = len(edges) + 1
+    count = np.bincount(dig, minlength=n_bins)
+    with np.errstate(invalid="ignore"):  # an empty bin is NaN, as in JaxPM
+        kavg = (np.bincount(dig, weights=kmesh.ravel(), minlength=n_bins) / count)[1:-1]
+    if np.ndim(multipoles) == 0 and multipoles == 0:
+        mu = 1.0
+    else:
+        d = np.asarray(los, float) / np.linalg.norm(los)
+        mu = sum(k * c for k, c in zip(kvec, d))
+        mu = np.where(kmesh == 0, 0, mu / np.where(kmesh == 0, 1, kmesh))
+    f = np.fft.fftn(np.asarray(field, np.float64), norm="ortho")
+    if field2 is None:
+        power = np.abs(f) ** 2
+    else:
+        power = f * np.fft.fftn(np.asarray(field2, np.float64), norm="ortho").conj()
+    pk = []
+    for ell in np.atleast_1d(multipoles):
+        w = (power * (2 * ell + 1) * np.polynomial.legendre.legval(mu, [0] * ell + [1])).ravel()
+        if field2 is None:
+            s = np.bincount(dig, weights=w, minlength=n_bins)
+        else:
+            re = np.bincount(dig, weights=w.real, minlength=n_bins)
+            im = np.bincount(dig, weights=w.imag, minlength=n_bins)
+            s = np.hypot(re, im) if jaxpm_cross else re
+        pk.append(s)
+    with np.errstate(invalid="ignore"):
+        pk = (np.stack(pk) / count)[:, 1:-1] * np.prod(box / shape)
+    return kavg, (pk[0] if np.ndim(multipoles) == 0 else pk)
+
+
+def assert_close(got, ref, dtype, what=""):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert got.shape == ref.shape, (what, got.shape, ref.shape)
+    assert np.array_equal(np.isnan(got), np.isnan(ref)), what  # empty bins: NaN in both
+    err = rel_err(np.nan_to_num(got), np.nan_to_num(ref))
+    assert err <= tol(dtype), (what, err)
+
+
+def check(result, fields, field2s=None, dtype=np.float64, **kw):
+    """result (k, pk) against the reference of each field of `fields` (..., X, Y, Z)."""
+    k, pk = (to_numpy(r) for r in result)
+    fields = np.asarray(fields)
+    lead = fields.shape[:-3]
+    flat = fields.reshape((-1,) + fields.shape[-3:])
+    flat2 = None if field2s is None else np.asarray(field2s).reshape(flat.shape)
+    refs = [reference(f, None if flat2 is None else flat2[i], **kw) for i, f in enumerate(flat)]
+    assert_close(k, refs[0][0], dtype, "k")
+    assert_close(pk, np.stack([r[1] for r in refs]).reshape(lead + refs[0][1].shape), dtype, "pk")
+
+
+def no_all_gather(fn, *args):
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    assert "all-gather" not in text, "the compiled power spectrum gathers"
+    assert "all-reduce" in text or jax.device_count() == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference itself
+
+
+def test_reference_is_jaxpm_where_no_mode_lies_on_an_edge():
+    """With edges no mode lies on, the tie rule changes nothing: the reference is JaxPM's
+    np.digitize; with the default edges (on which many modes lie) it puts them in the upper bin
+    as exact arithmetic does, where JaxPM's rounding scatters them."""
+    x = random_field(SHAPE, np.float64, 3)
+    for kedges in (0.3, np.array([0.2, 0.55, 0.9, 1.7, 2.5])):
+        ours, literal = reference(x, kedges=kedges), reference(x, kedges=kedges, exact_ties=False)
+        np.testing.assert_allclose(ours[1], literal[1], rtol=1e-13)
+    n = np.fft.fftfreq(16) * 16  # default edges on a unit-cell box: (2j + 3) * 2 pi / 16
+    m2 = n[:, None, None] ** 2 + n[None, :, None] ** 2 + n[None, None, :] ** 2
+    edges = jaxpm_edges(None, SHAPE, SHAPE)
+    k2 = m2 * (2 * np.pi / 16) ** 2
+    exact = np.searchsorted([(2 * j + 3) ** 2 for j in range(len(edges))], m2, side="right")
+    assert np.array_equal(np.searchsorted(edges ** 2 * (1 - TIE), k2, side="right"), exact)
+
+
+# ---------------------------------------------------------------------------------------------
+# One device (numpy input, no mesh): the arguments
+
+
+ONE_DEVICE = {
+    "default": dict(),
+    "int-poles-oblique": dict(kedges=5, multipoles=(0, 2, 4), los=(1, 1, 1)),
+    "float-box-quadrupole": dict(kedges=0.05, multipoles=2, los=(0, 1, 0),
+                                 box_shape=(100.0, 50.0, 80.0)),
+    # edges from 0 (the DC mode in the first bin), not uniform: the binary search
+    "array-monopole-list": dict(kedges=[0.0, 0.4, 0.8, 1.2, 2.0], multipoles=[0]),
+    "uniform-array-from-below-0": dict(kedges=np.linspace(-0.2, 2.2, 7), multipoles=(0, 2)),
+    # no mode has 1.27 <= |k| / (2 pi / 16) < 1.30: an empty bin, NaN in k and pk
+    "empty-bin": dict(kedges=[0.3, 0.5, 0.51, 1.0]),
+    # odd Y and Z (no Nyquist plane along them), even X: the mirrors' mu along an oblique los
+    "odd-grid": dict(shape=(12, 15, 13), kedges=4, multipoles=(1, 2, 3), los=(1, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("case", list(ONE_DEVICE))
+def test_one_device(case):
+    kw = dict(ONE_DEVICE[case])
+    x = random_field(kw.pop("shape", SHAPE), np.float64, 1)
+    got = pencilfft.power_spectrum(x, **kw)
+    check(got, x, **kw)
+    if case == "empty-bin":
+        assert np.isnan(np.asarray(got[0])[1]) and np.isnan(np.asarray(got[1])[1])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cross_spectrum_is_the_real_part(dtype):
+    """Odd multipoles of a cross spectrum are where the real part (ours) and JaxPM's modulus
+    differ; even ones agree closely but not exactly."""
+    x, y = random_field(SHAPE, dtype, 1), random_field(SHAPE, dtype, 2)
+    y = (0.5 * x + y).astype(dtype)  # correlated
+    kw = dict(multipoles=(0, 1, 2), los=(0, 1, 1), kedges=0.4)
+    got = pencilfft.power_spectrum(x, y, **kw)
+    assert got[1].dtype == dtype
+    check(got, x, y, dtype=dtype, **kw)
+    modulus = reference(x, y, jaxpm_cross=True, **kw)[1]
+    assert rel_err(np.asarray(got[1])[1], modulus[1]) > 0.1  # ell = 1: not the modulus
+
+
+# ---------------------------------------------------------------------------------------------
+# Every mesh class, grids the mesh does not divide
+
+
+MESHES = [
+    pytest.param((4, 2), SHAPE, np.float64, marks=pytest.mark.mpirun, id="4x2"),
+    pytest.param((4, 2), (16, 14, 13), np.float32, id="4x2-padded-oddZ-f32"),
+    pytest.param((1, 8), (16, 16, 12), np.float64, id="1x8-padded"),
+    pytest.param((8, 1), PADDED, np.float64, id="8x1-padded"),
+    pytest.param((8,), SHAPE, np.float32, id="8-f32"),
+]
+POLES = dict(multipoles=(0, 2, 4), los=(0, 1, 1), kedges=6)
+
+
+@pytest.mark.parametrize("pdims,shape,dtype", MESHES)
+def test_meshes(pdims, shape, dtype):
+    """Eagerly on an Explicit mesh (under mpirun the mesh spans the processes)."""
+    mesh = make_mesh(pdims)
+    data = random_field(shape, dtype, 4)
+    x = put_global(data, pencilfft.real_space_sharding(mesh))
+    got = pencilfft.power_spectrum(x, **POLES)
+    assert got[1].dtype == dtype and got[1].shape == (3, 5)
+    check(got, data, dtype=dtype, **POLES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calling forms, batch axes, gradients: compiled once each
+
+
+def _pk(x):
+    return pencilfft.power_spectrum(x, **POLES)
+
+
+def _cross(x, y):
+    return pencilfft.power_spectrum(x, y, **POLES)
+
+
+@pytest.mark.parametrize("form", [
+    pytest.param("jit-no-mesh", marks=pytest.mark.mpirun), "jit-explicit", "set-mesh",
+    "eager-auto"])
+def test_calling_forms(form):
+    """On the padded grid (uneven blocks when the partitioner decides the mesh)."""
+    mesh = make_mesh((4, 2), "explicit" if form == "jit-explicit" else "auto")
+    data = random_field(PADDED, np.float64, 5)
+    x = put_global(data, pencilfft.real_space_sharding(mesh))
+    if form == "eager-auto":
+        return check(_pk(x), data, **POLES)
+    if form == "set-mesh":
+        with jax.set_mesh(mesh):
+            check(jax.jit(_pk)(x), data, **POLES)
+            no_all_gather(_pk, x)
+        return
+    check(jax.jit(_pk)(x), data, **POLES)
+    no_all_gather(_pk, x)
+
+
+def test_cross_under_jit_with_no_mesh():
+    mesh = make_mesh((4, 2), "auto")
+    a, b = random_field(SHAPE, np.float64, 6), random_field(SHAPE, np.float64, 7)
+    sharding = pencilfft.real_space_sharding(mesh)
+    x, y = put_global(a, sharding), put_global(b, sharding)
+    check(jax.jit(_cross)(x, y), a, b, **POLES)
+    no_all_gather(_cross, x, y)
+
+
+def test_vmap_over_fields():
+    """vmap over an axis the mesh does not split (a 4x2 mesh), as the 4-D call."""
+    mesh = make_mesh((4, 2))
+    data = random_field((2,) + SHAPE, np.float64, 8)
+    x = put_global(data, NamedSharding(mesh, P(None, "x", "y")))
+    fn = jax.vmap(lambda f: _pk(f)[1])
+    pk = jax.jit(fn)(x)
+    refs = np.stack([reference(d, **POLES)[1] for d in data])
+    assert_close(to_numpy(pk), refs, np.float64)
+    no_all_gather(fn, x)
+
+
+@pytest.mark.parametrize("form", ["eager", pytest.param("jit-no-mesh", marks=pytest.mark.mpirun),
+                                  "vmap"])
+def test_batch_mesh(form):
+    """A (2, 2, 2) mesh: the batch axis splits two fields, one spectrum each, never mixed."""
+    kind = jax.sharding.AxisType.Explicit if form == "eager" else jax.sharding.AxisType.Auto
+    mesh = jax.make_mesh((2, 2, 2), ("c", "x", "y"), axis_types=(kind,) * 3)
+    data = random_field((2,) + SHAPE, np.float64, 9)
+    x = put_global(data, pencilfft.real_space_sharding(mesh))
+    if form == "eager":
+        return check(_pk(x), data, **POLES)
+    if form == "jit-no-mesh":
+        check(jax.jit(_pk)(x), data, **POLES)
+        return no_all_gather(_pk, x)
+    fn = jax.vmap(lambda f: _pk(f)[1])
+    refs = np.stack([reference(d, **POLES)[1] for d in data])
+    assert_close(to_numpy(jax.jit(fn)(x)), refs, np.float64)
+    no_all_gather(fn, x)
+
+
+@pytest.mark.parametrize("axis_type", ["explicit", "auto"])
+def test_gradient(axis_type):
+    """Finite differences along a random direction, for an auto and a cross spectrum with
+    multipoles: with the mesh known (Explicit, shard_map) and left to the partitioner (Auto, no
+    mesh in scope: the binning's transpose runs there)."""
+    mesh = make_mesh((4, 2), axis_type)
+    sharding = pencilfft.real_space_sharding(mesh)
+    x = put_global(random_field(PADDED, np.float64, 10), sharding)
+    y = put_global(random_field(PADDED, np.float64, 11), sharding)
+    w = jnp.asarray(random_field((3, 5), np.float64, 12))
+    check_directional_derivative(lambda a: jnp.sum(w * _pk(a)[1]), x)
+    check_directional_derivative(lambda a: jnp.sum(w * _cross(a, y)[1]), x, seed=1)
+    no_all_gather(jax.grad(lambda a: jnp.sum(w * _pk(a)[1])), x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(kedges=1), ValueError, r"`kedges` as an int .* at least 2; got 1"),
+    (dict(kedges=0.0), ValueError, r"`kedges` as a float is the bin width dk, finite and > 0"),
+    (dict(kedges=2.0), ValueError, r"`kedges`=2.0 gives 1 bin edge\(s\) below the Nyquist"),
+    (dict(kedges=[0.5]), ValueError, r"`kedges` as an array must be 1-D with at least 2 edges"),
+    (dict(kedges=[0.5, 0.2, 0.9]), ValueError, r"`kedges` must be finite and strictly increasing"),
+    (dict(kedges="fine"), TypeError, r"`kedges` must be None, an int, a float or an array"),
+    (dict(multipoles=-2), ValueError, r"`multipoles` must be >= 0"),
+    (dict(multipoles=(0, 1.5)), TypeError, r"`multipoles` must be an int or a sequence of ints"),
+    (dict(multipoles=2, los=(0, 0, 0)), ValueError, r"`los` \(the line of sight\) must not be zero"),
+    (dict(multipoles=2, los=(0, 1)), ValueError, r"`los` must be 3 finite numbers"),
+    (dict(box_shape=(1.0, -2.0, 1.0)), ValueError, r"`box_shape` must be 3 finite positive"),
+])
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        pencilfft.power_spectrum(np.zeros(SHAPE), **kwargs)
+
+
+def test_bad_fields():
+    with pytest.raises(ValueError, match=r"`field` must be a 3-D field \(X, Y, Z\), or "
+                                         r"\(\.\.\., X, Y, Z\).*got shape \(16, 16\)"):
+        pencilfft.power_spectrum(np.zeros((16, 16)))
+    with pytest.raises(ValueError, match=r"`field2` must have the shape of `field` "
+                                         r"\(16, 16, 16\); got \(16, 16, 8\)"):
+        pencilfft.power_spectrum(np.zeros(SHAPE), np.zeros((16, 16, 8)))
+    with pytest.raises(TypeError, match=r"`field` must be real"):
+        pencilfft.power_spectrum(np.zeros(SHAPE, np.complex64))
+    with pytest.raises(TypeError, match=r"`field` must be an array"):
+        pencilfft.power_spectrum([[[1.0]]])
+    mesh = make_mesh((4, 2))
+    x = put_global(np.zeros(SHAPE), pencilfft.real_space_sharding(mesh))
+    y = put_global(np.zeros(SHAPE), NamedSharding(mesh, P("y", "x")))
+    with pytest.raises(ValueError, match=r"`field2` must be sharded as `field` \(P\('x', 'y', "
+                                         r"None\) on mesh \{'x': 4, 'y': 2\}\); got P\('y', 'x'\)"):
+        pencilfft.power_spectrum(x, y)
