@@ -118,18 +118,121 @@ def test_readme_documents_the_migration():
     assert "(P, 1)" in section  # the one difference in the FFTs' output
 
 
-def test_install(monkeypatch):
-    for sub in ("fft", "halo", "transpose"):  # as if jaxdecomp were not installed
-        monkeypatch.setitem(sys.modules, f"jaxdecomp.{sub}", None)
-    monkeypatch.setitem(sys.modules, "jaxdecomp", types.ModuleType("jaxdecomp"))
+@pytest.fixture
+def no_jaxdecomp():
+    """As if jaxdecomp had never been imported; afterwards sys.modules' jaxdecomp entries are
+    what they were (install() registers several: none of them may leak into other tests)."""
+    def ours():
+        return {k: v for k, v in sys.modules.items() if k.split(".")[0] == "jaxdecomp"}
+
+    saved = ours()
+    for name in saved:
+        del sys.modules[name]
+    yield
+    for name in ours():
+        del sys.modules[name]
+    sys.modules.update(saved)
+
+
+def test_install(no_jaxdecomp):
+    sys.modules["jaxdecomp"] = types.ModuleType("jaxdecomp")
     with pytest.raises(RuntimeError, match="jaxdecomp is already imported"):
         compat.install()
-    monkeypatch.setitem(sys.modules, "jaxdecomp", None)
+    del sys.modules["jaxdecomp"]
     assert compat.install() is compat
     import jaxdecomp
 
     assert jaxdecomp is compat and all(callable(getattr(jaxdecomp, n)) for n in NAMES)
     assert compat.install() is compat  # twice: nothing changes
+
+
+def test_install_provides_the_names_clients_import_from_jaxdecomp_src(no_jaxdecomp):
+    """jaxdecomp's own tests import these from its internals (issue 31); nothing else is there."""
+    compat.install()
+    import jaxdecomp._src.spmd_ops
+    from jaxdecomp._src import NO_DECOMP, PENCILS, SLAB_XY, SLAB_YZ
+    from jaxdecomp._src.spmd_ops import ALLOW_SHARDY_PARTITIONER
+
+    assert (SLAB_XY, SLAB_YZ, PENCILS, NO_DECOMP) == (0, 1, 2, 3)  # jaxdecomp's values
+    assert (NO_DECOMP, SLAB_XY, SLAB_YZ, PENCILS) == (compat.NO_DECOMP, compat.SLAB_XY,
+                                                      compat.SLAB_YZ, compat.PENCILS)
+    assert PENCILS is compat.PENCILS is compat.PencilType.PENCILS
+    assert ALLOW_SHARDY_PARTITIONER is True  # jaxdecomp: jax > 0.7.0; pencilfft needs >= 0.9
+    src = sys.modules["jaxdecomp._src"]
+    assert jaxdecomp._src is src and src.spmd_ops is sys.modules["jaxdecomp._src.spmd_ops"]
+    assert sorted(n for n in vars(src) if not n.startswith("_")) == [
+        "NO_DECOMP", "PENCILS", "SLAB_XY", "SLAB_YZ", "spmd_ops"]
+    assert [n for n in vars(src.spmd_ops) if not n.startswith("_")] == ["ALLOW_SHARDY_PARTITIONER"]
+    with pytest.raises(ImportError):
+        from jaxdecomp._src import get_pencil_info  # noqa: F401  cuDecomp's: not provided
+    with pytest.raises(ModuleNotFoundError):
+        import jaxdecomp._src.pencil_utils  # noqa: F401
+
+
+def test_constants_are_jaxdecomps():
+    """jaxdecomp._src's names and the public constants have jaxdecomp's values."""
+    spmd_ops = pytest.importorskip("jaxdecomp._src.spmd_ops")
+    src, jaxdecomp = sys.modules["jaxdecomp._src"], sys.modules["jaxdecomp"]
+    assert src is not compat._src and jaxdecomp is not compat
+    assert spmd_ops.ALLOW_SHARDY_PARTITIONER == compat._src.spmd_ops.ALLOW_SHARDY_PARTITIONER
+    for name in ("NO_DECOMP", "PENCILS", "SLAB_XY", "SLAB_YZ"):
+        theirs = getattr(src, name)  # jaxdecomp's C++ enum: its name and value
+        assert (theirs.name, theirs.value) == (name, getattr(compat._src, name)), name
+    for name in [*compat.HaloCommBackend.__members__, *compat.TransposeCommBackend.__members__]:
+        theirs = getattr(jaxdecomp, name)
+        assert (theirs.name, theirs.value) == (name, getattr(compat, name)), name
+
+
+# (spec, mesh shape, mesh axis names): every branch of jaxdecomp's check, and specs that pass.
+SPEC_CASES = [
+    (P("z", "y"), (2, 4), ("z", "y")),
+    (P("z", None), (8, 1), ("z", "y")),
+    (P(None, "y"), (1, 8), ("z", "y")),
+    (P(), (1, 1), ("z", "y")),
+    (("z", "y", None), (2, 4), ("z", "y")),
+    (P("c", "z", "y"), (2, 2, 2), ("c", "z", "y")),
+    (P(None, "y"), (2, 4), ("z", "y")),  # None where the mesh axis is split
+    (P("x", "y"), (2, 4), ("z", "y")),  # a name the mesh does not have there
+    (P("y", "z"), (2, 4), ("z", "y")),  # the mesh's names in another order
+    (P("z"), (2, 4), ("z", "y")),  # the trailing split axis left out
+    (("z", None), (2, 4), ("z", "y")),  # a tuple, shown as a tuple
+    (P("z", "y", "x"), (2, 4), ("z", "y")),  # beyond the mesh's axes: 'nothing (trailing)'
+    (P(("z", "y")), (2, 4), ("z", "y")),  # two mesh axes on one dimension
+    (P("c", "z"), (2, 2, 2), ("c", "z", "y")),
+]
+
+
+def _outcome(validate, spec, shape, names):
+    mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Explicit,) * len(names))
+    try:
+        validate(spec, mesh)
+    except Exception as e:  # noqa: BLE001  the exception is what is compared
+        return type(e), str(e)
+    return None
+
+
+def test_validate_spec_matches_mesh_words_as_jaxdecomp():
+    """The messages of jaxdecomp 0.3.1, which its test_sharding_validation matches on."""
+    with pytest.raises(ValueError) as e:
+        compat.validate_spec_matches_mesh(P(None, "y"), jax.make_mesh((2, 4), ("z", "y")))
+    assert str(e.value) == (
+        "Spec P(None, 'y', None) does not match mesh axis names ('z', 'y'). At position 0: spec "
+        "has None but mesh axis 'z' has size 2 (> 1). An unsharded dimension cannot correspond "
+        "to a distributed mesh axis.")
+    with pytest.raises(ValueError) as e:
+        compat.validate_spec_matches_mesh(P("x", "y"), jax.make_mesh((2, 4), ("z", "y")))
+    assert str(e.value) == (
+        "Spec P('x', 'y', None) does not match mesh axis names ('z', 'y'). At position 0: spec "
+        "has 'x' but mesh expects 'z'. Ensure the array is sharded with a spec matching the mesh "
+        "axis order.")
+    with pytest.raises(ValueError, match="At position 2: spec has 'x' but mesh expects "
+                                         r"'nothing \(trailing\)'"):
+        compat.validate_spec_matches_mesh(P("z", "y", "x"), jax.make_mesh((2, 4), ("z", "y")))
+    outcomes = [_outcome(compat.validate_spec_matches_mesh, *case) for case in SPEC_CASES]
+    assert [o is None for o in outcomes] == [True] * 6 + [False] * 8
+    jaxdecomp = pytest.importorskip("jaxdecomp")
+    assert jaxdecomp is not compat
+    assert outcomes == [_outcome(jaxdecomp.validate_spec_matches_mesh, *c) for c in SPEC_CASES]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -171,9 +171,10 @@ def test_validate_spec_matches_mesh_and_lifecycle():
     mesh = make_mesh((4, 2), "auto")
     compat.validate_spec_matches_mesh(P("x", "y"), mesh)
     compat.validate_spec_matches_mesh(P("x", None), make_mesh((8, 1), "auto"))
-    with pytest.raises(ValueError, match="at position 0 it has 'y' where the mesh has 'x'"):
+    # jaxdecomp's words (tests/test_compat.py compares every branch with jaxdecomp's)
+    with pytest.raises(ValueError, match="At position 0: spec has 'y' but mesh expects 'x'"):
         compat.validate_spec_matches_mesh(P("y", "x"), mesh)
-    with pytest.raises(ValueError, match="at position 1 it has None but mesh axis 'y' has size 2"):
+    with pytest.raises(ValueError, match="At position 1: spec has None but mesh axis 'y' has size 2"):
         compat.validate_spec_matches_mesh(P("x"), mesh)
     compat.init()
     compat.finalize()

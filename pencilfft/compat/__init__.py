@@ -17,8 +17,9 @@ k-space layout, as in jaxdecomp; the cuDecomp transport settings are accepted an
 What differs (the README's migration table): on a (P, 1) mesh the spectrum is split along Y
 where jaxdecomp's is split along Z (same values); `fftfreq3d`'s vectors are sharded like the
 spectrum; the gradient of `halo_exchange` is its adjoint; the real transforms work.
-jaxdecomp's internals (`jaxdecomp._src`, cuDecomp's autotuning and grid descriptors) are not
-provided.
+jaxdecomp's internals (cuDecomp's autotuning and grid descriptors) are not provided:
+`jaxdecomp._src` carries only what code outside jaxdecomp imports from it (`PENCILS`,
+`SLAB_XY`, `SLAB_YZ`, `NO_DECOMP`, `spmd_ops.ALLOW_SHARDY_PARTITIONER`).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import sys
 from types import ModuleType
 
 from .._sharding import get_fft_output_sharding as _native_output_sharding
-from . import fft, halo, transpose
+from . import _src, fft, halo, transpose
 from ._config import HaloCommBackend, PencilType, TransposeCommBackend, config
 from ._config import layout as _current_layout
 from ._specs import FftType, get_output_specs, validate_spec_matches_mesh
@@ -89,26 +90,38 @@ def finalize() -> None:
     """jaxdecomp.finalize: nothing to release; kept so that clients run."""
 
 
-_SUBMODULES = ("fft", "halo", "transpose")
+# What `install()` registers under jaxdecomp's names: the public modules, and the two modules of
+# jaxdecomp's internals that its tests (and clients that copied them) import names from.
+_SUBMODULES = ("fft", "halo", "transpose", "_src", "_src.spmd_ops")
+
+
+def _modules() -> dict[str, ModuleType]:
+    """jaxdecomp's module names -> this package's modules that stand for them."""
+    me = sys.modules[__name__]
+    mods = {"jaxdecomp": me}
+    for sub in _SUBMODULES:
+        mod = me
+        for part in sub.split("."):
+            mod = getattr(mod, part)
+        mods[f"jaxdecomp.{sub}"] = mod
+    return mods
 
 
 def install() -> ModuleType:
-    """Make `import jaxdecomp` (and `jaxdecomp.fft`, `.halo`, `.transpose`) give this package
-    (call before the code that imports it).
+    """Make `import jaxdecomp` (and `jaxdecomp.fft`, `.halo`, `.transpose`, and the few names
+    of `jaxdecomp._src` that clients import) give this package (call before the code that
+    imports it).
 
     Raises RuntimeError when another jaxdecomp has already been imported: modules that hold it
     would keep using it.
     """
-    me = sys.modules[__name__]
-    for name in ("jaxdecomp",) + tuple(f"jaxdecomp.{s}" for s in _SUBMODULES):
+    mods = _modules()
+    for name, mine in mods.items():
         current = sys.modules.get(name)
-        mine = me if name == "jaxdecomp" else getattr(me, name.split(".")[1])
         if current is not None and current is not mine:
             raise RuntimeError(
                 f"{name} is already imported (from {getattr(current, '__file__', '?')}); call "
                 "pencilfft.compat.install() before anything imports jaxdecomp"
             )
-    sys.modules["jaxdecomp"] = me
-    for sub in _SUBMODULES:
-        sys.modules[f"jaxdecomp.{sub}"] = getattr(me, sub)
-    return me
+    sys.modules.update(mods)
+    return mods["jaxdecomp"]

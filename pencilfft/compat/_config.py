@@ -16,35 +16,39 @@ from typing import Any
 __all__ = ["Config", "config", "layout", "PencilType", "HaloCommBackend", "TransposeCommBackend"]
 
 
+# The values are jaxdecomp's (its C++ enums, cuDecomp's for the transports), so that code that
+# stores or compares them as integers sees the same numbers.
+
+
 class PencilType(enum.IntEnum):
     """jaxdecomp's decomposition kinds, named after the mesh shape (Pa, Pb) they describe."""
 
-    NO_DECOMP = 0  # (1, 1)
-    SLAB_XY = 1  # (P, 1): X split
-    SLAB_YZ = 2  # (1, P): Y split
-    PENCILS = 3  # (Pa, Pb), both > 1
+    SLAB_XY = 0  # (P, 1): X split
+    SLAB_YZ = 1  # (1, P): Y split
+    PENCILS = 2  # (Pa, Pb), both > 1
+    NO_DECOMP = 3  # (1, 1)
 
 
 class HaloCommBackend(enum.IntEnum):
     """cuDecomp's halo transports (accepted by `config.update`, ignored)."""
 
-    HALO_COMM_MPI = 0
-    HALO_COMM_MPI_BLOCKING = 1
-    HALO_COMM_NCCL = 2
-    HALO_COMM_NVSHMEM = 3
-    HALO_COMM_NVSHMEM_BLOCKING = 4
+    HALO_COMM_MPI = 1
+    HALO_COMM_MPI_BLOCKING = 2
+    HALO_COMM_NCCL = 3
+    HALO_COMM_NVSHMEM = 4
+    HALO_COMM_NVSHMEM_BLOCKING = 5
 
 
 class TransposeCommBackend(enum.IntEnum):
     """cuDecomp's transpose transports (accepted by `config.update`, ignored)."""
 
-    TRANSPOSE_COMM_MPI_P2P = 0
-    TRANSPOSE_COMM_MPI_P2P_PL = 1
-    TRANSPOSE_COMM_MPI_A2A = 2
-    TRANSPOSE_COMM_NCCL = 3
-    TRANSPOSE_COMM_NCCL_PL = 4
-    TRANSPOSE_COMM_NVSHMEM = 5
-    TRANSPOSE_COMM_NVSHMEM_PL = 6
+    TRANSPOSE_COMM_MPI_P2P = 1
+    TRANSPOSE_COMM_MPI_P2P_PL = 2
+    TRANSPOSE_COMM_MPI_A2A = 3
+    TRANSPOSE_COMM_NCCL = 4
+    TRANSPOSE_COMM_NCCL_PL = 5
+    TRANSPOSE_COMM_NVSHMEM = 6
+    TRANSPOSE_COMM_NVSHMEM_PL = 7
 
 
 _ENUMS = {"halo_comm_backend": HaloCommBackend, "transpose_comm_backend": TransposeCommBackend}

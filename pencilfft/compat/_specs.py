@@ -58,20 +58,26 @@ def get_output_specs(fft_type, *args, mesh=None, backend: str = "JAX") -> tuple:
 def validate_spec_matches_mesh(spec: Any, mesh) -> None:
     """ValueError unless `spec` splits the leading axes by the mesh's axes in their order
     (jaxdecomp's check): entry i names mesh axis i, or is None where that axis has size 1 or
-    the mesh has no axis i."""
-    entries = tuple(spec) + (None,) * (3 - len(spec))
-    names, sizes = tuple(mesh.axis_names), dict(zip(mesh.axis_names, mesh.axis_sizes))
-    for i, entry in enumerate(entries[:3]):
-        expected = names[i] if i < len(names) else None
-        if entry is None:
-            if expected is not None and sizes[expected] > 1:
+    the mesh has no axis i.
+
+    The messages are jaxdecomp 0.3.1's, word for word (code and tests match on them).
+    """
+    if isinstance(spec, list):  # jaxdecomp takes a PartitionSpec or a tuple; a list as a tuple
+        spec = tuple(spec)
+    spec = spec + (None,) * (3 - len(spec))  # padded as jaxdecomp pads it: shown padded
+    names = mesh.axis_names
+    for i in range(3):
+        if spec[i] is not None:
+            if i >= len(names) or spec[i] != names[i]:
+                expects = names[i] if i < len(names) else "nothing (trailing)"
                 raise ValueError(
-                    f"Spec {P(*entries)} does not match mesh axis names {names}: at position {i} "
-                    f"it has None but mesh axis {expected!r} has size {sizes[expected]} (> 1)"
+                    f"Spec {spec} does not match mesh axis names {names}. At position {i}: "
+                    f"spec has '{spec[i]}' but mesh expects '{expects}'. Ensure the array is "
+                    "sharded with a spec matching the mesh axis order."
                 )
-        elif entry != expected:
+        elif i < len(names) and mesh.shape[names[i]] > 1:
             raise ValueError(
-                f"Spec {P(*entries)} does not match mesh axis names {names}: at position {i} it "
-                f"has {entry!r} where the mesh has {expected!r}; shard the array with a spec in "
-                f"the mesh's axis order"
+                f"Spec {spec} does not match mesh axis names {names}. At position {i}: spec has "
+                f"None but mesh axis '{names[i]}' has size {mesh.shape[names[i]]} (> 1). An "
+                "unsharded dimension cannot correspond to a distributed mesh axis."
             )
