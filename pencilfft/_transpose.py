@@ -24,20 +24,21 @@ def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, ga
     n-fold).  The result's axes are then `order` (a permutation of x's axes, numbered as in x).
     With n == 1 (or no mesh axis) this is only the local permutation.
 
-    "alltoall" is one all_to_all of the block as it is (split along `split`, received chunks
-    concatenated along `gather`: XLA's collective does both), then `order` in one transpose: the
-    form whose buffers XLA packs best (issue 27: a pencil forward holds 3 local blocks donated, 4
-    kept, as jaxdecomp; making the chunks contiguous first held 3.5-3.75 and 4.5-4.75).  The
-    other algorithms, "pairwise" (n-1 collective permutes) and "mpi" (mpi4py from the host,
-    `_mpi_exchange`), send contiguous chunks: the chunk axis is made the leading one before the
-    communication, and the received chunks are interleaved back in the same transpose that
+    With "alltoall" over at most `PLAIN_ALLTOALL_MAX` devices, one all_to_all of the block as it
+    is (split along `split`, received chunks concatenated along `gather`: XLA's collective does
+    both), then `order` in one transpose: the form whose buffers XLA packs best there (issue 27:
+    a 4x2 or 2x4 pencil forward holds 3 local blocks donated, 4 kept, as jaxdecomp; the form below
+    held 3.5-3.75 and 4.5-4.75).  Otherwise (more devices, where that form measured 8-11% slower
+    on CPUs and saved no memory; "pairwise", n-1 collective permutes; "mpi", mpi4py from the host,
+    `_mpi_exchange`) the chunks are made contiguous: the chunk axis is made the leading one before
+    the communication, and the received chunks are interleaved back in the same transpose that
     applies `order`: two local passes over the data, whatever `order` is.
     """
     if n == 1 or axis_name is None:
         return jnp.transpose(x, order)
     if x.shape[split] % n:
         raise ValueError(f"internal: axis {split} of block {x.shape} does not split into {n}")
-    if algorithm == "alltoall":
+    if algorithm == "alltoall" and n <= PLAIN_ALLTOALL_MAX:
         return jnp.transpose(jax.lax.all_to_all(x, axis_name, split, gather, tiled=True), order)
     shape = x.shape
     chunked = list(shape)
@@ -86,6 +87,10 @@ class Algorithm:
     traced_without_mesh: bool = True
     auto: Callable[[int, str, int], bool] = lambda n, platform, nbytes: False
 
+
+# Mesh axes of at most this many devices run "alltoall" on the blocks as they are
+# (`transpose_blocks`).
+PLAIN_ALLTOALL_MAX = 4
 
 # Per-device blocks at least this large take the pairwise exchange under "auto" on CPUs.
 PAIRWISE_MIN_BYTES = 8 << 20
