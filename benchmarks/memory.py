@@ -2,12 +2,16 @@
 
     python -m benchmarks.memory --shape 256
     python -m benchmarks.memory --shape 512 --pdims 4x2 --layouts transposed --transforms c2c
+    python -m benchmarks.memory --shape 256 --transforms r2c --axis-type auto
 
 For every mesh, layout, transform (c2c: pfft3d / pifft3d, r2c: prfft3d / pirfft3d), direction
 and donation (off, or `jax.jit(f, donate_argnums=0)`), the program is lowered for an abstract
 argument (`jax.ShapeDtypeStruct` with the input's sharding: nothing is allocated) and compiled,
 and `compiled.memory_analysis()` gives per-device bytes of arguments, outputs, temporaries and
 of the outputs aliased to (donated) arguments.  peak = arg + out + temp - alias.
+
+`--axis-type auto` puts the argument on an Auto mesh: jit then traces it with nothing in scope
+(how jaxdecomp's clients call it), and the compiler-partitioned path runs.
 
 Sizes are reported in units of the local input block (the per-device real-space block of a
 forward, the per-device k-space block of an inverse: `arg` is 1 block) and in MiB.
@@ -91,7 +95,7 @@ def analyse(fn: Callable[[Any], Any], arg, donate: bool) -> dict[str, int]:
 def mesh_records(pdims: Sequence[int], args: argparse.Namespace,
                  context: dict[str, Any]) -> list[dict[str, Any]]:
     """One record per (layout, transform, direction, donation) on one mesh."""
-    mesh = steps.make_mesh(pdims)
+    mesh = steps.make_mesh(pdims, args.axis_type)
     records = []
     for layout in args.layouts:
         for transform in args.transforms:
@@ -106,6 +110,7 @@ def mesh_records(pdims: Sequence[int], args: argparse.Namespace,
                         "shape": list(args.shape), "dtype": args.dtype, "pdims": list(pdims),
                         "exchange": args.exchange, "layout": layout, "transform": transform,
                         "direction": direction, "donate": donate, "block_bytes": block,
+                        "axis_type": args.axis_type,
                         **{f"{k}_bytes": v for k, v in sizes.items()},
                         **{f"{k}_blocks": v / block for k, v in sizes.items()},
                         "machine": context["machine"], "versions": context["versions"],
@@ -140,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="k-space layouts (default: both)")
     p.add_argument("--transforms", nargs="+", choices=list(TRANSFORMS), default=list(TRANSFORMS),
                    help="c2c (pfft3d/pifft3d), r2c (prfft3d/pirfft3d) (default: both)")
+    p.add_argument("--axis-type", choices=("explicit", "auto"), default="explicit",
+                   help="the mesh's axis types: explicit (the mesh in the traced type) or auto "
+                        "(jit with nothing in scope: the compiler-partitioned path; default: "
+                        "explicit)")
     return p
 
 
@@ -150,7 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     context = steps.run_context("benchmarks.memory", argv)
     records = [r for pdims in meshes for r in mesh_records(pdims, args, context)]
     steps.write_records(args.out, records)
-    print(f"{harness.fmt_dims(args.shape)} {args.dtype}, exchange {args.exchange}: per-device bytes "
+    print(f"{harness.fmt_dims(args.shape)} {args.dtype}, exchange {args.exchange}, "
+          f"{args.axis_type} mesh: per-device bytes "
           f"in local input blocks (arg = 1), peak = arg + out + temp - alias\n")
     print(markdown(records))
     return 0

@@ -152,15 +152,16 @@ def local_copy_block(x):
 # Programs of one case
 
 
-def make_mesh(pdims: Sequence[int]):
-    """An Explicit mesh ("x", "y") (or ("x",) for pdims (P,)) over the first devices."""
+def make_mesh(pdims: Sequence[int], axis_type: str = "explicit"):
+    """A mesh ("x", "y") (or ("x",) for pdims (P,)) over the first devices, its axes Explicit
+    (or Auto for `axis_type` "auto")."""
     import jax
     from jax.sharding import AxisType
 
     names = ("x", "y")[: len(pdims)]
     devices = jax.devices()[: math.prod(pdims)]
-    return jax.make_mesh(tuple(pdims), names, axis_types=(AxisType.Explicit,) * len(pdims),
-                         devices=devices)
+    kind = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}[axis_type]
+    return jax.make_mesh(tuple(pdims), names, axis_types=(kind,) * len(pdims), devices=devices)
 
 
 def build_programs(shape: Sequence[int], pdims: Sequence[int], dtype: str, exchange: str,

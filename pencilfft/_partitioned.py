@@ -14,10 +14,14 @@ The primitive is linear, so its JVP is itself and its transpose is the same op m
 vmap adds a leading batch axis, which the planner supports (split by a batch axis of the
 mesh when it has one: how `vmap(pfft3d)` over an ensemble keeps its sharding).
 
-What the compiler path cannot know at trace time is the mesh, so neither can it know the
-zero-padding a mesh that does not divide Y or Z (or Z//2+1) needs: its k-space arrays have the
-exact global shape, and the per-device blocks are the padded ones (XLA's uneven tiling: every
-block is ceil(n / P) long, the last one padded), which is exactly the padded pencil layout.
+What the compiler path cannot know at trace time is the mesh's devices and the input's split;
+the mesh's axis names and sizes it does know where the traced type carries them (an argument
+sharded over an Auto mesh does), and the zero-padding of a k-space axis the mesh does not divide
+depends on those alone (`Plan.padded_for`): the spectrum then has the same padded global shape,
+evenly split, as where the mesh is known, and `Plan.bind` refuses a partitioner's mesh of other
+sizes.  Where the type names no mesh, the k-space arrays have the exact global shape, and the
+per-device blocks are the padded ones (XLA's uneven tiling: every block is ceil(n / P) long, the
+last one padded), which is exactly the padded pencil layout.
 """
 from __future__ import annotations
 
@@ -127,8 +131,10 @@ class Transform(LinearOp):
     @property
     def primal_out(self) -> jax.ShapeDtypeStruct:
         if self.forward:
-            shape = self.plan.k_shape if self.plan.mesh is not None else self.plan.exact_k_shape
-            return jax.ShapeDtypeStruct(self.plan.batch + shape, self.plan.k_dtype)
+            plan = self.plan
+            known = plan.mesh is not None or plan.padded_for is not None
+            shape = plan.k_shape if known else plan.exact_k_shape
+            return jax.ShapeDtypeStruct(plan.batch + shape, plan.k_dtype)
         return jax.ShapeDtypeStruct(self.plan.batch + self.plan.real_shape, self.plan.real_dtype)
 
     def batched(self, n: int) -> Transform:
@@ -249,6 +255,13 @@ transform_p = Primitive("pencilfft_linear")
 
 def _abstract_eval(x, *, t: LinearOp):
     aval = t.out_aval
+    sharding = getattr(x, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is not None and not mesh.empty and not has_explicit_axes(mesh):
+        # The output lives on the input's Auto mesh (its spec is the partitioner's to choose):
+        # keeping the mesh in the type lets a transform of the output plan the same padding.
+        return jax.core.ShapedArray(aval.shape, aval.dtype,
+                                    sharding=NamedSharding(mesh, jax.sharding.PartitionSpec()))
     return jax.core.ShapedArray(aval.shape, aval.dtype)
 
 

@@ -60,6 +60,12 @@ class Plan:
     # The mesh, when its batch axes are left to the partitioner (`batch_mesh`): mesh is None
     # then, and this one is checked when the transform is compiled for one device.
     deferred: Any = None
+    # (Pa, Pb) the k-space padding is planned for while the mesh is left to the partitioner
+    # (mesh None): the sizes of the mesh in the traced input's type (an Auto mesh under jit
+    # with nothing in scope, `typed_mesh`), so that the spectrum has the same padded global
+    # shape, evenly split, as where the mesh is known.  `bind` checks the partitioner's mesh
+    # against it.  None: the plan's own `pdims`.
+    padded_for: tuple[int, int] | None = None
 
     @property
     def real(self) -> bool:
@@ -73,14 +79,20 @@ class Plan:
         return z // 2 + 1 if self.real else z
 
     @property
+    def k_pdims(self) -> tuple[int, int]:
+        """(Pa, Pb) the k-space axes are padded for: `pdims`, or `padded_for` while the mesh is
+        left to the partitioner."""
+        return self.padded_for if self.padded_for is not None else self.pdims
+
+    @property
     def zp(self) -> int:
         """Length of the k-space Z axis, padded to a multiple of Pb."""
-        return round_up(self.zc, self.pdims[1])
+        return round_up(self.zc, self.k_pdims[1])
 
     @property
     def yp(self) -> int:
         """Length of the k-space Y axis, padded to a multiple of Pa."""
-        return round_up(self.modes[1], self.pdims[0])
+        return round_up(self.modes[1], self.k_pdims[0])
 
     @property
     def padded(self) -> bool:
@@ -135,8 +147,20 @@ class Plan:
         else:
             _check_s_split(self.real_shape, pdims, axes, self.modes)
         block_bytes = _block_bytes(shape, mesh, self.k_dtype)
-        return dataclasses.replace(self, mesh=mesh, axes=axes, pdims=pdims, deferred=None,
-                                   exchanges=_exchanges(self.exchange, mesh, pdims, block_bytes))
+        bound = dataclasses.replace(self, mesh=mesh, axes=axes, pdims=pdims, deferred=None,
+                                    padded_for=None,
+                                    exchanges=_exchanges(self.exchange, mesh, pdims, block_bytes))
+        if self.padded_for is not None and bound.k_shape != self.k_shape:
+            # The global shapes were fixed when traced, from the mesh in the input's type; a
+            # program partitioned on a mesh of other sizes cannot keep them.
+            raise ValueError(
+                f"the spectrum's global shape {self.batch + self.k_shape} was planned when traced "
+                f"for a mesh of (Pa, Pb) = {self.padded_for} (the mesh in the input's type), but "
+                f"XLA partitioned the program on mesh {dict(zip(mesh.axis_names, mesh.axis_sizes))} "
+                f"((Pa, Pb) = {pdims}), which pads it to {self.batch + bound.k_shape}; pass "
+                f"`mesh=` to the transform or call it under `jax.set_mesh(mesh)`"
+            )
+        return bound
 
 
 def _spec_for(plan: Plan, make) -> P:
@@ -179,6 +203,29 @@ def find_mesh(x, mesh):
     if legacy is not None:
         return check_mesh(legacy)
     return None
+
+
+def typed_mesh(x):
+    """The Auto mesh in a traced x's type (under jit with nothing in scope, an argument sharded
+    over an Auto mesh carries its abstract mesh, axis names and sizes, with an empty spec), or
+    None.  The transform is still left to the partitioner (the spec is unknown, and the
+    concrete devices too), but its k-space padding can be planned for these sizes."""
+    if not _is_tracer(x):
+        return None
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
+        return sharding.mesh
+    return None
+
+
+def _padded_for(x, mesh, deferred) -> tuple[int, int] | None:
+    """`Plan.padded_for` of a plan on `mesh` (None: left to the partitioner)."""
+    if mesh is not None:
+        return None
+    typed = deferred if deferred is not None else typed_mesh(x)
+    if typed is None or len(typed.axis_names) == 0:
+        return None
+    return mesh_axes(typed)[1]
 
 
 def _current_spec(x):
@@ -417,7 +464,8 @@ def plan_forward(x, *, norm, layout, mesh, real: bool = False, kinds=None, paddi
     block_bytes = _block_bytes(shape, mesh, k_dtype)
     return Plan(mesh, axes, pdims, shape[:-3], shape[-3:], kinds, modes, layout,
                 norm or "backward", real_dtype, k_dtype, exchange,
-                _exchanges(exchange, mesh, pdims, block_bytes), deferred)
+                _exchanges(exchange, mesh, pdims, block_bytes), deferred,
+                _padded_for(x, mesh, deferred))
 
 
 def plan_backward(k, s, *, norm, layout, mesh, real: bool = False, kinds=None, padding=1,
@@ -447,7 +495,7 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool = False, kinds=None, p
     block_bytes = _block_bytes(shape[:-3] + grid, mesh, k_dtype)
     plan = Plan(mesh, axes, pdims, shape[:-3], grid, kinds, modes, layout, norm or "backward",
                 real_dtype, k_dtype, exchange, _exchanges(exchange, mesh, pdims, block_bytes),
-                deferred)
+                deferred, _padded_for(k, mesh, deferred))
     check_k_shape(plan, shape[-3:], argname)
     _check_s_split(grid, pdims, axes, modes)
     return plan

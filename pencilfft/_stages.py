@@ -262,7 +262,9 @@ def forward_stages(plan: Plan) -> tuple[Stage, ...]:
     (name_a, name_b), (alg_a, alg_b) = plan.axes, plan.exchanges
     yc = plan.modes[1]
     if pa == pb == 1:  # one device: nothing to exchange, one 3-D transform
-        stages = _fft(plan, (1, 2, 3), (0, 1, 2))
+        # (padded all the same when planned for a mesh the partitioner has yet to give: the
+        # same global shape wherever the program ends up)
+        stages = _fft(plan, (1, 2, 3), (0, 1, 2)) + _pad(2, yc, plan.yp) + _pad(3, plan.zc, plan.zp)
         return stages + ((Move(1, 3),) if plan.layout == "transposed" else ())
     if pa == 1:  # slab over Y
         stages = _fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp) + (

@@ -14,7 +14,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import MPIRUN, PDIMS, make_mesh, put_global, random_field, rel_err, to_numpy, tol
+from conftest import (MPIRUN, PDIMS, make_mesh, padded_k_shape, put_global, random_field,
+                      rel_err, to_numpy, tol)
 
 # X and Y divide every 8-device mesh; Z = 12 does not divide 8 (c2c padded on 1x8) and the r2c
 # half spectrum Z//2+1 = 7 divides no mesh axis: the padded pencils are exercised too.
@@ -35,12 +36,20 @@ def k_ref(x: np.ndarray, layout: str, real: bool) -> np.ndarray:
     return np.moveaxis(k, -3, -1) if layout == "transposed" else k
 
 
+def exact(k: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """The exact spectrum of the shape of `want` sliced out of a padded one (the padding is at
+    the end of each axis, and must be zero)."""
+    cut = k[tuple(slice(0, n) for n in want.shape)]
+    assert np.count_nonzero(k) == np.count_nonzero(cut)
+    return cut
+
+
 def transforms(real: bool, layout: str, shape=SHAPE):
     if real:
         return (functools.partial(pencilfft.prfft3d, layout=layout),
                 functools.partial(pencilfft.pirfft3d, s=shape, layout=layout))
     return (functools.partial(pencilfft.pfft3d, layout=layout),
-            functools.partial(pencilfft.pifft3d, layout=layout))
+            functools.partial(pencilfft.pifft3d, s=shape, layout=layout))
 
 
 def all_gathers(fn, *args) -> int:
@@ -63,9 +72,12 @@ def test_forward_and_round_trip(pdims, real, layout, dtype):
     x = auto_input(data, pdims)
     fwd, inv = transforms(real, layout)
     k, back = jax.jit(lambda v: (fwd(v), inv(fwd(v))))(x)
-    # The spectrum has its exact global shape: the padding lives in the per-device blocks.
-    assert k.shape == k_ref(data, layout, real).shape and k.dtype == dtype
-    assert rel_err(to_numpy(k), k_ref(data, layout, real)) <= tol(dtype)
+    # The spectrum has the padded global shape of the eager call (the mesh's sizes are in the
+    # input's type), evenly split as pencilfft's k-space sharding.
+    assert k.shape == padded_k_shape(SHAPE, pdims, layout, real) and k.dtype == dtype
+    assert k.sharding.is_equivalent_to(pencilfft.k_space_sharding(x.sharding.mesh, layout), 3)
+    want = k_ref(data, layout, real)
+    assert rel_err(exact(to_numpy(k), want), want) <= tol(dtype)
     assert back.sharding.is_equivalent_to(pencilfft.real_space_sharding(x.sharding.mesh), 3)
     assert rel_err(to_numpy(back), data) <= tol(dtype)
 
@@ -146,9 +158,11 @@ def test_grad_and_vjp(pdims, real):
         loss, f=lambda v: jnp.moveaxis(local_fwd(v), -3, -1), finv=local_inv))(jnp.asarray(data))
     assert rel_err(to_numpy(g), np.asarray(g_ref)) <= tol(np.complex128)
 
-    ct = random_field(k_ref(data, "transposed", real).shape, np.complex128, seed=6)
+    # The cotangent has the padded shape of the output; its padding does not reach x.
+    ct = random_field(padded_k_shape(SHAPE, pdims, "transposed", real), np.complex128, seed=6)
     pullback = jax.jit(lambda v, c: jax.vjp(fwd, v)[1](c)[0])
-    want = jax.vjp(lambda v: jnp.moveaxis(local_fwd(v), -3, -1), jnp.asarray(data))[1](ct)[0]
+    exact_ct = ct[tuple(slice(0, n) for n in k_ref(data, "transposed", real).shape)]
+    want = jax.vjp(lambda v: jnp.moveaxis(local_fwd(v), -3, -1), jnp.asarray(data))[1](exact_ct)[0]
     assert rel_err(to_numpy(pullback(x, jnp.asarray(ct))), np.asarray(want)) <= tol(np.complex128)
 
 
@@ -166,7 +180,7 @@ def test_jvp(pdims):
 def test_vmap_and_batch_axes(pdims, layout):
     data = random_field((2,) + EVEN, np.complex64, seed=9)
     x = auto_input(data, pdims, batch=1)
-    fwd, inv = transforms(False, layout)
+    fwd, inv = transforms(False, layout, EVEN)
     vmapped = jax.jit(jax.vmap(lambda v: inv(fwd(v) * 3.0)))
     assert all_gathers(vmapped, x) == 0
     assert rel_err(to_numpy(vmapped(x)), 3.0 * data) <= tol(np.complex64)
