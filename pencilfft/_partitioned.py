@@ -257,12 +257,25 @@ def _abstract_eval(x, *, t: LinearOp):
     aval = t.out_aval
     sharding = getattr(x, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
-    if mesh is not None and not mesh.empty and not has_explicit_axes(mesh):
-        # The output lives on the input's Auto mesh (its spec is the partitioner's to choose):
-        # keeping the mesh in the type lets a transform of the output plan the same padding.
+    if mesh is None or mesh.empty:
+        return jax.core.ShapedArray(aval.shape, aval.dtype)
+    if has_explicit_axes(mesh):
+        # An Explicit type must name the output's split too (under vmap the batch axis's mesh
+        # axis is added to it): Shardy's rule for this map applied to the input's spec.
         return jax.core.ShapedArray(aval.shape, aval.dtype,
-                                    sharding=NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    return jax.core.ShapedArray(aval.shape, aval.dtype)
+                                    sharding=NamedSharding(mesh, _spec_by_rule(t, sharding.spec)))
+    # The output lives on the input's Auto mesh (its spec is the partitioner's to choose):
+    # keeping the mesh in the type lets a transform of the output plan the same padding.
+    return jax.core.ShapedArray(aval.shape, aval.dtype,
+                                sharding=NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
+def _spec_by_rule(t: LinearOp, spec) -> jax.sharding.PartitionSpec:
+    """The output spec that `t.sharding_rule()` gives an input split as `spec`."""
+    src, dst = (side.split() for side in t.sharding_rule().split("->"))
+    spec = tuple(spec) + (None,) * (len(src) - len(spec))
+    by_factor = dict(zip(src, spec))
+    return jax.sharding.PartitionSpec(*(by_factor.get(f) for f in dst))
 
 
 def _impl(x, *, t: LinearOp):

@@ -151,6 +151,27 @@ def test_halo_exchange_on_batches(axis_type):
     assert same_split(y, P("c", "x", "y", None)) and same_split(yv, P("c", "x", "y", None))
 
 
+@pytest.mark.parametrize("axis_type", ["explicit", "auto"])
+@pytest.mark.parametrize("layout", ["transposed", "natural"])
+def test_vmap_composed_with_other_ops(axis_type, layout):
+    """Inside jit(vmap(...)) the spectrum is used by other ops (a kernel, the inverse): on an
+    Explicit mesh its type must name the batch axis's mesh axis (it named no mesh before, and
+    `* 2` failed: "Resource axis: c ... not found in mesh")."""
+    mesh, data, x = setup((2, 2, 2), 2, axis_type, seed=12)
+
+    def f(v):
+        k = pencilfft.pfft3d(v, layout=layout) * 2
+        return k, pencilfft.pifft3d(k + 1, layout=layout)
+
+    k, back = jax.jit(jax.vmap(f))(x)
+    assert rel_err(to_numpy(k), 2 * reference(data, layout)) <= tol(np.complex128)
+    ones = np.zeros(data.shape)
+    ones[..., 0, 0, 0] = 1  # the inverse of a constant 1 spectrum
+    assert rel_err(to_numpy(back), 2 * data + ones) <= tol(np.complex128)
+    assert same_split(k, P("c", "x", "y") if layout == "transposed" else P("c", None, "x", "y"))
+    assert same_split(back, P("c", "x", "y"))
+
+
 def test_fftfreq_on_a_batched_spectrum():
     mesh, data, x = setup((2, 2, 2), 4, seed=4)
 

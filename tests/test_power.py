@@ -256,10 +256,11 @@ def test_vmap_over_fields():
 
 
 @pytest.mark.parametrize("form", ["eager", pytest.param("jit-no-mesh", marks=pytest.mark.mpirun),
-                                  "vmap"])
+                                  "vmap", "vmap-explicit"])
 def test_batch_mesh(form):
     """A (2, 2, 2) mesh: the batch axis splits two fields, one spectrum each, never mixed."""
-    kind = jax.sharding.AxisType.Explicit if form == "eager" else jax.sharding.AxisType.Auto
+    explicit = form in ("eager", "vmap-explicit")
+    kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
     mesh = jax.make_mesh((2, 2, 2), ("c", "x", "y"), axis_types=(kind,) * 3)
     data = random_field((2,) + SHAPE, np.float64, 9)
     x = put_global(data, pencilfft.real_space_sharding(mesh))
