@@ -20,8 +20,6 @@ from conftest import make_mesh
 N = 128
 BLOCK = N**3 * 8 / 8  # one device's complex64 block on 8 devices
 
-pytestmark = pytest.mark.single_process  # the analysis of a program for this process's devices
-
 
 def blocks(fn, arg, donate: bool = False) -> float:
     with warnings.catch_warnings():

@@ -180,7 +180,6 @@ def _peak(fn, arg) -> int:
     return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
 
 
-@pytest.mark.single_process  # memory analysis of a program compiled for this process's devices
 @pytest.mark.parametrize("pdims", [(2, 4), (1, 8)], ids=["2x4", "1x8"])
 def test_r2c_with_nothing_in_scope_holds_what_the_mesh_known_call_holds(pdims):
     """Per-device memory (XLA's analysis) of jit(prfft3d) with nothing in scope equals that of
