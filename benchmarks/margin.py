@@ -27,6 +27,7 @@ import math
 import statistics
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks import harness, steps
@@ -176,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--exchange", default="auto", choices=("auto", "alltoall", "pairwise"),
                    help="pencilfft's `exchange` (default: auto, what users get)")
     p.add_argument("--label", default="after", help="tag of these records (default: after)")
-    p.add_argument("--out", help="append JSON records to this file")
+    p.add_argument("--out", type=Path, help="append JSON records to this file")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -189,9 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             records += case
             print(json.dumps({r["program"]: (r.get("median_s"), r["status"]) for r in case}
                              | {"shape": n, "pdims": pdims}), flush=True)
-            if args.out:
-                with open(args.out, "a", encoding="utf-8") as f:
-                    f.writelines(json.dumps(r) + "\n" for r in case)
+            steps.write_records(args.out, case)
     print(table(records))
     return 0
 

@@ -30,6 +30,7 @@ import math
 import statistics
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks import harness, steps
@@ -183,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--jaxpm", help="path of JaxPM's jaxpm/utils.py (default: import jaxpm.utils "
                                    "if installed, else no jaxpm row)")
-    p.add_argument("--out", help="append JSON records to this file")
+    p.add_argument("--out", type=Path, help="append JSON records to this file")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -199,9 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records += case
         print(json.dumps({r["program"]: round(r["median_s"], 4) for r in case}
                          | {"pdims": pdims}), flush=True)
-        if args.out:
-            with open(args.out, "a", encoding="utf-8") as f:
-                f.writelines(json.dumps(r) + "\n" for r in case)
+        steps.write_records(args.out, case)
     print(table(records))
     return 0
 
