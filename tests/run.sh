@@ -18,7 +18,7 @@ export PYTHONPATH="$PWD/tests/mp${PYTHONPATH:+:$PYTHONPATH}"
 # -p no:cacheprovider: ranks must not race on .pytest_cache, nor reorder tests from it.
 PYTEST=("$PY" -m pytest -q -p pencilfft_mpi_plugin -p no:cacheprovider)
 # Each of the three steps is stopped after STEP_TIMEOUT seconds (default 1200: a stuck rank
-# fails the run; on an idle 2-core machine the steps take about 6, 1.5 and 2 minutes, the whole
+# fails the run; on an idle 2-core machine the steps take about 7, 1 and 2 minutes, the whole
 # command under 20 minutes; three stuck steps would still end within CI's 90 minutes).
 STEP_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-1200}
 LOGS=$(mktemp -d)
