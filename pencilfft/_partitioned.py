@@ -99,11 +99,12 @@ class LinearOp:
     def sharding_rule(self) -> str:
         """Shardy's einsum-like rule: which input dimension's sharding each output one takes
         (letters shared by an input and an output dimension carry it across; sizes may differ).
-        Leading axes beyond the rule's are a batch that keeps its sharding."""
+        Leading axes beyond the rule's are a batch that keeps its sharding (counted on the
+        primal's input: a map may change the rank)."""
         src, dst = self.primal_rule()
+        n_batch = len(self.primal_in.shape) - len(src.split())
         if self.transposed:
             src, dst = dst, src
-        n_batch = len(self.primal_in.shape) - len(src.split())
         batch = " ".join(f"b{i}" for i in range(n_batch))
         return f"{batch} {src} -> {batch} {dst}".strip()
 

@@ -350,15 +350,6 @@ class BinSums(LinearOp):
     def primal_rule(self) -> tuple[str, str]:
         return "i j k", "r n"
 
-    def sharding_rule(self) -> str:
-        # LinearOp's counts the batch axes on an input of the primal's rank; this map changes
-        # the rank (3 field axes -> 2), so both directions count them here.
-        src, dst = self.primal_rule()
-        if self.transposed:
-            src, dst = dst, src
-        batch = " ".join(f"b{i}" for i in range(len(self.in_shape) - 3))
-        return f"{batch} {src} -> {batch} {dst}".strip()
-
 
 # ----------------------------------------------------------------------------------------------
 # The public function

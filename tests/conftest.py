@@ -233,9 +233,10 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     if not MULTI_PROCESS:
         return
-    keep = [item for item in items if item.get_closest_marker("mpirun")]
-    kept = set(map(id, keep))
-    config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+    keep, drop = [], []
+    for item in items:
+        (keep if item.get_closest_marker("mpirun") else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
     items[:] = keep
 
 
