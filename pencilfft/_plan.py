@@ -191,11 +191,11 @@ def find_mesh(x, mesh):
         if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
             return check_mesh(sharding.mesh)
     else:
-        sharding = getattr(jax.typeof(x), "sharding", None)
-        # Auto axes leave no trace in a tracer's type; Explicit ones carry the mesh.
-        if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
-            if has_explicit_axes(sharding.mesh):
-                return check_mesh(sharding.mesh)
+        # A tracer's type names its mesh; only Explicit axes also name the split, so only then
+        # is it the mesh to run on (an Auto one is the partitioner's: `typed_mesh`).
+        typed = typed_mesh(x)
+        if typed is not None and has_explicit_axes(typed):
+            return check_mesh(typed)
     ambient = jax.sharding.get_abstract_mesh()
     if ambient is not None and not ambient.empty:
         return check_mesh(ambient)
