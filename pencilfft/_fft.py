@@ -21,8 +21,10 @@ import numpy as np
 
 from ._plan import Plan, _is_tracer, plan_backward, plan_forward
 from ._partitioned import Transform, run
-from ._memory import check_transform
+from ._memory import fit_chunks
 from ._transpose import ALGORITHMS
+
+CHUNKS_DEFAULT = "auto"
 
 __all__ = ["pfft3d", "pifft3d", "prfft3d", "pirfft3d", "ptransform3d", "pitransform3d"]
 
@@ -30,7 +32,7 @@ __all__ = ["pfft3d", "pifft3d", "prfft3d", "pirfft3d", "ptransform3d", "pitransf
 def _run(plan: Plan, forward: bool, x) -> jax.Array:
     """The transform of `plan` on x: one runner (`_partitioned.run`) for the three paths (one
     device, mesh known, mesh left to the compiler), each running the plan's stages."""
-    check_transform(plan, forward, x)  # too big for the devices? before XLA
+    plan = fit_chunks(plan, forward, x)  # too big for the devices? before XLA
     if plan.mesh is None:
         if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
             refused = [a for a in plan.exchanges if not ALGORITHMS[a].traced_without_mesh]
@@ -70,17 +72,17 @@ def _cast(x, dtype):
     return x.astype(dtype) if isinstance(x, jax.Array) or _is_tracer(x) else np.asarray(x, dtype)
 
 
-def _forward(x, kinds, norm, padding, layout, mesh, exchange) -> jax.Array:
+def _forward(x, kinds, norm, padding, layout, mesh, exchange, chunks) -> jax.Array:
     _refuse_placeholder(x, "x")
     plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, kinds=kinds, padding=padding,
-                        exchange=exchange)
+                        exchange=exchange, chunks=chunks)
     return _run(plan, True, _cast(x, plan.real_dtype))
 
 
-def _backward(k, kinds, s, norm, padding, layout, mesh, exchange, caller) -> jax.Array:
+def _backward(k, kinds, s, norm, padding, layout, mesh, exchange, chunks, caller) -> jax.Array:
     _refuse_placeholder(k, "k")
     plan = plan_backward(k, s, norm=norm, layout=layout, mesh=mesh, kinds=kinds,
-                         padding=padding, exchange=exchange, caller=caller)
+                         padding=padding, exchange=exchange, caller=caller, chunks=chunks)
     k = _cast(k, plan.k_dtype)
     if tuple(np.shape(k)[-3:]) != plan.k_shape:  # an exact (unpadded) spectrum: pad it here
         pads = [(0, 0)] * (np.ndim(k) - 3) + [(0, p - n) for p, n in zip(plan.k_shape, np.shape(k)[-3:])]
@@ -98,7 +100,7 @@ _PADDING_DOC = """padding: dealiasing (mpi4py-fft's `padding`): one factor or on
 
 
 def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh=None,
-           exchange: str = "auto", padding=1) -> jax.Array:
+           exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT) -> jax.Array:
     """Distributed 3D FFT of the last three axes of `x`.
 
     Args:
@@ -121,22 +123,22 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
       Z' = Z unless the mesh does not divide them: then they are zero-padded at their end to
       the next multiple of Pa (Y) and Pb (Z), and slicing them back gives exactly `fftn(x)`.
     """
-    return _forward(x, None, norm, padding, layout, mesh, exchange)
+    return _forward(x, None, norm, padding, layout, mesh, exchange, chunks)
 
 
 def prfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh=None,
-            exchange: str = "auto", padding=1) -> jax.Array:
+            exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT) -> jax.Array:
     """Distributed real-to-complex 3D FFT: the half spectrum Z//2+1 along Z.
 
     As `pfft3d`, for real `x`; the halved Z axis has length Z//2+1, zero-padded at its end to a
     multiple of Pb where needed.  Slicing it to Z//2+1 gives exactly `jnp.fft.rfftn(x)`
     (transposed to (..., Y, Z//2+1, X) in the transposed layout).
     """
-    return _forward(x, ("fft", "fft", "rfft"), norm, padding, layout, mesh, exchange)
+    return _forward(x, ("fft", "fft", "rfft"), norm, padding, layout, mesh, exchange, chunks)
 
 
 def pifft3d(k, norm: str | None = "backward", *, s=None, layout: str = "transposed",
-            mesh=None, exchange: str = "auto", padding=1) -> jax.Array:
+            mesh=None, exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT) -> jax.Array:
     """Inverse of `pfft3d`: k-space array in `layout` -> real-space (..., X, Y, Z).
 
     Args:
@@ -147,22 +149,23 @@ def pifft3d(k, norm: str | None = "backward", *, s=None, layout: str = "transpos
       padding: as in `pfft3d`: the output is the padded grid, padding x `s` points.
     Returns a complex array of global shape (..., X, Y, Z) split P(a, b) over (X, Y).
     """
-    return _backward(k, None, s, norm, padding, layout, mesh, exchange, "pifft3d")
+    return _backward(k, None, s, norm, padding, layout, mesh, exchange, chunks, "pifft3d")
 
 
 def pirfft3d(k, s, norm: str | None = "backward", *, layout: str = "transposed",
-             mesh=None, exchange: str = "auto", padding=1) -> jax.Array:
+             mesh=None, exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT) -> jax.Array:
     """Inverse of `prfft3d`: half spectrum -> real array of global shape (..., X, Y, Z) = s.
 
     `s` (required) is the real-space shape (X, Y, Z): Z cannot be recovered from Z//2+1.
     Padded entries of `k` are ignored.  With `padding`, the output is padding x `s` points.
     """
-    return _backward(k, ("fft", "fft", "rfft"), s, norm, padding, layout, mesh, exchange,
+    return _backward(k, ("fft", "fft", "rfft"), s, norm, padding, layout, mesh, exchange, chunks,
                      "pirfft3d")
 
 
 def ptransform3d(x, kinds, norm: str | None = "backward", *, padding=1,
-                 layout: str = "transposed", mesh=None, exchange: str = "auto") -> jax.Array:
+                 layout: str = "transposed", mesh=None, exchange: str = "auto",
+                 chunks=CHUNKS_DEFAULT) -> jax.Array:
     """Distributed 3D transform with a kind per axis: FFTs, DCTs and DSTs in any combination.
 
     Args:
@@ -178,11 +181,12 @@ def ptransform3d(x, kinds, norm: str | None = "backward", *, padding=1,
       The spectrum in the layouts, shardings and mesh padding of `pfft3d`.  Real input stays
       real when every kind is a DCT or DST; with an "fft" the input is taken as complex.
     """
-    return _forward(x, kinds, norm, padding, layout, mesh, exchange)
+    return _forward(x, kinds, norm, padding, layout, mesh, exchange, chunks)
 
 
 def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
-                  layout: str = "transposed", mesh=None, exchange: str = "auto") -> jax.Array:
+                  layout: str = "transposed", mesh=None, exchange: str = "auto",
+                 chunks=CHUNKS_DEFAULT) -> jax.Array:
     """Inverse of `ptransform3d` with the same `kinds` and `norm`: spectrum -> real space.
 
     `s` is the real-space shape (X, Y, Z) of the spectrum: required with "rfft" or when `k`
@@ -190,7 +194,8 @@ def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
     the inverse, not the adjoint (they differ for unnormalized DCTs and DSTs; `jax.grad` uses
     the adjoint).
     """
-    return _backward(k, kinds, s, norm, padding, layout, mesh, exchange, "pitransform3d")
+    return _backward(k, kinds, s, norm, padding, layout, mesh, exchange, chunks,
+                     "pitransform3d")
 
 
 pfft3d.__doc__ %= _PADDING_DOC

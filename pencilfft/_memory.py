@@ -31,8 +31,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._chunks import in_place
+
 __all__ = ["MemoryLimitError", "ENV", "Estimate", "transform_estimate", "available", "gib",
-           "check_transform", "check_load", "check_grid"]
+           "fit_chunks", "check_load", "check_grid", "AUTO_CHUNKS"]
 
 ENV = "PENCILFFT_MEMORY_LIMIT"
 _OFF = ("0", "off", "no", "false", "none")
@@ -58,11 +60,12 @@ class Estimate:
     out_bytes: int
     buffer_bytes: int
     buffers: int
+    between_bytes: int = 0  # a block between two chunked stages (one that is not in place)
 
     @property
     def total(self) -> int:
         """The working set: input + output + buffers (what `benchmarks.memory` measures)."""
-        return self.in_bytes + self.out_bytes + self.buffers * self.buffer_bytes
+        return self.in_bytes + self.out_bytes + self.buffers * self.buffer_bytes + self.between_bytes
 
     def new_bytes(self, *, resident: bool, donated: bool) -> int:
         """What the transform adds to memory: not the input when it is already there, nor the
@@ -90,17 +93,28 @@ def transform_estimate(plan: Any, forward: bool) -> Estimate:
     """The per-device working set of one transform of `plan` (a `_plan.Plan`).
 
     Blocks: the real-space one (..., X/Pa, Y/Pb, Z) of `plan.real_dtype` and the k-space one
-    (`plan.k_shape`, padded, over the mesh's devices) of `plan.k_dtype`.  Every exchange holds a
-    send and a receive buffer of k-space size (the data in flight are complex spectra), so a
-    mesh of several devices counts 2 buffers and one device 1 (the FFT's output before the
-    reordering).  For a c2c transform that is 4 blocks, the README's figure.
+    (`plan.k_shape`, padded, over the mesh's devices) of `plan.k_dtype`.  Unchunked, every
+    exchange holds a send and a receive buffer of k-space size (the data in flight are complex
+    spectra), so a mesh of several devices counts 2 buffers and one device 1 (the FFT's output
+    before the reordering): 4 blocks for a c2c transform, the README's figure.
+
+    In `plan.chunks` pieces (`_chunks.py`) the buffers are pieces, 1/chunks of a k-space block:
+    2 where every stage writes in place (XLA's analysis: exactly 2 + 2/chunks blocks kept,
+    1 + 2/chunks donated), 3 where the first stage cannot (real-to-complex: the real piece, its
+    spectrum and its exchanged copy), plus one k-space block where a later stage cannot (its
+    new output beside its input).
     """
     devices = plan.mesh.size if plan.mesh is not None else 1  # batch axes split it too
     batch = math.prod(plan.batch)
     real = _block_bytes(batch * math.prod(plan.real_shape), devices, plan.real_dtype)
     k = _block_bytes(batch * math.prod(plan.k_shape), devices, plan.k_dtype)
     inp, out = (real, k) if forward else (k, real)
-    return Estimate(inp, out, k, 2 if devices > 1 else 1)
+    if plan.chunks == 1:
+        return Estimate(inp, out, k, 2 if devices > 1 else 1)
+    stages = in_place(plan)
+    first, later = (stages[0], stages[1:]) if forward else (stages[2], stages[:2])
+    return Estimate(inp, out, -(-k // plan.chunks), 2 if first and all(later) else 3,
+                    0 if all(later) else k)
 
 
 # ------------------------------------------------------------------------------ the limit
@@ -255,36 +269,58 @@ def _transform_name(plan: Any, forward: bool) -> str:
     return fwd if forward else inv
 
 
-def check_transform(plan: Any, forward: bool, x: Any) -> None:
-    """Raise MemoryLimitError if the transform of `plan` on `x` cannot fit (the `_fft._run` hook).
+# The counts `chunks="auto"` tries, fewest pieces first: past 64 a piece saves under 2/64 of
+# a block more and costs a loop step per piece.
+AUTO_CHUNKS = (1, 2, 4, 8, 16, 32, 64)
 
-    Cached per (plan, direction, kind of input, setting): a plan checked once is not checked
-    again.  Under jax.jit with no mesh known (the compiler-partitioned path) the devices are
-    not known yet: nothing to check.
+
+def fit_chunks(plan: Any, forward: bool, x: Any) -> Any:
+    """`plan` with its chunk count decided (the `_fft._run` hook, before XLA allocates):
+    chunks="auto" takes the fewest pieces (`AUTO_CHUNKS`) whose working set fits the devices,
+    1 where nothing is known; MemoryLimitError when the count asked (or, for "auto", every
+    count) cannot fit, saying what chunking would need.
+
+    Cached per (plan, direction, kind of input, setting).  Under jax.jit with no mesh known
+    (the compiler-partitioned path) the devices are not known yet: nothing to check, and
+    "auto" is 1.
     """
     traced = isinstance(x, jax.core.Tracer)
     if plan.mesh is None and traced:
-        return
+        return plan
     limit = setting()
     if limit == "off":
-        return
-    _check_plan(plan, forward, traced, isinstance(x, jax.Array), limit)
+        return plan
+    chunks = _fit(plan, forward, traced, isinstance(x, jax.Array), limit)
+    return dataclasses.replace(plan, chunks=chunks) if chunks != plan.chunks else plan
 
 
-@functools.lru_cache(maxsize=256)
-def _check_plan(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> None:
+def _need(plan: Any, forward: bool, traced: bool, resident: bool) -> tuple[int, Estimate, bool]:
     est = transform_estimate(plan, forward)
     # Under jit the caller may donate the input (invisible here): assume the output takes its
     # place where it can (a c2c transform whose blocks have the same size).
     donated = traced and not plan.real and est.in_bytes == est.out_bytes
-    need = est.new_bytes(resident=resident, donated=donated)
+    return est.new_bytes(resident=resident, donated=donated), est, donated
+
+
+@functools.lru_cache(maxsize=256)
+def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> int:
     free = available(local_devices(plan.mesh))
-    if free is None or need <= free.per_device:
-        return
+    auto = plan.chunks_asked == "auto"
+    counts = AUTO_CHUNKS if auto else (plan.chunks,)
+    if free is None:
+        return counts[0]
+    for count in counts:
+        if _need(dataclasses.replace(plan, chunks=count), forward, traced, resident)[0] \
+                <= free.per_device:
+            return count
+    first = dataclasses.replace(plan, chunks=counts[0])
+    need, est, donated = _need(first, forward, traced, resident)
     name = _transform_name(plan, forward)
+    pieces = (f"{est.buffers} {'exchange buffers' if est.buffers > 1 else 'work buffer'}"
+              if first.chunks == 1 else f"{est.buffers} pieces in flight")
     parts = [f"output {gib(est.out_bytes)}" if not donated else "",
-             f"{est.buffers} {'exchange buffers' if est.buffers > 1 else 'work buffer'} of "
-             f"{gib(est.buffer_bytes)}"]
+             f"{pieces} of {gib(est.buffer_bytes)}",
+             f"a block between stages of {gib(est.between_bytes)}" if est.between_bytes else ""]
     if not resident:
         parts.insert(0, f"input {gib(est.in_bytes)}")
     kept = []
@@ -293,6 +329,13 @@ def _check_plan(plan: Any, forward: bool, traced: bool, resident: bool, limit: A
     if donated:
         kept.append("the output taking the input's place if it is donated")
     ways = []
+    most = dataclasses.replace(plan, chunks=AUTO_CHUNKS[-1])
+    fitting = [c for c in AUTO_CHUNKS if c > first.chunks and _need(
+        dataclasses.replace(plan, chunks=c), forward, traced, resident)[0] <= free.per_device]
+    if fitting:
+        ways.append(f"`chunks`={fitting[0]} (each stage in {fitting[0]} pieces: about "
+                    f"{gib(_need(dataclasses.replace(plan, chunks=fitting[0]), forward, traced, resident)[0])}) "
+                    f"or `chunks`='auto'")
     if tuple(plan.kinds) == ("fft",) * 3:
         ways.append("the real-to-complex transforms if the data are real (prfft3d/pirfft3d: "
                     "half the memory)")
@@ -300,12 +343,19 @@ def _check_plan(plan: Any, forward: bool, traced: bool, resident: bool, limit: A
     if not plan.real and not traced:
         ways.append(f"donating the input (jax.jit({name}, donate_argnums=0): the output takes "
                     "its place)")
+    how = (f" in {first.chunks} pieces per stage (`chunks`={first.chunks})"
+           if first.chunks > 1 else "")
+    least = ""
+    if auto or not fitting:
+        least = (f"; in {most.chunks} pieces per stage (`chunks`={most.chunks}, the least "
+                 f"chunking can reach) it would still need about "
+                 f"{gib(_need(most, forward, traced, resident)[0])}")
     raise MemoryLimitError(
         f"{name} of a {_grid_text(plan.real_shape, plan.batch, plan.real_dtype)} "
-        f"{_where(plan.pdims, plan.mesh)} needs about {gib(need)} more per device "
+        f"{_where(plan.pdims, plan.mesh)} needs about {gib(need)} more per device{how} "
         f"({', '.join(p for p in parts if p)}"
-        f"{'; not counting ' + ' or '.join(kept) if kept else ''}), but a device has about "
-        f"{gib(free.per_device)} ({free.source}). Use {'; or '.join(ways)}. {_HOW_TO_SET}."
+        f"{'; not counting ' + ' or '.join(kept) if kept else ''}){least}, but a device has "
+        f"about {gib(free.per_device)} ({free.source}). Use {'; or '.join(ways)}. {_HOW_TO_SET}."
     )
 
 

@@ -28,6 +28,7 @@ from ._decomposition import (batch_axes, check_batch, check_mesh, check_split, m
 from ._jax_private import legacy_mesh
 from ._sharding import LAYOUTS, k_space_spec, real_space_spec
 from . import _r2r
+from ._chunks import check_chunks, chunked_stages
 from ._stages import FFT_KINDS, KINDS, Stage, forward_stages
 
 NORMS = ("backward", "ortho", "forward")
@@ -66,6 +67,10 @@ class Plan:
     # shape, evenly split, as where the mesh is known.  `bind` checks the partitioner's mesh
     # against it.  None: the plan's own `pdims`.
     padded_for: tuple[int, int] | None = None
+    # Pieces each stage runs in (`_chunks.py`); 1: the unchunked chain.  `chunks_asked` is the
+    # argument ("auto" is resolved to a count by the memory check, `_memory.resolve_chunks`).
+    chunks: int = 1
+    chunks_asked: int | str = 1
 
     @property
     def real(self) -> bool:
@@ -125,7 +130,7 @@ class Plan:
     @property
     def stages(self) -> tuple[Stage, ...]:
         """The forward transform's stages on a per-device block; backward walks them reversed."""
-        return forward_stages(self)
+        return forward_stages(self) if self.chunks == 1 else chunked_stages(self)
 
     @property
     def real_spec(self) -> P:
@@ -448,12 +453,13 @@ def _k_dtypes(dtype, kinds, argname: str) -> tuple[Any, Any]:
 
 
 def plan_forward(x, *, norm, layout, mesh, real: bool = False, kinds=None, padding=1,
-                 exchange: str = "auto", argname: str = "x") -> Plan:
+                 exchange: str = "auto", argname: str = "x", chunks=1) -> Plan:
     """Plan for a forward transform of x (global shape (..., X, Y, Z): the padded grid when
     `padding` is not 1), along `kinds` (None: c2c, or r2c along Z for `real`)."""
     check_norm_layout(norm, layout)
     kinds = check_kinds(kinds, real)
     padding = check_padding(padding, kinds)
+    chunks = check_chunks(chunks)
     shape = _check_array(x, argname)
     real_dtype, k_dtype = _dtypes(x.dtype, kinds, argname)
     modes = _modes_of(shape[-3:], padding, argname)
@@ -462,14 +468,22 @@ def plan_forward(x, *, norm, layout, mesh, real: bool = False, kinds=None, paddi
     axes, pdims = mesh_axes(mesh)
     check_split(shape, pdims, axes, argname)  # any other placement is resharded
     block_bytes = _block_bytes(shape, mesh, k_dtype)
-    return Plan(mesh, axes, pdims, shape[:-3], shape[-3:], kinds, modes, layout,
-                norm or "backward", real_dtype, k_dtype, exchange,
-                _exchanges(exchange, mesh, pdims, block_bytes), deferred,
-                _padded_for(x, mesh, deferred))
+    return _with_chunks(Plan(mesh, axes, pdims, shape[:-3], shape[-3:], kinds, modes, layout,
+                             norm or "backward", real_dtype, k_dtype, exchange,
+                             _exchanges(exchange, mesh, pdims, block_bytes), deferred,
+                             _padded_for(x, mesh, deferred)), chunks)
+
+
+def _with_chunks(plan: Plan, chunks: int | str) -> Plan:
+    """`plan` cut into `chunks` pieces per stage ("auto": 1 until the memory check says
+    otherwise, `_memory.resolve_chunks`)."""
+    return dataclasses.replace(plan, chunks=1 if chunks == "auto" else chunks,
+                               chunks_asked=chunks)
 
 
 def plan_backward(k, s, *, norm, layout, mesh, real: bool = False, kinds=None, padding=1,
-                  exchange: str = "auto", argname: str = "k", caller: str = "pirfft3d") -> Plan:
+                  exchange: str = "auto", argname: str = "k", caller: str = "pirfft3d",
+                  chunks=1) -> Plan:
     """Plan for the inverse transform of k (k-space, global last axes in `layout` order).
 
     `s` is the spectrum's real-space shape N = (X, Y, Z) (the output is padding x N); None
@@ -479,6 +493,7 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool = False, kinds=None, p
     check_norm_layout(norm, layout)
     kinds = check_kinds(kinds, real)
     padding = check_padding(padding, kinds)
+    chunks = check_chunks(chunks)
     shape = _check_array(k, argname)
     real_dtype, k_dtype = _k_dtypes(k.dtype, kinds, argname)
     mesh, deferred = batch_mesh(k, shape, find_mesh(k, mesh), argname)
@@ -498,7 +513,7 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool = False, kinds=None, p
                 deferred, _padded_for(k, mesh, deferred))
     check_k_shape(plan, shape[-3:], argname)
     _check_s_split(grid, pdims, axes, modes)
-    return plan
+    return _with_chunks(plan, chunks)
 
 
 def check_k_shape(plan: Plan, k_last3, argname: str = "k") -> None:

@@ -1,0 +1,164 @@
+"""Chunked stages: each stage of the transform run in `chunks` pieces, written back in place.
+
+An unchunked stage holds its input block, its output block and the exchange's buffers at once
+(3-4 local blocks).  Cut along an axis that the stage's FFT and exchange do not touch, each
+piece is transformed, exchanged and written back (`dynamic_update_slice`) into the block it
+came from, inside a `fori_loop` (one piece alive at a time): about 1 block plus a few pieces.
+
+Writing back in place needs a piece's output to land where its input was: seen as (outer, n,
+inner) with n the cut axis, the input and output blocks must have the same outer and inner
+sizes and dtype.  The chain below is chosen so that they do, on a cube (X == Y) and in every
+mesh (a slab is the same chain with a one-device exchange, which is a local move):
+
+    transposed:  (B, x, y, Z) --Z, exchange b--> (B, x, z, Y)   cut along x
+                              --Y, exchange a--> (B, y', z, X)  cut along z  (in place if X == Y)
+                              --X-->             (B, y', z, X)  cut along y'
+    natural:     (B, x, y, Z) --Z, exchange b--> (B, x, Y, z)   cut along x
+                              --Y, exchange a--> (B, X, y', z)  cut along z  (always in place)
+                              --X-->             (B, X, y', z)  cut along y'
+
+Where the sizes differ (real-to-complex first stage, padding, X != Y in the transposed layout)
+a stage writes its pieces into a new output block instead: 2 blocks plus pieces.  The FFTs of
+the natural chain run along strided axes (XLA transposes each piece around them): chunked
+transforms trade time for memory, the unchunked chain (`_stages.forward_stages`) is the fast one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from ._stages import Exchange, Stage, _fft, _pad
+
+if TYPE_CHECKING:
+    from ._plan import Plan
+
+__all__ = ["Chunked", "chunked_stages", "check_chunks", "in_place"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunked:
+    """`stages` run on `chunks` pieces of the block along axis `cut_in` (the output's `cut_out`)."""
+
+    stages: tuple[Stage, ...]
+    cut_in: int
+    cut_out: int
+    chunks: int
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        def run(p):
+            for stage in self.stages:
+                p = stage.forward(p)
+            return p
+        return _in_pieces(run, k, self.cut_in, self.cut_out, self.chunks)
+
+    def backward(self, k: jax.Array) -> jax.Array:
+        def run(p):
+            for stage in reversed(self.stages):
+                p = stage.backward(p)
+            return p
+        return _in_pieces(run, k, self.cut_out, self.cut_in, self.chunks)
+
+
+def _in_pieces(f, k: jax.Array, cut: int, cut_out: int, chunks: int) -> jax.Array:
+    """f on `chunks` pieces of k along axis `cut` (f keeps that axis, as `cut_out`).
+
+    Pieces are ceil(n / chunks) long, so every count works on every axis length (at most n
+    pieces)."""
+    n = k.shape[cut]
+    if chunks == 1 or n == 1:
+        return f(k)
+    m = -(-n // chunks)
+    full, rest = divmod(n, m)
+    piece_shape = lambda length: k.shape[:cut] + (length,) + k.shape[cut + 1:]  # noqa: E731
+    out = jax.eval_shape(f, jax.ShapeDtypeStruct(piece_shape(m), k.dtype))
+    out_shape = out.shape[:cut_out] + (n,) + out.shape[cut_out + 1:]
+    outer, inner = math.prod(k.shape[:cut]), math.prod(k.shape[cut + 1:])
+    outer_out, inner_out = math.prod(out_shape[:cut_out]), math.prod(out_shape[cut_out + 1:])
+    source = k.reshape(outer, n, inner)
+    # In place when piece i's output covers exactly the positions it was read from.
+    in_place = (outer, inner, k.dtype) == (outer_out, inner_out, out.dtype)
+
+    def run(p, length):
+        return f(p.reshape(piece_shape(length))).reshape(outer_out, length, inner_out)
+
+    # An uneven count: the last piece is the last m entries, overlapping the one before it
+    # (each entry along the cut axis is transformed alone, so the overlap gets the same values
+    # twice).  In place, its input is put aside before the loop overwrites it.  Everything runs
+    # inside the loop: XLA copies a loop's result before writing into it outside.
+    last = jax.lax.slice_in_dim(source, n - m, n, axis=1) if rest and in_place else None
+
+    def step(i, buf):
+        start = jnp.minimum(i * m, n - m)
+        p = jax.lax.dynamic_slice_in_dim(buf if in_place else source, start, m, axis=1)
+        if last is not None:
+            p = jnp.where(i == full, last, p)
+        return jax.lax.dynamic_update_slice_in_dim(buf, run(p, m), start, axis=1)
+
+    buf = source if in_place else _zeros_like_varying((outer_out, n, inner_out), out.dtype, k)
+    buf = jax.lax.fori_loop(0, full + (1 if rest else 0), step, buf)
+    return buf.reshape(out_shape)
+
+
+def _zeros_like_varying(shape, dtype, like: jax.Array) -> jax.Array:
+    """Zeros that vary over the same mesh axes as `like` (inside shard_map a loop's carry must
+    keep its type, and every piece written into it varies over them): `full_like` keeps them."""
+    return jax.lax.full_like(like, 0, dtype, shape)
+
+
+def _groups(plan: Plan) -> tuple[tuple[tuple[Stage, ...], int, int], ...]:
+    """The chain of the module docstring: (stages, cut axis in, cut axis out) per stage."""
+    pa, pb = plan.pdims
+    (name_a, name_b), (alg_a, alg_b) = plan.axes, plan.exchanges
+    yc = plan.modes[1]
+    if plan.layout == "transposed":
+        return (
+            (_fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp)
+             + (Exchange(name_b, pb, 3, 2, (0, 1, 3, 2), alg_b),), 1, 1),  # (B, x, z, Y)
+            (_fft(plan, (3,), (1,)) + _pad(3, yc, plan.yp)
+             + (Exchange(name_a, pa, 3, 1, (0, 3, 2, 1), alg_a),), 2, 2),  # (B, y', z, X)
+            (_fft(plan, (3,), (0,)), 1, 1),
+        )
+    return (
+        (_fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp)
+         + (Exchange(name_b, pb, 3, 2, (0, 1, 2, 3), alg_b),), 1, 1),  # (B, x, Y, z)
+        (_fft(plan, (2,), (1,)) + _pad(2, yc, plan.yp)
+         + (Exchange(name_a, pa, 2, 1, (0, 1, 2, 3), alg_a),), 3, 3),  # (B, X, y', z)
+        (_fft(plan, (1,), (0,)), 2, 2),
+    )
+
+
+def in_place(plan: Plan) -> tuple[bool, bool, bool]:
+    """Whether each stage of the chain writes its pieces back in place (`_in_pieces`), from
+    the global shapes alone (the memory estimate's rule; the same either direction)."""
+    xg, yg, zg = plan.real_shape
+    same_dtype = plan.real_dtype == plan.k_dtype
+    first = same_dtype and zg == plan.zp  # y Z == Y z: Z neither halved, truncated nor padded
+    if plan.layout == "transposed":
+        second = xg == yg == plan.yp  # (x, z, Y) -> (y', z, X)
+    else:
+        second = yg == plan.yp  # (x, Y, z) -> (X, y', z)
+    return first, second, xg == plan.modes[0]
+
+
+def chunked_stages(plan: Plan) -> tuple[Chunked, ...]:
+    """The forward stages of `plan` cut into `plan.chunks` pieces each."""
+    return tuple(Chunked(stages, cut_in, cut_out, plan.chunks)
+                 for stages, cut_in, cut_out in _groups(plan))
+
+
+def check_chunks(chunks) -> int | str:
+    """`chunks` as an int >= 1 or "auto"."""
+    if isinstance(chunks, str):
+        if chunks != "auto":
+            raise ValueError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks!r}")
+        return chunks
+    if isinstance(chunks, bool) or not isinstance(chunks, int) and not hasattr(chunks, "__index__"):
+        raise TypeError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks!r}")
+    chunks = int(chunks.__index__())
+    if chunks < 1:
+        raise ValueError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks}")
+    return chunks
