@@ -117,6 +117,7 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
         them with mpi4py from the host: CPU processes under mpirun with one device each, the
         mesh known when traced (README "Several processes").
       %s
+      %s
 
     Returns:
       The k-space array, global shape (..., Y', Z', X) or (..., X, Y', Z') where Y' = Y and
@@ -132,7 +133,7 @@ def prfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mes
 
     As `pfft3d`, for real `x`; the halved Z axis has length Z//2+1, zero-padded at its end to a
     multiple of Pb where needed.  Slicing it to Z//2+1 gives exactly `jnp.fft.rfftn(x)`
-    (transposed to (..., Y, Z//2+1, X) in the transposed layout).
+    (transposed to (..., Y, Z//2+1, X) in the transposed layout).  `chunks` as in `pfft3d`.
     """
     return _forward(x, ("fft", "fft", "rfft"), norm, padding, layout, mesh, exchange, chunks)
 
@@ -147,6 +148,7 @@ def pifft3d(k, norm: str | None = "backward", *, s=None, layout: str = "transpos
       s: the real-space shape (X, Y, Z) of the spectrum.  Required when `k` is zero-padded (see
         `pfft3d`); None means `k` is the exact spectrum.
       padding: as in `pfft3d`: the output is the padded grid, padding x `s` points.
+      chunks: as in `pfft3d`.
     Returns a complex array of global shape (..., X, Y, Z) split P(a, b) over (X, Y).
     """
     return _backward(k, None, s, norm, padding, layout, mesh, exchange, chunks, "pifft3d")
@@ -157,7 +159,8 @@ def pirfft3d(k, s, norm: str | None = "backward", *, layout: str = "transposed",
     """Inverse of `prfft3d`: half spectrum -> real array of global shape (..., X, Y, Z) = s.
 
     `s` (required) is the real-space shape (X, Y, Z): Z cannot be recovered from Z//2+1.
-    Padded entries of `k` are ignored.  With `padding`, the output is padding x `s` points.
+    Padded entries of `k` are ignored.  With `padding`, the output is padding x `s` points;
+    `chunks` as in `pfft3d`.
     """
     return _backward(k, ("fft", "fft", "rfft"), s, norm, padding, layout, mesh, exchange, chunks,
                      "pirfft3d")
@@ -175,7 +178,7 @@ def ptransform3d(x, kinds, norm: str | None = "backward", *, padding=1,
         definitions), e.g. ("dct2", "fft", "fft") for a channel with walls along X.
       norm: "backward" (default), "ortho" or "forward", as scipy.fft's, applied per axis.
       %s
-      layout, mesh, exchange: as in `pfft3d`.
+      layout, mesh, exchange, chunks: as in `pfft3d`.
 
     Returns:
       The spectrum in the layouts, shardings and mesh padding of `pfft3d`.  Real input stays
@@ -192,11 +195,18 @@ def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
     `s` is the real-space shape (X, Y, Z) of the spectrum: required with "rfft" or when `k`
     is zero-padded for the mesh.  With `padding` the output is padding x `s` points.  This is
     the inverse, not the adjoint (they differ for unnormalized DCTs and DSTs; `jax.grad` uses
-    the adjoint).
+    the adjoint).  `layout`, `mesh`, `exchange`, `chunks`: as in `pfft3d`.
     """
     return _backward(k, kinds, s, norm, padding, layout, mesh, exchange, chunks,
                      "pitransform3d")
 
 
-pfft3d.__doc__ %= _PADDING_DOC
+_CHUNKS_DOC = """chunks: an int >= 1 or "auto" (default): each stage (FFT, exchange, local moves)
+        runs in this many pieces, each written back in place, so that a device holds about
+        1 + 2/chunks blocks (donated input) or 2 + 2/chunks (input kept) instead of 3-4, for
+        some time (`_chunks.py`; README "chunks").  The same values.  "auto" is 1 unless the
+        memory check finds that the unchunked transform does not fit (then the fewest pieces
+        of 2, 4, ..., 64 that fit); 1 under jax.jit with no mesh in scope."""
+
+pfft3d.__doc__ %= (_PADDING_DOC, _CHUNKS_DOC)
 ptransform3d.__doc__ %= _PADDING_DOC
