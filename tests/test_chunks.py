@@ -185,15 +185,18 @@ def _blocks(fn, arg, donate=False) -> float:
             - m.alias_size_in_bytes) / BLOCK
 
 
-@pytest.mark.parametrize("pdims,layout", [((4, 2), "transposed"), ((2, 4), "natural"),
-                                          ((1, 8), "transposed"), ((8, 1), "natural")],
-                         ids=["4x2-transposed", "2x4-natural", "1x8-transposed", "8x1-natural"])
-def test_eight_chunks_hold_the_issue_targets(pdims, layout):
+@pytest.mark.parametrize("pdims,layout,axis_type", [
+    ((4, 2), "transposed", "explicit"), ((2, 4), "natural", "explicit"),
+    ((1, 8), "transposed", "explicit"), ((8, 1), "natural", "explicit"),
+    ((4, 2), "natural", "auto"),  # jit with nothing in scope: the compiler-partitioned path
+], ids=["4x2-transposed", "2x4-natural", "1x8-transposed", "8x1-natural", "4x2-natural-auto"])
+def test_eight_chunks_hold_the_issue_targets(pdims, layout, axis_type):
     """chunks=8 (issue 27): forward 1 + 2/8 blocks donated, 2 + 2/8 kept, the round trip
     2 + 2/8 kept (targets 1.5, 2.5, 2.5), prfft3d at most 1.5 complex blocks kept."""
-    mesh = make_mesh(pdims)
-    x = jax.ShapeDtypeStruct((N,) * 3, np.complex64, sharding=pencilfft.real_space_sharding(mesh))
-    xr = jax.ShapeDtypeStruct((N,) * 3, np.float32, sharding=pencilfft.real_space_sharding(mesh))
+    mesh = make_mesh(pdims, axis_type)
+    sharding = NamedSharding(mesh, P("x", "y"))
+    x = jax.ShapeDtypeStruct((N,) * 3, np.complex64, sharding=sharding)
+    xr = jax.ShapeDtypeStruct((N,) * 3, np.float32, sharding=sharding)
     kw = dict(layout=layout, chunks=8, exchange="alltoall")
     fwd = functools.partial(pencilfft.pfft3d, **kw)
     inv = functools.partial(pencilfft.pifft3d, **kw)
