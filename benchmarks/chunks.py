@@ -151,6 +151,8 @@ def complex_block_bytes(shape: Sequence[int], dtype: str, n_devices: int) -> int
 
 
 def _structs(shape, dtype: str, sharding) -> dict[str, Any]:
+    """measure -> its abstract global argument on `sharding` (no data): complex, or the real
+    input of `r2c_forward`."""
     import jax
 
     complex_ = jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
@@ -162,6 +164,7 @@ def _structs(shape, dtype: str, sharding) -> dict[str, Any]:
 def _memory_record(impl: str, pdims, layout: str, chunks, resolved, block: int,
                    sizes: dict[str, dict[str, int]], args: argparse.Namespace,
                    context: dict[str, Any]) -> dict[str, Any]:
+    """One memory record: per measure the bytes of `memory.analyse` and the peak in blocks."""
     return {
         "tool": TOOL, "part": "memory", "timestamp": context["timestamp"], "impl": impl,
         "shape": list(args.shape), "dtype": args.dtype, "pdims": list(pdims),
