@@ -7,6 +7,8 @@
 * `python -m benchmarks.steps`, `.memory`, `.pm`: one transform's steps, per-device memory, a
   particle-mesh N-body step; `mpirun -np 2 python -m benchmarks.mpi`: pencilfft beside
   mpi4py-fft with one device per process.
+* `python -m benchmarks.chunks`: memory and time of the chunked stages (`chunks=`) beside
+  jaxdecomp, and the largest grid that fits (`--fits`).
 
 The FFT benchmark is four modules: `fft` (the command line), `harness` (cases, variants,
 input data, the round-robin timing loop, the records; the parsing helpers the other tools

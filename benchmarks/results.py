@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import batch, harness, kinds, margin, memory, mpi, pm, power, report, steps
+from benchmarks import batch, chunks, harness, kinds, margin, memory, mpi, pm, power, report, steps
 
 Records = list[dict[str, Any]]
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,6 +184,9 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "power": (power.table, 1),
     "kinds": (kinds.table, 1),
     "dealias": (kinds.dealias_table, 1),
+    "chunks-memory": (chunks.memory_table, 1),
+    "chunks-time": (chunks.time_table, 1),
+    "chunks-fits": (chunks.fits_table, 1),
 }
 
 
