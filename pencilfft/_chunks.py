@@ -19,19 +19,23 @@ mesh (a slab is the same chain with a one-device exchange, which is a local move
 
 Where the sizes differ (real-to-complex first stage, padding, X != Y in the transposed layout)
 a stage writes its pieces into a new output block instead: 2 blocks plus pieces.  The FFTs of
-the natural chain run along strided axes (XLA transposes each piece around them): chunked
-transforms trade time for memory, the unchunked chain (`_stages.forward_stages`) is the fast one.
+the natural chain run along strided axes (XLA transposes each piece around them), and each piece
+is a loop step with a smaller exchange: on GPUs the unchunked chain (`_stages.forward_stages`)
+should be the fast one; on CPUs a piece that stays in cache made chunks=8 faster at 256^3
+(benchmarks/RESULTS.md "Chunked stages").
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
-from ._stages import Exchange, Stage, _fft, _pad
+from ._stages import Exchange, Stage, _fft, _pad, run_backward, run_forward
 
 if TYPE_CHECKING:
     from ._plan import Plan
@@ -49,18 +53,12 @@ class Chunked:
     chunks: int
 
     def forward(self, k: jax.Array) -> jax.Array:
-        def run(p):
-            for stage in self.stages:
-                p = stage.forward(p)
-            return p
-        return _in_pieces(run, k, self.cut_in, self.cut_out, self.chunks)
+        return _in_pieces(functools.partial(run_forward, self.stages), k, self.cut_in,
+                          self.cut_out, self.chunks)
 
     def backward(self, k: jax.Array) -> jax.Array:
-        def run(p):
-            for stage in reversed(self.stages):
-                p = stage.backward(p)
-            return p
-        return _in_pieces(run, k, self.cut_out, self.cut_in, self.chunks)
+        return _in_pieces(functools.partial(run_backward, self.stages), k, self.cut_out,
+                          self.cut_in, self.chunks)
 
 
 def _in_pieces(f, k: jax.Array, cut: int, cut_out: int, chunks: int) -> jax.Array:
@@ -156,9 +154,12 @@ def check_chunks(chunks) -> int | str:
         if chunks != "auto":
             raise ValueError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks!r}")
         return chunks
-    if isinstance(chunks, bool) or not isinstance(chunks, int) and not hasattr(chunks, "__index__"):
-        raise TypeError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks!r}")
-    chunks = int(chunks.__index__())
+    try:
+        if isinstance(chunks, bool):  # operator.index(True) is 1
+            raise TypeError
+        chunks = operator.index(chunks)
+    except TypeError:
+        raise TypeError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks!r}") from None
     if chunks < 1:
         raise ValueError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks}")
     return chunks

@@ -309,10 +309,11 @@ def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> 
     counts = AUTO_CHUNKS if auto else (plan.chunks,)
     if free is None:
         return counts[0]
-    for count in counts:
-        if _need(dataclasses.replace(plan, chunks=count), forward, traced, resident)[0] \
-                <= free.per_device:
-            return count
+    needs = {c: _need(dataclasses.replace(plan, chunks=c), forward, traced, resident)[0]
+             for c in dict.fromkeys(counts + AUTO_CHUNKS)}
+    fit = [c for c in counts if needs[c] <= free.per_device]
+    if fit:
+        return fit[0]
     first = dataclasses.replace(plan, chunks=counts[0])
     need, est, donated = _need(first, forward, traced, resident)
     name = _transform_name(plan, forward)
@@ -329,13 +330,11 @@ def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> 
     if donated:
         kept.append("the output taking the input's place if it is donated")
     ways = []
-    most = dataclasses.replace(plan, chunks=AUTO_CHUNKS[-1])
-    fitting = [c for c in AUTO_CHUNKS if c > first.chunks and _need(
-        dataclasses.replace(plan, chunks=c), forward, traced, resident)[0] <= free.per_device]
+    most = AUTO_CHUNKS[-1]
+    fitting = [c for c in AUTO_CHUNKS if c > first.chunks and needs[c] <= free.per_device]
     if fitting:
         ways.append(f"`chunks`={fitting[0]} (each stage in {fitting[0]} pieces: about "
-                    f"{gib(_need(dataclasses.replace(plan, chunks=fitting[0]), forward, traced, resident)[0])}) "
-                    f"or `chunks`='auto'")
+                    f"{gib(needs[fitting[0]])}) or `chunks`='auto'")
     if tuple(plan.kinds) == ("fft",) * 3:
         ways.append("the real-to-complex transforms if the data are real (prfft3d/pirfft3d: "
                     "half the memory)")
@@ -347,9 +346,8 @@ def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> 
            if first.chunks > 1 else "")
     least = ""
     if auto or not fitting:
-        least = (f"; in {most.chunks} pieces per stage (`chunks`={most.chunks}, the least "
-                 f"chunking can reach) it would still need about "
-                 f"{gib(_need(most, forward, traced, resident)[0])}")
+        least = (f"; in {most} pieces per stage (`chunks`={most}, the least chunking can "
+                 f"reach) it would still need about {gib(needs[most])}")
     raise MemoryLimitError(
         f"{name} of a {_grid_text(plan.real_shape, plan.batch, plan.real_dtype)} "
         f"{_where(plan.pdims, plan.mesh)} needs about {gib(need)} more per device{how} "
