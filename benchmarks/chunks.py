@@ -300,14 +300,6 @@ def _col_name(pdims, layout: str) -> str:
     return f"{harness.fmt_dims(pdims)} {layout[0].upper()}"
 
 
-def _loads(records) -> str:
-    loads = sorted(r["machine"]["loadavg_1m"] for r in records
-                   if r["machine"].get("loadavg_1m") is not None)
-    if not loads:
-        return "not recorded"
-    return f"{loads[0]:.1f}-{loads[-1]:.1f}" if loads[0] != loads[-1] else f"{loads[0]:.1f}"
-
-
 def memory_table(records) -> str:
     """Peak per device in complex blocks: one row per (measure, chunks) and jaxdecomp's, one
     column per (mesh, layout); T = transposed, N = natural."""
@@ -371,7 +363,7 @@ def time_table(records) -> str:
                   f"{r0['warmup']} untimed), ms (ratio to chunks=1 of the same column; jaxdecomp: "
                   f"to pencilfft chunks=1 transposed); T = transposed, N = natural; largest "
                   f"relative difference from the chunks=1 output {max(diffs):.1e}; load average "
-                  f"when each mesh ended: {_loads(latest.values())}."]
+                  f"when each mesh ended: {harness.load_range(latest.values())}."]
     return "\n".join(lines)
 
 

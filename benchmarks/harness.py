@@ -278,6 +278,16 @@ def loadavg() -> float | None:
         return None
 
 
+def load_range(records) -> str:
+    """"a-b" (or "a"): the 1-minute load averages recorded with `records` (their
+    machine.loadavg_1m), for a table's note; "not recorded" where none was."""
+    loads = sorted(r["machine"].get("loadavg_1m") for r in records
+                   if r.get("machine", {}).get("loadavg_1m") is not None)
+    if not loads:
+        return "not recorded"
+    return f"{loads[0]:.1f}" if loads[0] == loads[-1] else f"{loads[0]:.1f}-{loads[-1]:.1f}"
+
+
 def versions() -> dict[str, Any]:
     import jax
     import jaxlib

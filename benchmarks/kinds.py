@@ -211,14 +211,6 @@ def kinds_case(n: int, dtype: str, meshes: Sequence[tuple[int, int]], repeats: i
     return records
 
 
-def _loads(records: Sequence[dict[str, Any]]) -> str:
-    loads = sorted(r["machine"].get("loadavg_1m") for r in records
-                   if r.get("machine", {}).get("loadavg_1m") is not None)
-    if not loads:
-        return "not recorded"
-    return f"{loads[0]:.1f}" if loads[0] == loads[-1] else f"{loads[0]:.1f}-{loads[-1]:.1f}"
-
-
 def table(records: list[dict[str, Any]]) -> str:
     """One row per (grid, dtype, where, direction): ms of each kind, the DCT rows with their
     ratio to the complex FFT on the same devices, and pencilfft's DCT against scipy's."""
@@ -262,7 +254,7 @@ def table(records: list[dict[str, Any]]) -> str:
     cases: dict[tuple, list[dict]] = {}
     for r in latest.values():  # the records shown: a case run again replaces its old records
         cases.setdefault((tuple(r["shape"]), r["dtype"]), []).append(r)
-    loads = "; ".join(f"{harness.fmt_dims(shape)} {dtype}: {_loads(rs)}"
+    loads = "; ".join(f"{harness.fmt_dims(shape)} {dtype}: {harness.load_range(rs)}"
                       for (shape, dtype), rs in sorted(cases.items()))
     r0 = next(iter(latest.values()))
     lines += ["", f"Medians of {r0['repeats']} interleaved rounds, one process, "
@@ -560,7 +552,7 @@ def dealias_table(records: list[dict[str, Any]]) -> str:
             vs = " / ".join(f"{e:.1e}" for e in errs) if None not in errs else ""
             ref = r.get("vs_numpy_no_nyquist")
             lines.append(lead + f"{ms} | {mib} | {vs} | {'—' if ref is None else f'{ref:.1e}'} |")
-    loads = _loads(list(latest.values()))
+    loads = harness.load_range(list(latest.values()))
     r0 = records[0]
     lines += ["", f"{r0['processes']} processes (mpirun), one CPU device each, slab "
                   f"{harness.fmt_dims(r0['pdims'])}, norm=\"forward\" (mpi4py-fft's convention); "

@@ -69,16 +69,8 @@ def processes_table(several: Records, one: Records) -> str:
                      + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Processes: {', '.join(map(str, procs))}; load average when each case ended: "
-                 + _loads(pick) + ".")
+                 + harness.load_range(pick) + ".")
     return "\n".join(lines)
-
-
-def _loads(records: Records) -> str:
-    loads = [r["machine"].get("loadavg_1m") for r in records]
-    loads = [x for x in loads if x is not None]
-    if not loads:
-        return "not recorded"
-    return f"{min(loads):.1f}-{max(loads):.1f}" if min(loads) != max(loads) else f"{loads[0]:.1f}"
 
 
 STEP_ROWS = (  # (row label, how to find its record: program names for pencils / slabs)
@@ -132,7 +124,7 @@ def steps_table(records: Records) -> str:
     lines += ["", f"{harness.fmt_dims(r0['shape'])} {r0['dtype']}, medians of {r0['repeats']} "
                   f"interleaved rounds, ms (ratio to the one-device `fftn` of the same run); "
                   f"load average when each case ended: "
-                  + ", ".join(_loads(list(by.values())) for by in cases.values()) + "."]
+                  + ", ".join(harness.load_range(list(by.values())) for by in cases.values()) + "."]
     return "\n".join(lines)
 
 
