@@ -276,9 +276,10 @@ AUTO_CHUNKS = (1, 2, 4, 8, 16, 32, 64)
 
 def fit_chunks(plan: Any, forward: bool, x: Any) -> Any:
     """`plan` with its chunk count decided (the `_fft._run` hook, before XLA allocates):
-    chunks="auto" takes the fewest pieces (`AUTO_CHUNKS`) whose working set fits the devices,
-    1 where nothing is known; MemoryLimitError when the count asked (or, for "auto", every
-    count) cannot fit, saying what chunking would need.
+    chunks="auto" takes the fewest pieces (`AUTO_CHUNKS`) whose working set fits the devices
+    (under jit: fits even if the input is not donated, else fits if it is), 1 where nothing is
+    known; MemoryLimitError when the count asked (or, for "auto", every count) cannot fit
+    either way, saying what chunking would need.
 
     Cached per (plan, direction, kind of input, setting).  Under jax.jit with no mesh known
     (the compiler-partitioned path) the devices are not known yet: nothing to check, and
@@ -294,11 +295,12 @@ def fit_chunks(plan: Any, forward: bool, x: Any) -> Any:
     return dataclasses.replace(plan, chunks=chunks) if chunks != plan.chunks else plan
 
 
-def _need(plan: Any, forward: bool, traced: bool, resident: bool) -> tuple[int, Estimate, bool]:
+def _need(plan: Any, forward: bool, traced: bool, resident: bool,
+          hope_donated: bool = True) -> tuple[int, Estimate, bool]:
     est = transform_estimate(plan, forward)
-    # Under jit the caller may donate the input (invisible here): assume the output takes its
-    # place where it can (a c2c transform whose blocks have the same size).
-    donated = traced and not plan.real and est.in_bytes == est.out_bytes
+    # Under jit the caller may donate the input (invisible here): with `hope_donated`, assume
+    # the output takes its place where it can (a c2c transform whose blocks have the same size).
+    donated = hope_donated and traced and not plan.real and est.in_bytes == est.out_bytes
     return est.new_bytes(resident=resident, donated=donated), est, donated
 
 
@@ -311,6 +313,16 @@ def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> 
         return counts[0]
     needs = {c: _need(dataclasses.replace(plan, chunks=c), forward, traced, resident)[0]
              for c in dict.fromkeys(counts + AUTO_CHUNKS)}
+    if auto:
+        # "auto" picks a count that fits whether or not the caller donates under jit: the
+        # hopeful reading (the output in the input's place) would run chunks=1 undonated into
+        # XLA's allocator, and XLA on CPUs does not always reuse a donated block (8x1
+        # transposed: 3.88 blocks donated against 3 hoped for; benchmarks/RESULTS.md).  Only
+        # where no count fits undonated does the hopeful reading choose.
+        sure = [c for c in counts if _need(dataclasses.replace(plan, chunks=c), forward, traced,
+                                           resident, hope_donated=False)[0] <= free.per_device]
+        if sure:
+            return sure[0]
     fit = [c for c in counts if needs[c] <= free.per_device]
     if fit:
         return fit[0]

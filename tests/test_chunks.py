@@ -247,6 +247,24 @@ def test_auto_takes_the_fewest_pieces_that_fit(monkeypatch):
     assert _memory.fit_chunks(plan, True, x).chunks == 1  # fits unchunked: 1
 
 
+def test_auto_under_jit_fits_whether_or_not_the_input_is_donated(monkeypatch):
+    """Under jit a donation is invisible: "auto" takes a count whose compiled program fits with
+    the input kept (unchunked needs 768 KiB more, 512 KiB if donated: with 600 KiB, 2 pieces),
+    and reads hopefully only where no count fits undonated (300 KiB: 4 pieces, which need 384
+    KiB kept and 128 KiB donated)."""
+    mesh = make_mesh((4, 2))
+    x = jax.ShapeDtypeStruct((64, 64, 64), np.complex64,
+                             sharding=pencilfft.real_space_sharding(mesh))
+    for limit, donate in ((600, False), (300, True)):
+        monkeypatch.setenv(ENV, f"{limit}KiB")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*donated buffers were not usable")
+            m = jax.jit(pencilfft.pfft3d, donate_argnums=(0,) if donate else ()).lower(x)
+            m = m.compile().memory_analysis()
+        new = m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+        assert new <= limit * 1024, (limit, new)
+
+
 def test_auto_when_nothing_fits_says_what_chunking_would_need(monkeypatch):
     x = put_global(np.zeros((64, 64, 64), np.complex64),
                    pencilfft.real_space_sharding(make_mesh((4, 2))))

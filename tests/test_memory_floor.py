@@ -37,8 +37,8 @@ CASES = [((4, 2), "transposed"), ((2, 4), "natural"), ((1, 8), "transposed")]
 @pytest.mark.parametrize("pdims,layout", CASES, ids=[f"{p[0]}x{p[1]}-{l}" for p, l in CASES])
 def test_complex_transforms_hold_no_more_than_jaxdecomp(pdims, layout):
     """All-to-all exchange (what "auto" takes on GPUs): forward 3 blocks donated, 4 kept; the
-    round trip 4 kept.  (8x1 in the transposed layout holds 3.88 donated: not met, see
-    benchmarks/RESULTS.md.)"""
+    round trip 4 kept.  (8x1 in the transposed layout holds 3.88 donated, left so for its time:
+    benchmarks/RESULTS.md "Memory"; `test_default_fits_where_jaxdecomp_fits` below.)"""
     mesh = make_mesh(pdims)
     x = jax.ShapeDtypeStruct((N,) * 3, np.complex64, sharding=pencilfft.real_space_sharding(mesh))
     fwd = functools.partial(pencilfft.pfft3d, layout=layout, exchange="alltoall")
@@ -55,3 +55,20 @@ def test_r2c_holds_at_most_two_and_a_quarter_blocks_with_nothing_in_scope(pdims)
     mesh = make_mesh(pdims, "auto")
     x = jax.ShapeDtypeStruct((N,) * 3, np.float32, sharding=NamedSharding(mesh, P("x", "y")))
     assert blocks(pencilfft.prfft3d, x) <= 2.25
+
+
+@pytest.mark.parametrize("pdims,layout,exchange", [
+    ((8, 1), "transposed", "alltoall"),  # 3.88 donated unchunked
+    ((4, 2), "transposed", "pairwise"),  # what "auto" takes on CPUs for large blocks: 3.5
+], ids=["8x1-transposed", "4x2-transposed-pairwise"])
+def test_default_fits_where_jaxdecomp_fits(monkeypatch, pdims, layout, exchange):
+    """Where the unchunked default holds more than jaxdecomp donated (3 blocks: 2 beside the
+    input), a device with only jaxdecomp's 2 blocks to spare still runs the default,
+    `chunks="auto"`: it cuts the stages into pieces (the fit is judged with the input kept,
+    since jit hides the donation)."""
+    monkeypatch.setenv("PENCILFFT_MEMORY_LIMIT", str(int(2 * BLOCK)))
+    mesh = make_mesh(pdims)
+    x = jax.ShapeDtypeStruct((N,) * 3, np.complex64, sharding=pencilfft.real_space_sharding(mesh))
+    fwd = functools.partial(pencilfft.pfft3d, layout=layout, exchange=exchange)
+    assert blocks(fwd, x, donate=True) <= 3.0 + 1e-3
+    assert blocks(fwd, x) - 1 <= 2.0 + 1e-3  # beside the input, even undonated
