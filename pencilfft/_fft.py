@@ -206,7 +206,8 @@ _CHUNKS_DOC = """chunks: an int >= 1 or "auto" (default): each stage (FFT, excha
         1 + 2/chunks blocks (donated input) or 2 + 2/chunks (input kept) instead of 3-4, for
         some time (`_chunks.py`; README "chunks").  The same values.  "auto" is 1 unless the
         memory check finds that the unchunked transform does not fit (then the fewest pieces
-        of 2, 4, ..., 64 that fit); 1 under jax.jit with no mesh in scope."""
+        of 2, 4, ..., 64 that fit, under jax.jit even if the input is not donated); 1 under
+        jax.jit with no mesh in scope."""
 
 pfft3d.__doc__ %= (_PADDING_DOC, _CHUNKS_DOC)
 ptransform3d.__doc__ %= _PADDING_DOC
