@@ -203,8 +203,8 @@ def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
 
 _CHUNKS_DOC = """chunks: an int >= 1 or "auto" (default): each stage (FFT, exchange, local moves)
         runs in this many pieces, each written back in place, so that a device holds about
-        1 + 2/chunks blocks (donated input) or 2 + 2/chunks (input kept) instead of 3-4, for
-        some time (`_chunks.py`; README "chunks").  The same values.  "auto" is 1 unless the
+        1 + 2/chunks blocks (donated input) or 2 + 2/chunks (input kept) instead of 3-4
+        (`_chunks.py`; README "chunks": the time it costs or saves).  The same values.  "auto" is 1 unless the
         memory check finds that the unchunked transform does not fit (then the fewest pieces
         of 2, 4, ..., 64 that fit, under jax.jit even if the input is not donated); 1 under
         jax.jit with no mesh in scope."""
