@@ -158,11 +158,10 @@ def table(records: list[dict[str, Any]]) -> str:
         lines.append(f"| {harness.fmt_dims(shape)} | {harness.fmt_dims(pdims)} | {label} | "
                      f"{one * 1e3:.0f} | {cell('pencilfft')} | {cell('jaxdecomp')} | {ratio} | "
                      f"{floor * 1e3:.0f} ({floor / one:.2f}) | {vs_floor} |")
-    loads = sorted(r["machine"].get("loadavg_1m") or 0 for r in records)
     r0 = records[0]
     lines += ["", f"complex64, forward + inverse under jax.jit on an Auto mesh, medians of "
                   f"{r0['repeats']} interleaved rounds; load average when a case ended: "
-                  f"{loads[0]:.1f}-{loads[-1]:.1f}."]
+                  f"{harness.load_range(records)}."]
     return "\n".join(lines)
 
 

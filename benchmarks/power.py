@@ -165,12 +165,11 @@ def table(records: Sequence[dict[str, Any]]) -> str:
                 f"{r['median_s'] * 1e3:.0f} | {r['median_s'] / one:.2f} | "
                 f"{mem / 2**20:.1f} | {mem / r['field_bytes_per_device']:.2f} | "
                 f"{'yes' if r['all_gather'] else 'no'} |")
-    loads = sorted(r["machine"].get("loadavg_1m") or 0 for r in records)
     lines += ["", f"float32, auto spectrum with JaxPM's default bins, medians of "
                   f"{records[0]['repeats']} interleaved rounds; memory: XLA's analysis "
                   f"(arguments + outputs + temporaries; fftn-1dev's is on its one device, "
                   f"jaxpm's of its device part); load average when a case ended: "
-                  f"{loads[0]:.1f}-{loads[-1]:.1f}."]
+                  f"{harness.load_range(records)}."]
     return "\n".join(lines)
 
 
