@@ -189,7 +189,7 @@ def ptransform3d(x, kinds, norm: str | None = "backward", *, padding=1,
 
 def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
                   layout: str = "transposed", mesh=None, exchange: str = "auto",
-                 chunks=CHUNKS_DEFAULT) -> jax.Array:
+                  chunks=CHUNKS_DEFAULT) -> jax.Array:
     """Inverse of `ptransform3d` with the same `kinds` and `norm`: spectrum -> real space.
 
     `s` is the real-space shape (X, Y, Z) of the spectrum: required with "rfft" or when `k`
@@ -204,10 +204,10 @@ def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
 _CHUNKS_DOC = """chunks: an int >= 1 or "auto" (default): each stage (FFT, exchange, local moves)
         runs in this many pieces, each written back in place, so that a device holds about
         1 + 2/chunks blocks (donated input) or 2 + 2/chunks (input kept) instead of 3-4
-        (`_chunks.py`; README "chunks": the time it costs or saves).  The same values.  "auto" is 1 unless the
-        memory check finds that the unchunked transform does not fit (then the fewest pieces
-        of 2, 4, ..., 64 that fit, under jax.jit even if the input is not donated); 1 under
-        jax.jit with no mesh in scope."""
+        (`_chunks.py`; README "chunks": the time it costs or saves).  The same values.
+        "auto" is 1 unless the memory check finds that the unchunked transform does not fit
+        (then the fewest pieces of 2, 4, ..., 64 that fit, under jax.jit even if the input
+        is not donated); 1 under jax.jit with no mesh in scope."""
 
 pfft3d.__doc__ %= (_PADDING_DOC, _CHUNKS_DOC)
 ptransform3d.__doc__ %= _PADDING_DOC

@@ -311,22 +311,22 @@ def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> 
     counts = AUTO_CHUNKS if auto else (plan.chunks,)
     if free is None:
         return counts[0]
-    needs = {c: _need(dataclasses.replace(plan, chunks=c), forward, traced, resident)[0]
-             for c in dict.fromkeys(counts + AUTO_CHUNKS)}
-    if auto:
+    plans = {c: dataclasses.replace(plan, chunks=c) for c in dict.fromkeys(counts + AUTO_CHUNKS)}
+    needs = {c: _need(p, forward, traced, resident)[0] for c, p in plans.items()}
+    if auto and traced:
         # "auto" picks a count that fits whether or not the caller donates under jit: the
         # hopeful reading (the output in the input's place) would run chunks=1 undonated into
         # XLA's allocator, and XLA on CPUs does not always reuse a donated block (8x1
         # transposed: 3.88 blocks donated against 3 hoped for; benchmarks/RESULTS.md).  Only
         # where no count fits undonated does the hopeful reading choose.
-        sure = [c for c in counts if _need(dataclasses.replace(plan, chunks=c), forward, traced,
-                                           resident, hope_donated=False)[0] <= free.per_device]
+        sure = [c for c in counts if _need(plans[c], forward, traced, resident,
+                                           hope_donated=False)[0] <= free.per_device]
         if sure:
             return sure[0]
     fit = [c for c in counts if needs[c] <= free.per_device]
     if fit:
         return fit[0]
-    first = dataclasses.replace(plan, chunks=counts[0])
+    first = plans[counts[0]]
     need, est, donated = _need(first, forward, traced, resident)
     name = _transform_name(plan, forward)
     pieces = (f"{est.buffers} {'exchange buffers' if est.buffers > 1 else 'work buffer'}"

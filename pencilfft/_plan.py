@@ -68,7 +68,7 @@ class Plan:
     # against it.  None: the plan's own `pdims`.
     padded_for: tuple[int, int] | None = None
     # Pieces each stage runs in (`_chunks.py`); 1: the unchunked chain.  `chunks_asked` is the
-    # argument ("auto" is resolved to a count by the memory check, `_memory.resolve_chunks`).
+    # argument ("auto" is resolved to a count by the memory check, `_memory.fit_chunks`).
     chunks: int = 1
     chunks_asked: int | str = 1
 
@@ -476,7 +476,7 @@ def plan_forward(x, *, norm, layout, mesh, real: bool = False, kinds=None, paddi
 
 def _with_chunks(plan: Plan, chunks: int | str) -> Plan:
     """`plan` cut into `chunks` pieces per stage ("auto": 1 until the memory check says
-    otherwise, `_memory.resolve_chunks`)."""
+    otherwise, `_memory.fit_chunks`)."""
     return dataclasses.replace(plan, chunks=1 if chunks == "auto" else chunks,
                                chunks_asked=chunks)
 

@@ -134,9 +134,7 @@ def _chunk_major(x: jax.Array, n: int, split: int, order: tuple[int, ...]) -> ja
     Each peer's chunk is then one contiguous buffer, and after the exchange only the chunk index
     has to move next to the gathered axis.
     """
-    shape = x.shape
-    if shape[split] % n:
-        raise ValueError(f"internal: axis {split} of block {shape} does not split into {n}")
+    shape = x.shape  # (split divisible by n: checked in `transpose_blocks`)
     y = x.reshape(shape[:split] + (n, shape[split] // n) + shape[split + 1:])
     pos = {ax: (ax if ax < split else ax + 1) for ax in range(x.ndim)}  # x axis -> y axis
     return jnp.transpose(y, (split, *(pos[ax] for ax in order)))
