@@ -24,3 +24,36 @@ def legacy_mesh() -> Any:
         return None
     mesh = thread_resources.env.physical_mesh
     return None if mesh.empty else mesh
+
+
+def is_traced_argument(x: Any) -> bool:
+    """Whether traced `x` is an argument of the function jax is tracing (its buffer exists before
+    the program runs), rather than a value the program makes.
+
+    vmap's and grad's tracers are unwrapped to what they carry; a concrete value under them is
+    in memory.  Read off jit's tracer: its variable is one of the traced frame's inputs.  On a
+    jax whose tracers look otherwise the answer is True, the reading that never counts the
+    input twice (the memory check of before).
+    """
+    try:
+        from jax._src.interpreters.partial_eval import DynamicJaxprTracer
+    except ImportError:
+        return True
+    import jax
+
+    for _ in range(64):  # a chain of nested transformations, never a cycle
+        if not isinstance(x, jax.core.Tracer):
+            return True
+        if isinstance(x, DynamicJaxprTracer):
+            try:
+                var, invars = x.val, x._trace.frame.invars
+            except AttributeError:
+                return True
+            return any(var is v for v in invars)
+        inner = getattr(x, "primal", None)
+        if inner is None:
+            inner = getattr(x, "val", None)
+        if inner is None:
+            return True
+        x = inner
+    return True

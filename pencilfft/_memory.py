@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from ._chunks import in_place
+from ._jax_private import is_traced_argument
 
 __all__ = ["MemoryLimitError", "ENV", "Estimate", "transform_estimate", "available", "gib",
            "fit_chunks", "check_load", "check_grid", "AUTO_CHUNKS"]
@@ -291,8 +292,24 @@ def fit_chunks(plan: Any, forward: bool, x: Any) -> Any:
     limit = setting()
     if limit == "off":
         return plan
-    chunks = _fit(plan, forward, traced, isinstance(x, jax.Array), limit)
+    chunks = _fit(plan, forward, traced, _resident(x, traced), limit)
     return dataclasses.replace(plan, chunks=chunks) if chunks != plan.chunks else plan
+
+
+def _resident(x: Any, traced: bool) -> bool:
+    """Whether x's block is in memory before the transform runs, so that the free memory read
+    from the devices already leaves it out and the transform adds only what it makes.
+
+    A concrete jax.Array is; a numpy array is not (it is copied onto the devices).  Under jit a
+    Tracer is a jax.Array too, but only an argument of the traced function is resident: a
+    field the same program makes (`jax.jit(lambda: pfft3d(jnp.zeros(...)))`) is allocated by
+    the program and counts like the output.  Counting every traced input would count a resident
+    argument twice and refuse `jax.jit(pfft3d)(x)` that fits; counting none let a grid that
+    cannot fit compile and abort in a collective (issue 38).
+    """
+    if traced:
+        return is_traced_argument(x)
+    return isinstance(x, jax.Array)
 
 
 def _need(plan: Any, forward: bool, traced: bool, resident: bool,
@@ -340,7 +357,8 @@ def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> 
     if resident:
         kept.append(f"the {gib(est.in_bytes)} input block already in memory")
     if donated:
-        kept.append("the output taking the input's place if it is donated")
+        kept.append("the output taking the input's place if it is donated" if resident else
+                    "the output taking the place of the input this program makes")
     ways = []
     most = AUTO_CHUNKS[-1]
     fitting = [c for c in AUTO_CHUNKS if c > first.chunks and needs[c] <= free.per_device]

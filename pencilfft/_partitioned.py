@@ -58,6 +58,16 @@ class LinearOp:
 
     transposed: bool
 
+    # The primal's avals, by default from fields `in_shape` and `dtype` and a property
+    # `out_shape` (a map that keeps the dtype); `Transform` defines its own.
+    @property
+    def primal_in(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(self.in_shape, self.dtype)
+
+    @property
+    def primal_out(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(self.out_shape, self.dtype)
+
     @property
     def out_aval(self) -> jax.ShapeDtypeStruct:
         return self.primal_in if self.transposed else self.primal_out

@@ -144,17 +144,8 @@ class Plan:
         """This plan on `mesh` (the compiler-partitioned path learns it late): the mesh's axes,
         their sizes and exchanges, after checking that they split the arrays."""
         mesh = check_mesh(mesh)
-        shape = self.batch + self.real_shape
-        check_batch(shape, mesh, "x" if forward else "k")
-        axes, pdims = mesh_axes(mesh)
-        if forward:
-            check_split(shape, pdims, axes, "x")
-        else:
-            _check_s_split(self.real_shape, pdims, axes, self.modes)
-        block_bytes = _block_bytes(shape, mesh, self.k_dtype)
-        bound = dataclasses.replace(self, mesh=mesh, axes=axes, pdims=pdims, deferred=None,
-                                    padded_for=None,
-                                    exchanges=_exchanges(self.exchange, mesh, pdims, block_bytes))
+        check_batch(self.batch + self.real_shape, mesh, "x" if forward else "k")
+        bound = _placed(self, mesh, None, None, forward, "x")
         if self.padded_for is not None and bound.k_shape != self.k_shape:
             # The global shapes were fixed when traced, from the mesh in the input's type; a
             # program partitioned on a mesh of other sizes cannot keep them.
@@ -162,7 +153,7 @@ class Plan:
                 f"the spectrum's global shape {self.batch + self.k_shape} was planned when traced "
                 f"for a mesh of (Pa, Pb) = {self.padded_for} (the mesh in the input's type), but "
                 f"XLA partitioned the program on mesh {dict(zip(mesh.axis_names, mesh.axis_sizes))} "
-                f"((Pa, Pb) = {pdims}), which pads it to {self.batch + bound.k_shape}; pass "
+                f"((Pa, Pb) = {bound.pdims}), which pads it to {self.batch + bound.k_shape}; pass "
                 f"`mesh=` to the transform or call it under `jax.set_mesh(mesh)`"
             )
         return bound
@@ -452,26 +443,45 @@ def _k_dtypes(dtype, kinds, argname: str) -> tuple[Any, Any]:
     return _dtypes(dtype, kinds, argname)
 
 
-def plan_forward(x, *, norm, layout, mesh, real: bool = False, kinds=None, padding=1,
-                 exchange: str = "auto", argname: str = "x", chunks=1) -> Plan:
-    """Plan for a forward transform of x (global shape (..., X, Y, Z): the padded grid when
-    `padding` is not 1), along `kinds` (None: c2c, or r2c along Z for `real`)."""
+def _checked_args(x, argname: str, *, norm, layout, kinds, real, padding, chunks):
+    """The argument rules both directions share, each named once, in the order their messages
+    are met: (kinds, padding factors, chunks, x's global shape)."""
     check_norm_layout(norm, layout)
     kinds = check_kinds(kinds, real)
     padding = check_padding(padding, kinds)
     chunks = check_chunks(chunks)
-    shape = _check_array(x, argname)
+    return kinds, padding, chunks, _check_array(x, argname)
+
+
+def _placed(plan: Plan, mesh, deferred, padded_for, forward: bool, argname: str) -> Plan:
+    """`plan` (built with no mesh) on `mesh`: the mesh's pencil axes, their sizes and exchanges,
+    after checking that they split the grid.  One rule for planning and for `Plan.bind`."""
+    axes, pdims = mesh_axes(mesh)
+    if forward:
+        check_split(plan.batch + plan.real_shape, pdims, axes, argname)  # other placements are resharded
+    else:
+        _check_s_split(plan.real_shape, pdims, axes, plan.modes)
+    block_bytes = _block_bytes(plan.batch + plan.real_shape, mesh, plan.k_dtype)
+    return dataclasses.replace(plan, mesh=mesh, axes=axes, pdims=pdims, deferred=deferred,
+                               padded_for=padded_for,
+                               exchanges=_exchanges(plan.exchange, mesh, pdims, block_bytes))
+
+
+def plan_forward(x, *, norm, layout, mesh, real: bool = False, kinds=None, padding=1,
+                 exchange: str = "auto", argname: str = "x", chunks=1) -> Plan:
+    """Plan for a forward transform of x (global shape (..., X, Y, Z): the padded grid when
+    `padding` is not 1), along `kinds` (None: c2c, or r2c along Z for `real`)."""
+    kinds, padding, chunks, shape = _checked_args(x, argname, norm=norm, layout=layout,
+                                                  kinds=kinds, real=real, padding=padding,
+                                                  chunks=chunks)
     real_dtype, k_dtype = _dtypes(x.dtype, kinds, argname)
     modes = _modes_of(shape[-3:], padding, argname)
     _check_lengths(modes, kinds, argname)
     mesh, deferred = batch_mesh(x, shape, find_mesh(x, mesh), argname)
-    axes, pdims = mesh_axes(mesh)
-    check_split(shape, pdims, axes, argname)  # any other placement is resharded
-    block_bytes = _block_bytes(shape, mesh, k_dtype)
-    return _with_chunks(Plan(mesh, axes, pdims, shape[:-3], shape[-3:], kinds, modes, layout,
-                             norm or "backward", real_dtype, k_dtype, exchange,
-                             _exchanges(exchange, mesh, pdims, block_bytes), deferred,
-                             _padded_for(x, mesh, deferred)), chunks)
+    plan = Plan(None, (None, None), (1, 1), shape[:-3], shape[-3:], kinds, modes, layout,
+                norm or "backward", real_dtype, k_dtype, exchange)
+    plan = _placed(plan, mesh, deferred, _padded_for(x, mesh, deferred), True, argname)
+    return _with_chunks(plan, chunks)
 
 
 def _with_chunks(plan: Plan, chunks: int | str) -> Plan:
@@ -490,29 +500,22 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool = False, kinds=None, p
     means k is not padded for the mesh (not with "rfft").  Also validates `s` against k for the
     frequency helpers.
     """
-    check_norm_layout(norm, layout)
-    kinds = check_kinds(kinds, real)
-    padding = check_padding(padding, kinds)
-    chunks = check_chunks(chunks)
-    shape = _check_array(k, argname)
+    kinds, padding, chunks, shape = _checked_args(k, argname, norm=norm, layout=layout,
+                                                  kinds=kinds, real=real, padding=padding,
+                                                  chunks=chunks)
     real_dtype, k_dtype = _k_dtypes(k.dtype, kinds, argname)
     mesh, deferred = batch_mesh(k, shape, find_mesh(k, mesh), argname)
-    axes, pdims = mesh_axes(mesh)
-    kx, ky, kz = _xyz(shape[-3:], layout)
     if s is None:
         if kinds[2] == "rfft":
             raise ValueError(f"`s` (the real-space shape (X, Y, Z)) is required for {caller}")
-        modes = (kx, ky, kz)
+        modes = _xyz(shape[-3:], layout)
     else:
         modes = _check_s(s)
     _check_lengths(modes, kinds, "s")
-    grid = _grid_of(modes, padding)
-    block_bytes = _block_bytes(shape[:-3] + grid, mesh, k_dtype)
-    plan = Plan(mesh, axes, pdims, shape[:-3], grid, kinds, modes, layout, norm or "backward",
-                real_dtype, k_dtype, exchange, _exchanges(exchange, mesh, pdims, block_bytes),
-                deferred, _padded_for(k, mesh, deferred))
+    plan = Plan(None, (None, None), (1, 1), shape[:-3], _grid_of(modes, padding), kinds, modes,
+                layout, norm or "backward", real_dtype, k_dtype, exchange)
+    plan = _placed(plan, mesh, deferred, _padded_for(k, mesh, deferred), False, argname)
     check_k_shape(plan, shape[-3:], argname)
-    _check_s_split(grid, pdims, axes, modes)
     return _with_chunks(plan, chunks)
 
 

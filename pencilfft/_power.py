@@ -300,13 +300,8 @@ class BinSums(LinearOp):
     transposed: bool = False
 
     @property
-    def primal_in(self) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct(self.in_shape, self.dtype)
-
-    @property
-    def primal_out(self) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct(self.in_shape[:-3] + (len(self.rows), self.bins.n_bins),
-                                    self.dtype)
+    def out_shape(self) -> tuple[int, ...]:
+        return self.in_shape[:-3] + (len(self.rows), self.bins.n_bins)
 
     def batched(self, n: int) -> BinSums:
         return dataclasses.replace(self, in_shape=(n,) + self.in_shape)

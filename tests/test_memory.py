@@ -17,7 +17,8 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-from conftest import MPIRUN, RANK, barrier, clean_env, make_mesh, put_global, seeded_data
+from conftest import (MPIRUN, RANK, barrier, clean_env, make_mesh, put_global, seeded_data,
+                      to_numpy)
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
@@ -204,6 +205,62 @@ def test_every_transform_and_input_kind_is_checked(monkeypatch, call, needs, pre
     assert needs in message, message
     assert all(way in message for way in present), message
     assert not any(way in message for way in absent), message
+
+
+# Issue 38: under jit an input the program makes is allocated by it and counts; an argument of the
+# jitted function is already in memory and does not (counting it would refuse what fits).
+# 64^3 on 4x2: blocks of 256 KiB complex (128 KiB real, 133 KiB half spectrum).
+@MPIRUN  # every rank decides alike (the limit is the same), before any collective
+@pytest.mark.parametrize("transform", ["pfft3d", "prfft3d"])
+def test_under_jit_an_input_made_in_the_program_is_counted(monkeypatch, transform):
+    """200 KiB: the made input alone is more (refused, naming it and the grid); the resident
+    argument's output and pieces fit (runs, the values numpy's).  Before, both ran into XLA."""
+    monkeypatch.setenv(ENV, "200KiB")
+    real = transform == "prfft3d"
+    data = seeded_data((64, 64, 64), np.float32 if real else np.complex64)
+    x = put_global(data, pencilfft.real_space_sharding(make_mesh((4, 2)), 3))
+    f = getattr(pencilfft, transform)
+    with pytest.raises(MemoryLimitError) as info:
+        jax.jit(lambda v: f(2 * v))(x)
+    message = str(info.value)
+    assert message.startswith(f"{transform} of a 64x64x64 {data.dtype.name} grid on a 4x2 mesh "
+                              f"needs about "), message
+    assert f"(input {'0.125' if real else '0.25'} MiB" in message, message
+    assert "a device has about 0.195 MiB (PENCILFFT_MEMORY_LIMIT=200KiB)" in message, message
+    k = jax.jit(lambda v: f(v))(x)  # the argument: in memory already
+    ref = (np.fft.rfftn if real else np.fft.fftn)(data.astype(np.float64 if real else np.complex128))
+    got = to_numpy(k)[:, : ref.shape[2]]  # transposed: (Y, Zc, X), Zc padded for the mesh
+    np.testing.assert_allclose(got, np.moveaxis(ref, 0, -1), rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+@MPIRUN
+def test_under_jit_a_made_input_that_fits_chunked_runs(monkeypatch):
+    """400 KiB: the made input (256 KiB) and an unchunked transform do not fit together, 4 pieces
+    in the input's place do (the 12 GB case of issue 38 at test size): it runs, chunked."""
+    monkeypatch.setenv(ENV, "400KiB")
+    data = seeded_data((64, 64, 64), np.complex64)
+    x = put_global(data, pencilfft.real_space_sharding(make_mesh((4, 2)), 3))
+    plan = plan_forward(x, norm="backward", layout="natural", mesh=None, chunks="auto")
+    seen = []
+    jax.jit(lambda v: seen.append(_memory.fit_chunks(plan, True, 2 * v).chunks) or v)(x)
+    assert seen == [4]
+    k = jax.jit(lambda v: pencilfft.pfft3d(2 * v, layout="natural"))(x)
+    ref = np.fft.fftn(2 * data.astype(np.complex128))
+    np.testing.assert_allclose(to_numpy(k), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+def test_a_limit_set_after_compiling_applies_once_the_cache_is_cleared(monkeypatch):
+    """The check runs while tracing (README "Too big for memory"): a compiled function is not
+    traced again until its cache is cleared."""
+    x = _x()
+    f = jax.jit(lambda v: pencilfft.pfft3d(v * 2))
+    monkeypatch.setenv(ENV, "1GiB")
+    f(x)
+    monkeypatch.setenv(ENV, "1KiB")
+    f(x)  # jit's cache: not traced, not checked
+    f.clear_cache()
+    with pytest.raises(MemoryLimitError, match="PENCILFFT_MEMORY_LIMIT=1KiB"):
+        f(x)
 
 
 def test_compiler_partitioned_path_is_not_checked(monkeypatch):

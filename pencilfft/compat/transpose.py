@@ -66,9 +66,9 @@ _RULE = {
 
 @dataclasses.dataclass(frozen=True)
 class Transpose(LinearOp):
-    """One of jaxdecomp's transposes of a global array of `shape` (its mesh may be left open)."""
+    """One of jaxdecomp's transposes of a global array of `in_shape` (its mesh may be left open)."""
 
-    shape: tuple[int, ...]
+    in_shape: tuple[int, ...]
     dtype: Any
     kind: str
     contiguous: bool
@@ -76,12 +76,8 @@ class Transpose(LinearOp):
     transposed: bool = False
 
     @property
-    def primal_in(self) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct(self.shape, self.dtype)
-
-    @property
-    def primal_out(self) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct(self._permute(self.shape), self.dtype)
+    def out_shape(self) -> tuple[int, ...]:
+        return self._permute(self.in_shape)
 
     def _permute(self, shape):
         if not self.contiguous:
@@ -90,7 +86,7 @@ class Transpose(LinearOp):
         return lead + tuple(last3[i] for i in _CONTIGUOUS[self.kind][3])
 
     def batched(self, n: int) -> Transpose:
-        return dataclasses.replace(self, shape=(n,) + self.shape)
+        return dataclasses.replace(self, in_shape=(n,) + self.in_shape)
 
     def primal_local(self, x: jax.Array) -> jax.Array:
         if not self.contiguous:
@@ -99,7 +95,7 @@ class Transpose(LinearOp):
         return jnp.transpose(x, lead + tuple(len(lead) + i for i in _CONTIGUOUS[self.kind][3]))
 
     def primal_on_mesh(self, mesh):
-        check_batch(self.shape, mesh, "x")
+        check_batch(self.in_shape, mesh, "x")
         (a, b), (pa, pb) = mesh_axes(mesh)
         names = {"a": (a, pa), "b": (b, pb), "-": (None, 1)}
         pattern = _IN_SPEC[self.contiguous][self.kind]
@@ -112,19 +108,19 @@ class Transpose(LinearOp):
         out_split = list(in_split)
         out_split[split], out_split[gather] = (axis, n), (None, 1)
         out_split = [out_split[i] for i in order]
-        n_lead = len(self.shape) - 3
+        n_lead = len(self.in_shape) - 3
         for d, (name, size) in enumerate(in_split):
-            if self.shape[n_lead + d] % size:
+            if self.in_shape[n_lead + d] % size:
                 raise ValueError(
-                    f"`x.shape[{n_lead + d}]` (={self.shape[n_lead + d]}) must be divisible by "
+                    f"`x.shape[{n_lead + d}]` (={self.in_shape[n_lead + d]}) must be divisible by "
                     f"mesh axis {name!r} (={size}), which splits it before the transpose"
                 )
-        if self.shape[n_lead + split] % n:
+        if self.in_shape[n_lead + split] % n:
             raise ValueError(
-                f"`x.shape[{n_lead + split}]` (={self.shape[n_lead + split]}) must be divisible "
+                f"`x.shape[{n_lead + split}]` (={self.in_shape[n_lead + split]}) must be divisible "
                 f"by mesh axis {axis!r} (={n}), which splits it in the transpose"
             )
-        lead = list(real_space_spec(mesh, len(self.shape)))[:-3]  # the batch axes' entries
+        lead = list(real_space_spec(mesh, len(self.in_shape)))[:-3]  # the batch axes' entries
         in_spec = P(*lead, *(name for name, _ in in_split))
         out_spec = P(*lead, *(name for name, _ in out_split))
 
@@ -153,31 +149,24 @@ def _transpose(x, kind: str, backend: str) -> jax.Array:
     return run(op, x, mesh)
 
 
-def transposeXtoY(x, backend: str = "jax") -> jax.Array:
-    """X pencil (a, b, -) -> Y pencil (b, a, -): global x.transpose(2, 0, 1) (see the table)."""
-    return _transpose(x, "x_y", backend)
+def _public(name: str, kind: str, doc: str):
+    """jaxdecomp's `name`(x, backend="jax"): the exchange `kind` (one body for the six)."""
+    def transpose(x, backend: str = "jax") -> jax.Array:
+        return _transpose(x, kind, backend)
+
+    transpose.__name__ = transpose.__qualname__ = name
+    transpose.__doc__ = doc
+    return transpose
 
 
-def transposeYtoZ(x, backend: str = "jax") -> jax.Array:
-    """Y pencil (b, a, -) -> Z pencil (a, b, -): global x.transpose(2, 0, 1)."""
-    return _transpose(x, "y_z", backend)
-
-
-def transposeZtoY(x, backend: str = "jax") -> jax.Array:
-    """Z pencil (a, b, -) -> Y pencil (b, a, -): global x.transpose(1, 2, 0)."""
-    return _transpose(x, "z_y", backend)
-
-
-def transposeYtoX(x, backend: str = "jax") -> jax.Array:
-    """Y pencil (b, a, -) -> X pencil (a, b, -): global x.transpose(1, 2, 0)."""
-    return _transpose(x, "y_x", backend)
-
-
-def transposeXtoZ(x, backend: str = "jax") -> jax.Array:
-    """X pencil (a, b, -) -> (b, a, -) in one exchange over a: global x.transpose(1, 2, 0)."""
-    return _transpose(x, "x_z", backend)
-
-
-def transposeZtoX(x, backend: str = "jax") -> jax.Array:
-    """(b, a, -) -> X pencil (a, b, -) in one exchange over a: global x.transpose(2, 0, 1)."""
-    return _transpose(x, "z_x", backend)
+# name: (exchange, what it does).  X pencil: (a, b, -); Y pencil: (b, a, -); Z pencil: (a, b, -).
+_PUBLIC = {
+    "transposeXtoY": ("x_y", "X pencil -> Y pencil: global x.transpose(2, 0, 1) (see the table)."),
+    "transposeYtoZ": ("y_z", "Y pencil -> Z pencil: global x.transpose(2, 0, 1)."),
+    "transposeZtoY": ("z_y", "Z pencil -> Y pencil: global x.transpose(1, 2, 0)."),
+    "transposeYtoX": ("y_x", "Y pencil -> X pencil: global x.transpose(1, 2, 0)."),
+    "transposeXtoZ": ("x_z", "X pencil -> (b, a, -) in one exchange over a: x.transpose(1, 2, 0)."),
+    "transposeZtoX": ("z_x", "(b, a, -) -> X pencil in one exchange over a: x.transpose(2, 0, 1)."),
+}
+transposeXtoY, transposeYtoZ, transposeZtoY, transposeYtoX, transposeXtoZ, transposeZtoX = (
+    _public(name, kind, doc) for name, (kind, doc) in _PUBLIC.items())
