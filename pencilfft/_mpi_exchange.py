@@ -94,22 +94,25 @@ def _compiler() -> tuple[str, ...]:
 
 
 @functools.cache
-def _load() -> str | None:
-    """Build (once per machine and environment) and register the handler; None if it runs,
-    else why not (the compiler's message).  Warns once when the build fails."""
+def _library():
+    """The handler's library, built once per machine and environment and registered with
+    XLA; a string (the compiler's message) if it could not be built, after one warning."""
     try:
         lib = _native.load("mpi", compiler=_compiler())
     except _native.BuildError as e:
         warnings.warn(f"pencilfft: the MPI exchange could not be built, cross-process exchanges "
                       f"use jax's gloo collectives instead (README \"MPI inside XLA\"): {e}",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)
         return f"its handler could not be built ({str(e).splitlines()[0]})"
-    if not lib.pencilfft_mpi_thread_level():
-        return ("MPI was started without MPI_THREAD_MULTIPLE, which its progress thread needs "
-                "(mpi4py asks for it unless mpi4py.rc.thread_level says otherwise)")
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.PencilfftMpiExchange),
                                 platform="cpu")
-    return None
+    return lib
+
+
+def _load() -> str | None:
+    """None if the handler is built and registered, else why not."""
+    lib = _library()
+    return lib if isinstance(lib, str) else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -144,7 +147,13 @@ def unavailable_reason(mesh_size: int | None, platform: str) -> str | None:
         return f"it needs one device per process (this process has {jax.local_device_count()})"
     if mesh_size is not None and mesh_size > nproc:
         return f"the mesh ({mesh_size} devices) has more devices than the {nproc} processes"
-    return _load()
+    lib = _library()
+    if isinstance(lib, str):
+        return lib
+    if lib.pencilfft_mpi_thread_multiple() != 1:
+        return ("MPI was started without MPI_THREAD_MULTIPLE, which its progress thread needs "
+                "(mpi4py asks for it unless mpi4py.rc.thread_level says otherwise)")
+    return None
 
 
 def available(mesh_size: int | None, platform: str) -> bool:

@@ -192,9 +192,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiExchange, Exchange,
                                   .Attr<int64_t>("tag")
                                   .Attr<ffi::Span<const int32_t>>("ranks"));
 
-// For the Python side's check that MPI was started with threads allowed (the progress thread).
-extern "C" int pencilfft_mpi_thread_level() {
-  int level = -1;
+// For the Python side's check that MPI was started with threads allowed (the progress
+// thread): 1 if so, 0 if not, -1 if MPI is not running (MPICH aborts on a query then).
+extern "C" int pencilfft_mpi_thread_multiple() {
+  int initialized = 0, finalized = 0, level = -1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return -1;
   MPI_Query_thread(&level);
   return level == MPI_THREAD_MULTIPLE ? 1 : 0;
 }
