@@ -2,6 +2,8 @@
 process.
 
     mpirun -np N python mpi_exchange_child.py PxQ
+    mpirun -np 2 python mpi_exchange_child.py fail
+
 
 Runs transforms with exchange="mpi" on a PxQ mesh (P*Q = N) and prints, on rank 0, one line
 "REPORT <json>": relative errors against float64 numpy references and against the same
@@ -159,6 +161,22 @@ def main(pdims: tuple[int, int]) -> None:
         print("REPORT " + json.dumps(report), flush=True)
 
 
+def fail() -> None:
+    """Rank 1 fails before its exchange while rank 0 waits in it: the job must end (the abort
+    hook of `pencilfft.initialize`), not hang."""
+    mesh = jax.make_mesh((2, 1), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+    x = jax.device_put(np.ones((4, 4, 4), np.complex64), pencilfft.real_space_sharding(mesh))
+    f = jax.jit(lambda v: pencilfft.pfft3d(v, exchange="mpi"))
+    f(x).block_until_ready()
+    print(f"rank {jax.process_index()} ran one exchange", flush=True)
+    if jax.process_index() == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    f(x).block_until_ready()  # waits for rank 1's chunk, which never comes
+
+
 if __name__ == "__main__":
-    p, q = (int(v) for v in sys.argv[1].split("x"))
-    main((p, q))
+    if sys.argv[1] == "fail":
+        fail()
+    else:
+        p, q = (int(v) for v in sys.argv[1].split("x"))
+        main((p, q))
