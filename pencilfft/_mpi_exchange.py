@@ -13,12 +13,14 @@ back), and a batch axis rides along behind the chunk axis.  Its CPU lowering is 
 call; on any other platform it lowers to XLA's all_to_all (it is only chosen on CPUs).
 
 Who the peers are is decided when the per-device body is traced, where pencilfft knows the
-concrete mesh (`in_mesh`: shard_map's, or the one XLA's partitioner hands the
-compiler-partitioned transform; the abstract mesh in scope there names no devices): the world
-ranks of the processes of every group of devices that exchange together (same coordinates on
-every other mesh axis), ordered by coordinate along the exchanged axis.  The whole table is an
-attribute, so every process compiles the same program and finds its own group in it; jax's
-process index must be the MPI rank (`pencilfft.initialize` makes it so).
+mesh (`in_mesh`: shard_map's, or the one XLA's partitioner hands the compiler-partitioned
+transform): the world ranks of the processes of every group of devices that exchange together
+(same coordinates on every other mesh axis), ordered by coordinate along the exchanged axis.
+The whole table is an attribute, so every process compiles the same program and finds its own
+group in it (jax's process index must be the MPI rank: `pencilfft.initialize` makes it so).
+An Explicit-typed array under jit gives only an abstract mesh, which names no devices: then
+the mesh of `jax.set_mesh`, else `jax.make_mesh`'s order (`_concrete`); the handler checks
+its own place in the table against jax's axis_index, so a wrong guess fails, never mixes data.
 
 Ordering (see csrc/mpi.cc): each lowered exchange gets its own MPI tag, and the handler is
 asynchronous (it posts its messages and returns a future that a progress thread completes),
