@@ -52,9 +52,10 @@ from jax.interpreters import ad, batching, mlir
 from . import _native
 from ._jax_private import concrete_mesh
 
-__all__ = ["available", "exchange", "status", "unavailable_reason"]
+__all__ = ["available", "exchange", "shift", "status", "unavailable_reason"]
 
 TARGET = "pencilfft_mpi_exchange"
+SHIFT_TARGET = "pencilfft_mpi_shift"  # halo_exchange's neighbour sends
 
 # MPI tags of the exchanges: a range of their own on MPI_COMM_WORLD, apart from pencilfft's
 # scatter/gather (tag 0x5046) and the small tags user code usually sends with.
@@ -107,6 +108,8 @@ def _library():
                       RuntimeWarning, stacklevel=4)
         return f"its handler could not be built ({str(e).splitlines()[0]})"
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.PencilfftMpiExchange),
+                                platform="cpu")
+    jax.ffi.register_ffi_target(SHIFT_TARGET, jax.ffi.pycapsule(lib.PencilfftMpiShift),
                                 platform="cpu")
     return lib
 
@@ -204,15 +207,28 @@ def exchange(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     """Inside shard_map: the all_to_all of a chunk-major block (n, ...) over mesh axis
     `axis_name` (per-device; chunk j to peer j; the result's chunk j came from peer j)."""
     mesh = _concrete(_mesh.get())
-    # This device's coordinate along the axis and the index of its group: the handler checks
-    # that the table puts this process there (a wrong guess of the devices fails, never mixes).
+    return exchange_p.bind(y, _where(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
+                           axis_name=axis_name)
+
+
+def shift(y: jax.Array, axis_name: str, n: int, by: int, periodic: bool) -> jax.Array:
+    """Inside shard_map: every device's block y goes to the device `by` positions further
+    along mesh axis `axis_name` (a ppermute; per-device shapes unchanged).  Along a
+    non-periodic axis the devices with nobody `by` positions before them get zeros."""
+    mesh = _concrete(_mesh.get())
+    return shift_p.bind(y, _where(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
+                        axis_name=axis_name, by=by, periodic=periodic)
+
+
+def _where(mesh, axis_name: str) -> jax.Array:
+    """This device's coordinate along the axis and the index of its group: the handler checks
+    that the table puts this process there (a wrong guess of the devices fails, never mixes)."""
     group = 0
     for name, size in zip(mesh.axis_names, mesh.axis_sizes):
         if name != axis_name:
             group = group * size + jax.lax.axis_index(name)
-    where = jnp.stack([jnp.asarray(jax.lax.axis_index(axis_name), jnp.int32),
-                       jnp.asarray(group, jnp.int32)])
-    return exchange_p.bind(y, where, groups=_groups(mesh, axis_name), n=n, axis_name=axis_name)
+    return jnp.stack([jnp.asarray(jax.lax.axis_index(axis_name), jnp.int32),
+                      jnp.asarray(group, jnp.int32)])
 
 
 exchange_p = Primitive(TARGET)
@@ -304,3 +320,55 @@ batching.primitive_batchers[exchange_p] = _batch
 # Not cacheable: every lowered exchange must get a tag of its own.
 mlir.register_lowering(exchange_p, _lower_cpu, platform="cpu", cacheable=False)
 mlir.register_lowering(exchange_p, mlir.lower_fun(_lower_other, multiple_results=False))
+
+
+# ----------------------------------------------------------------------------------------------
+# The shift (halo_exchange's neighbour sends): linear, its transpose the shift back
+
+
+shift_p = Primitive(SHIFT_TARGET)
+
+
+def _lower_shift_cpu(ctx, y, where, *, groups, n, axis_name, by, periodic):
+    del axis_name
+    why = _load()
+    if why is not None:
+        raise ValueError(f"the MPI halo exchange cannot run here: {why}")
+    return jax.ffi.ffi_lowering(SHIFT_TARGET, has_side_effect=True)(
+        ctx, y, where, n=np.int64(n), shift=np.int64(by), periodic=bool(periodic),
+        tag=np.int64(_next_tag()), ranks=np.asarray(groups, np.int32).reshape(-1))
+
+
+def _lower_shift_other(y, where, *, groups, n, axis_name, by, periodic):
+    del where, groups  # XLA's collective, on platforms our custom call does not exist on
+    pairs = [(j, (j + by) % n) for j in range(n) if periodic or 0 <= j + by < n]
+    return jax.lax.ppermute(y, axis_name, pairs)
+
+
+def _shift_jvp(primals, tangents, **params):
+    (y, where), (dy, _) = primals, tangents
+    out = shift_p.bind(y, where, **params)
+    if type(dy) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)
+    return out, shift_p.bind(dy, where, **params)
+
+
+def _shift_transpose(ct, y, where, *, by, **params):
+    if type(ct) is ad.Zero:
+        return ad.Zero(y.aval), None
+    return shift_p.bind(ct, where, by=-by, **params), None
+
+
+def _shift_batch(args, dims, **params):
+    (y, where), (d, dwhere) = args, dims
+    if dwhere is not None:
+        raise NotImplementedError("internal: the MPI shift's coordinates are never batched")
+    return shift_p.bind(y, where, **params), d  # the whole block moves, batch and all
+
+
+shift_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[shift_p] = _shift_jvp
+ad.primitive_transposes[shift_p] = _shift_transpose
+batching.primitive_batchers[shift_p] = _shift_batch
+mlir.register_lowering(shift_p, _lower_shift_cpu, platform="cpu", cacheable=False)
+mlir.register_lowering(shift_p, mlir.lower_fun(_lower_shift_other, multiple_results=False))

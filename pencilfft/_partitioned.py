@@ -43,7 +43,7 @@ from ._decomposition import check_batch
 from ._plan import Plan, _is_tracer, check_k_shape, has_explicit_axes
 from ._stages import run_backward, run_forward
 
-__all__ = ["LinearOp", "Transform", "apply", "place", "run"]
+__all__ = ["LinearOp", "Transform", "apply", "place", "run", "with_mesh"]
 
 
 class LinearOp:
@@ -172,7 +172,7 @@ class Transform(LinearOp):
         plan = self.plan if self.plan.mesh is mesh else self.plan.bind(mesh, self.forward)
         body = self.body(plan)
         if "mpi" in plan.exchanges:  # its exchanges find their peers in the concrete mesh
-            body = _with_mesh(body, mesh)
+            body = with_mesh(body, mesh)
         if self.forward:
             return body, plan.real_spec, plan.k_spec
         check_k_shape(plan, self.in_shape[-3:])
@@ -185,7 +185,8 @@ class Transform(LinearOp):
         return (real, k) if self.forward else (k, real)
 
 
-def _with_mesh(f: Callable, mesh) -> Callable:
+def with_mesh(f: Callable, mesh) -> Callable:
+    """f, traced with `mesh` as the MPI exchanges' concrete mesh (`_mpi_exchange.in_mesh`)."""
     def traced_in_mesh(x):
         with _mpi_exchange.in_mesh(mesh):
             return f(x)

@@ -5,8 +5,8 @@ message that says why; under `mpirun` with one device per process (children star
 tests/mp/mpi_exchange_child.py) "auto" picks it, and it gives the results of the other
 exchanges, under jit, grad, jvp, vmap, scan, chunks, padding, in the compiler-partitioned
 transform and with independent transforms in one program, with no XLA collective or host
-callback left in the program and no more memory than gloo's.  Its lowering for other
-platforms is XLA's all_to_all.
+callback left in the program and no more memory than gloo's; halo_exchange's sends go the
+same way.  Its lowering for other platforms is XLA's all_to_all.
 """
 from __future__ import annotations
 
@@ -137,8 +137,10 @@ def test_under_mpirun_one_device_per_process(np_, pdims):
     for key in ("hlo", "partitioned hlo"):  # the compiled programs: our calls only
         assert report.pop(key) == {"mpi calls": exchanges, "xla collectives": 0,
                                    "host callbacks": 0}, key
+    for key in ("halo hlo periodic", "halo hlo open X"):  # halo_exchange's sends: ours too
+        assert report.pop(key) == {"mpi shifts": 2 * exchanges, "xla collectives": 0}, key
     temp = report.pop("temp bytes")  # per-device memory of the compiled forward
     assert temp["auto"] == temp["mpi"] <= temp["alltoall"], temp
-    assert len(report) == 34
+    assert len(report) == 38
     bad = {k: v for k, v in report.items() if not v < 5 * tol(np.complex64)}
     assert not bad, bad

@@ -115,70 +115,137 @@ ffi::Future Failed(std::string message) {
 // Messages larger than this are cut into pieces (MPI counts are ints).
 constexpr int64_t kPiece = int64_t{1} << 30;
 
-// x: (n, ...) chunk-major, chunk j for peer j; y: same shape, chunk j from peer j.
-// ranks: the world ranks of the processes of every exchange group, n per group, in mesh order
-// along the exchanged axis (every process reads its own group: the program is the same on all).
-// where: (this device's coordinate along the axis, its group's row) from jax's axis_index,
-// to check that the table (made where the mesh was traced) puts this process there.
-ffi::Future Exchange(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where, ffi::Result<ffi::AnyBuffer> y,
-                     int64_t n, int64_t tag, ffi::Span<const int32_t> ranks) {
+ffi::Future Done() {
+  ffi::Promise promise;
+  promise.SetAvailable();
+  return ffi::Future(promise);
+}
+
+// Where this process sits: `ranks` holds the world ranks of the processes of every group that
+// exchanges together, n per group, in mesh order along the exchanged axis (every process reads
+// its own group: the program is the same on all); `where` = (this device's coordinate along
+// the axis, its group's row), from jax's axis_index.  Checks that the table (made where the
+// mesh was traced) puts this process there; an error message if not.
+std::string Locate(ffi::Buffer<ffi::S32>& where, int64_t n, ffi::Span<const int32_t> ranks,
+                   int64_t* start, int64_t* pos) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (!initialized || finalized) return Failed("MPI is not running in this process");
-  const int64_t bytes = static_cast<int64_t>(x.size_bytes());
-  if (n <= 0 || bytes % n || static_cast<int64_t>(y->size_bytes()) != bytes ||
-      ranks.size() % n) {
-    return Failed("inconsistent sizes (internal error)");
+  if (!initialized || finalized) return "MPI is not running in this process";
+  if (n <= 0 || ranks.size() % n || where.element_count() != 2) {
+    return "inconsistent sizes (internal error)";
   }
   int me = -1;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  if (where.element_count() != 2) return Failed("bad coordinates (internal error)");
-  const int64_t pos = where.typed_data()[0], group = where.typed_data()[1];
-  const int64_t start = group * n;
-  if (pos < 0 || pos >= n || group < 0 || start + n > static_cast<int64_t>(ranks.size()) ||
-      ranks[start + pos] != me) {
-    return Failed("MPI rank " + std::to_string(me) + " is not where the mesh puts its device "
-                  "(the devices of an abstract mesh were guessed wrong: pass `mesh=` or call "
-                  "the transform under jax.set_mesh(mesh))");
+  *pos = where.typed_data()[0];
+  const int64_t group = where.typed_data()[1];
+  *start = group * n;
+  if (*pos < 0 || *pos >= n || group < 0 || *start + n > static_cast<int64_t>(ranks.size()) ||
+      ranks[*start + *pos] != me) {
+    return "MPI rank " + std::to_string(me) + " is not where the mesh puts its device (the "
+           "devices of an abstract mesh were guessed wrong: pass `mesh=` or call the "
+           "transform under jax.set_mesh(mesh))";
+  }
+  return "";
+}
+
+// Posts one message (in pieces of at most kPiece bytes: MPI counts are ints); false on error.
+bool Post(Pending* op, bool receive, char* data, int64_t bytes, int rank, int64_t tag) {
+  for (int64_t off = 0; off < bytes; off += kPiece) {
+    const int count = static_cast<int>(std::min(kPiece, bytes - off));
+    MPI_Request request;
+    int err = receive ? MPI_Irecv(data + off, count, MPI_BYTE, rank, static_cast<int>(tag),
+                                  MPI_COMM_WORLD, &request)
+                      : MPI_Isend(data + off, count, MPI_BYTE, rank, static_cast<int>(tag),
+                                  MPI_COMM_WORLD, &request);
+    if (err != MPI_SUCCESS) return false;
+    op->requests.push_back(request);
+  }
+  return true;
+}
+
+// Hands the posted messages to the progress thread; XLA waits on the returned future.
+ffi::Future Start(Pending* op) {
+  ffi::Future future(op->promise);
+  progress().Add(op);
+  return future;
+}
+
+ffi::Future PostFailed(Pending* op) {
+  // Posted requests stay posted (MPI cannot take them back); the job ends anyway.
+  delete op;
+  return Failed("MPI_Isend/MPI_Irecv failed");
+}
+
+// The all-to-all.  x: (n, ...) chunk-major, chunk j for peer j; y: same shape, chunk j from
+// peer j.
+ffi::Future Exchange(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where, ffi::Result<ffi::AnyBuffer> y,
+                     int64_t n, int64_t tag, ffi::Span<const int32_t> ranks) {
+  int64_t start = 0, pos = 0;
+  std::string why = Locate(where, n, ranks, &start, &pos);
+  if (!why.empty()) return Failed(why);
+  const int64_t bytes = static_cast<int64_t>(x.size_bytes());
+  if (bytes % n || static_cast<int64_t>(y->size_bytes()) != bytes) {
+    return Failed("inconsistent sizes (internal error)");
   }
   const int64_t chunk = bytes / n;
-  const char* src = static_cast<const char*>(x.untyped_data());
+  char* src = static_cast<char*>(x.untyped_data());
   char* dst = static_cast<char*>(y->untyped_data());
   std::memcpy(dst + pos * chunk, src + pos * chunk, chunk);  // one's own chunk stays
-  if (n == 1) {
-    ffi::Promise promise;
-    promise.SetAvailable();
-    return ffi::Future(promise);
-  }
+  if (n == 1) return Done();
   auto* op = new Pending();
   op->requests.reserve(2 * (n - 1) * (chunk / kPiece + 1));
   // Receives first, then sends, each peer starting from the next one up (a ring order, so
   // that not every process sends to peer 0 first).
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int64_t s = 1; s < n; ++s) {
-      const int64_t peer = pass == 0 ? (pos - s + n) % n : (pos + s) % n;
-      const int rank = ranks[start + peer];
-      for (int64_t off = 0; off < chunk; off += kPiece) {
-        const int count = static_cast<int>(std::min(kPiece, chunk - off));
-        MPI_Request request;
-        int err = pass == 0
-            ? MPI_Irecv(dst + peer * chunk + off, count, MPI_BYTE, rank, static_cast<int>(tag),
-                        MPI_COMM_WORLD, &request)
-            : MPI_Isend(src + peer * chunk + off, count, MPI_BYTE, rank, static_cast<int>(tag),
-                        MPI_COMM_WORLD, &request);
-        if (err != MPI_SUCCESS) {
-          // Posted requests stay posted (MPI cannot take them back); the job ends anyway.
-          delete op;
-          return Failed("MPI_Isend/MPI_Irecv failed with error " + std::to_string(err));
-        }
-        op->requests.push_back(request);
-      }
+  for (int64_t s = 1; s < n; ++s) {
+    const int64_t peer = (pos - s + n) % n;
+    if (!Post(op, true, dst + peer * chunk, chunk, ranks[start + peer], tag)) {
+      return PostFailed(op);
     }
   }
-  ffi::Future future(op->promise);
-  progress().Add(op);
-  return future;
+  for (int64_t s = 1; s < n; ++s) {
+    const int64_t peer = (pos + s) % n;
+    if (!Post(op, false, src + peer * chunk, chunk, ranks[start + peer], tag)) {
+      return PostFailed(op);
+    }
+  }
+  return Start(op);
+}
+
+// The shift (halo_exchange's neighbour sends, a ppermute by `shift` positions): y on the
+// device at `pos` is x of the device at pos - shift; along a non-periodic axis the devices
+// with no such neighbour get zeros (as ppermute gives them) and the last ones send nothing.
+ffi::Future Shift(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where, ffi::Result<ffi::AnyBuffer> y,
+                  int64_t n, int64_t shift, bool periodic, int64_t tag,
+                  ffi::Span<const int32_t> ranks) {
+  int64_t start = 0, pos = 0;
+  std::string why = Locate(where, n, ranks, &start, &pos);
+  if (!why.empty()) return Failed(why);
+  const int64_t bytes = static_cast<int64_t>(x.size_bytes());
+  if (static_cast<int64_t>(y->size_bytes()) != bytes) {
+    return Failed("inconsistent sizes (internal error)");
+  }
+  char* src = static_cast<char*>(x.untyped_data());
+  char* dst = static_cast<char*>(y->untyped_data());
+  const int64_t from = pos - shift, to = pos + shift;
+  const bool receives = periodic || (from >= 0 && from < n);
+  const bool sends = periodic || (to >= 0 && to < n);
+  if (!receives) std::memset(dst, 0, bytes);
+  const int64_t from_pos = ((from % n) + n) % n, to_pos = ((to % n) + n) % n;
+  if (from_pos == pos) {  // onto itself (periodic, shift a multiple of n)
+    std::memcpy(dst, src, bytes);
+    return Done();
+  }
+  auto* op = new Pending();
+  if ((receives && !Post(op, true, dst, bytes, ranks[start + from_pos], tag)) ||
+      (sends && !Post(op, false, src, bytes, ranks[start + to_pos], tag))) {
+    return PostFailed(op);
+  }
+  if (op->requests.empty()) {
+    delete op;
+    return Done();
+  }
+  return Start(op);
 }
 
 }  // namespace
@@ -189,6 +256,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiExchange, Exchange,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("n")
+                                  .Attr<int64_t>("tag")
+                                  .Attr<ffi::Span<const int32_t>>("ranks"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiShift, Shift,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("n")
+                                  .Attr<int64_t>("shift")
+                                  .Attr<bool>("periodic")
                                   .Attr<int64_t>("tag")
                                   .Attr<ffi::Span<const int32_t>>("ranks"));
 
