@@ -13,7 +13,9 @@ Halo cells beyond a non-periodic edge of G keep their values (jaxdecomp's rule, 
 follows: they become 0).  A mesh axis of size 1 wraps within the block (periodic) or leaves the
 halo alone (jaxdecomp: leaves it alone).
 
-Per device it is two rounds of neighbour sends (`ppermute`), X then Y: the X round carries
+Per device it is two rounds of neighbour sends (`ppermute`; across CPU processes with one
+device each, MPI inside XLA, `_mpi_exchange.shift`, where the transforms' exchanges use it), X
+then Y: the X round carries
 whole X-halo rows, the Y round whole columns, X halos included, so the corners arrive from the
 diagonal neighbour in two hops without a third round.  Like the transforms, it runs in
 `shard_map` when the mesh is known and through the compiler-partitioned path

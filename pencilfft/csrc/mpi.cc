@@ -1,9 +1,10 @@
 // pencilfft's exchange through MPI inside XLA (exchange="mpi", pencilfft/_mpi_exchange.py).
 //
-// One XLA FFI handler, PencilfftMpiExchange: the all-to-all of a chunk-major block
-// (n, ...) between the n processes of one mesh axis, on XLA's own buffers: chunk j of the
-// input goes to peer j, the chunk received from peer j lands in slot j of the output, and the
-// process's own chunk is copied across.  Built with the MPI compiler wrapper that mpi4py was
+// Two XLA FFI handlers, on XLA's own buffers: PencilfftMpiExchange, the all-to-all of a
+// chunk-major block (n, ...) between the n processes of one mesh axis (chunk j of the input
+// goes to peer j, the chunk received from peer j lands in slot j of the output, the process's
+// own chunk is copied across); PencilfftMpiShift, halo_exchange's neighbour sends (the whole
+// buffer to the process `shift` positions further along the axis).  Built with the MPI compiler wrapper that mpi4py was
 // built with, so it talks to the same MPI library in the same process.
 //
 // Ordering.  XLA:CPU runs thunks that do not depend on each other concurrently and in no fixed
