@@ -10,18 +10,22 @@ For each grid and process grid PxQ (X split P ways, Y Q ways), complex64, on the
 in one run, interleaved round-robin so that load drifts hit every row alike:
 
 * `pencilfft/<exchange>`: `jax.jit(lambda v: pifft3d(pfft3d(v)))` (forward + inverse), for
-  `exchange` auto, alltoall, pairwise and mpi (the exchange through mpi4py);
+  `exchange` auto, alltoall, pairwise (jax's gloo collectives across processes) and mpi (MPI
+  inside XLA, our custom call, issue 37; "auto" picks it here when it is built);
 * `mpi4py-fft`: `PFFT(comm, shape, axes=(0, 1, 2), grid=(P, Q), backend="fftw")`, `forward`
   then `backward` (only if mpi4py_fft is installed; it needs FFTW);
 and the breakdown of one exchange and of the local work:
 * `exchange: jax all_to_all`: one `jax.lax.all_to_all` of the per-device block over the mesh
   axis of the first exchange (what a pencilfft exchange sends, without its local reordering);
+* `exchange: pencilfft mpi`: the same bytes through our custom call in a jit program
+  (chunk-major block, no reordering);
 * `exchange: MPI Alltoall`: `comm.Alltoall` of the same bytes between the same processes;
 * `local FFTs`: forward + inverse FFTs of lengths Z, Y, X over one per-device block with no
   data movement (the compute floor of the transform).
 
 A time is the median over `--repeats` calls after `--warmup`, every call started together
-(a barrier before it), and the largest over the processes.  One JSON record per row.
+(a barrier before it), and the largest over the processes.  One JSON record per row, with the
+load average when the run ended (others may share the cores) and glibc's malloc settings.
 """
 from __future__ import annotations
 
@@ -39,7 +43,8 @@ from benchmarks import harness
 
 EXCHANGES = ("auto", "alltoall", "pairwise", "mpi")
 ROWS = tuple(f"pencilfft/{e}" for e in EXCHANGES) + (
-    "mpi4py-fft", "exchange: jax all_to_all", "exchange: MPI Alltoall", "local FFTs")
+    "mpi4py-fft", "exchange: jax all_to_all", "exchange: pencilfft mpi", "exchange: MPI Alltoall",
+    "local FFTs")
 
 
 def _timer(comm, repeats: int, warmup: int) -> Callable[[Callable[[], Any]], float]:
@@ -106,6 +111,7 @@ def _programs(shape: tuple[int, int, int], pdims: tuple[int, int], comm) -> dict
     a2a = jax.jit(jax.shard_map(lambda b: jax.lax.all_to_all(b, name, 2, 2, tiled=True),
                                 mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y")))
     calls["exchange: jax all_to_all"] = lambda: a2a(x)
+    calls["exchange: pencilfft mpi"] = _mpi_call(mesh, name, n, x)
     coords = np.argwhere(mesh.devices == jax.local_devices()[0])[0]
     sub = comm.Split(color=int(coords[0] if name == "y" else coords[1]), key=comm.rank)
     send = np.ascontiguousarray(local.reshape(block[:2] + (n, Z // n)).transpose(2, 0, 1, 3))
@@ -122,6 +128,22 @@ def _programs(shape: tuple[int, int, int], pdims: tuple[int, int], comm) -> dict
 
     calls["local FFTs"] = lambda: ffts(lb)
     return calls
+
+
+def _mpi_call(mesh, name: str, n: int, x) -> Callable:
+    """One exchange of x's per-device block through our custom call (chunk-major: the block
+    split along its first axis, which holds the same bytes as the all_to_all row's)."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    from pencilfft import _mpi_exchange
+
+    def body(b):
+        with _mpi_exchange.in_mesh(mesh):
+            return _mpi_exchange.exchange(b.reshape((n, -1)), name, n).reshape(b.shape)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y")))
+    return lambda: f(x)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,7 +182,9 @@ def run(args: argparse.Namespace) -> int:
                     dtype="complex64", median_ms=1e3 * statistics.median(times[name]),
                     repeats=args.repeats, rounds=args.rounds, versions=versions,
                     machine=platform.node(), cores=os.cpu_count(),
-                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv)))
+                    date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
+                    load=os.getloadavg()[0], malloc={k: v for k, v in os.environ.items()
+                                                     if k.startswith("MALLOC_")}))
     if comm.rank == 0:
         for r in records:
             line = json.dumps(r)

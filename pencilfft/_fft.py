@@ -35,17 +35,19 @@ def _run(plan: Plan, forward: bool, x) -> jax.Array:
     plan = fit_chunks(plan, forward, x)  # too big for the devices? before XLA
     if plan.mesh is None:
         if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
-            refused = [a for a in plan.exchanges if not ALGORITHMS[a].traced_without_mesh]
-            if refused:
-                raise ValueError(
-                    f"`exchange`={refused[0]!r} needs the mesh when the transform is traced (its "
-                    "ordered host callback cannot live inside the compiler-partitioned "
-                    "transform): pass `mesh=`, call it under `jax.set_mesh(mesh)`, or use an "
-                    "Explicit mesh"
-                )
+            _check_traced_without_mesh(plan.exchanges)
         else:
             _check_one_device(x)
     return run(Transform(plan, forward, tuple(np.shape(x))), x, plan.mesh)
+
+
+def _check_traced_without_mesh(exchanges) -> None:
+    """Refuse, at the call, an exchange that cannot run in the compiler-partitioned transform
+    (rather than from inside XLA's partitioner, which reports it as an internal error)."""
+    for name in dict.fromkeys(exchanges):
+        why = ALGORITHMS[name].unavailable(None, jax.default_backend())
+        if why is not None:
+            raise ValueError(f"`exchange`={name!r} cannot run here: {why}")
 
 
 def _check_one_device(x) -> None:

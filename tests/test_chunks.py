@@ -157,7 +157,7 @@ def test_batch_meshes(shape):
     assert rel_err(to_numpy(pencilfft.pirfft3d(k, (16, 16, 16), chunks=2)), data) < 1e-12
 
 
-@MPIRUN  # the exchanges of the pieces across processes, "mpi" (mpi4py from the host) too
+@MPIRUN  # the exchanges of the pieces across processes, "mpi" (MPI inside XLA) too
 @pytest.mark.parametrize("exchange", ["alltoall", "mpi"])
 def test_across_processes(exchange):
     if exchange == "mpi" and jax.process_count() != len(jax.devices()):

@@ -38,6 +38,10 @@ def test_check_in_process_prints_once_and_passes(capsys):
             assert f"│ {mesh}" in out
         assert out.count("transposed") == 2 and out.count("natural") == 2
         assert "FAIL" not in out and "padded" not in out
+        # which transport the exchanges across processes use, and why (none in one process;
+        # gloo with several devices per process)
+        assert re.search(r"cross-process exchanges: (one process|gloo \(the MPI exchange does "
+                         r"not run: it needs one device per process)", out)
     else:
         assert out == ""
 

@@ -1,9 +1,12 @@
-"""exchange="mpi": blocks sent by mpi4py from the host, CPU processes with one device each.
+"""exchange="mpi": MPI inside XLA (our custom call), CPU processes with one device each.
 
-Where it cannot run (one process with several devices, the mesh left to the compiler), it is
-refused with a message that says why; under `mpirun` with one device per process (children
-started here, tests/mp/mpi_exchange_child.py) it gives the results of the other exchanges, under
-jit, grad, jvp, vmap and scan, with no XLA collective left in the program.
+Where it cannot run (one process with several devices, no MPI running), it is refused with a
+message that says why; under `mpirun` with one device per process (children started here,
+tests/mp/mpi_exchange_child.py) "auto" picks it, and it gives the results of the other
+exchanges, under jit, grad, jvp, vmap, scan, chunks, padding, in the compiler-partitioned
+transform and with independent transforms in one program, with no XLA collective or host
+callback left in the program and no more memory than gloo's; halo_exchange's sends go the
+same way.  Its lowering for other platforms is XLA's all_to_all.
 """
 from __future__ import annotations
 
@@ -35,10 +38,11 @@ def test_refused_with_several_devices_per_process():
 
 
 def test_refused_when_the_compiler_picks_the_mesh():
+    """The compiler-partitioned transform takes it where it runs; here it does not (several
+    devices per process, or no MPI): refused at the call, not from inside XLA's partitioner."""
     mesh = make_mesh((4, 2), "auto")
     x = put_global(random_field((8, 8, 8), np.complex64), NamedSharding(mesh, P("x", "y")))
-    with pytest.raises(ValueError, match=r"`exchange`='mpi' needs the mesh when the transform is "
-                                         r"traced .* pass `mesh=`, call it under `jax.set_mesh"):
+    with pytest.raises(ValueError, match=r"`exchange`='mpi' cannot run here: "):
         jax.jit(lambda v: pencilfft.pfft3d(v, exchange="mpi"))(x)
 
 
@@ -63,24 +67,80 @@ def test_autotune_offers_it_only_where_it_runs():
     assert _autotune._default_exchanges(jax.devices()) == ("alltoall", "pairwise")
 
 
-@pytest.mark.parametrize("np_,pdims", [(2, "2x1"), (2, "1x2"), (4, "2x2")])
-def test_under_mpirun_one_device_per_process(np_, pdims):
+def test_other_platforms_lower_to_xla_all_to_all():
+    """Only the CPU lowering holds our custom call (it is never chosen elsewhere, but a program
+    lowered for GPUs must not name it); on CPUs the call is there, and nothing else moves."""
+    from pencilfft import _mpi_exchange
+
+    mesh = make_mesh((4, 2))
+
+    def body(y):
+        with _mpi_exchange.in_mesh(mesh):
+            return _mpi_exchange.exchange(y, "x", 4)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y")))
+    x = jax.ShapeDtypeStruct((16, 8, 4), np.complex64, sharding=NamedSharding(mesh, P("x", "y")))
+    cuda = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert _mpi_exchange.TARGET not in cuda and "all_to_all" in cuda
+    if _mpi_exchange._load() is None:  # the handler builds here (mpicxx of the mpi extra)
+        cpu = f.trace(x).lower(lowering_platforms=("cpu",)).as_text()
+        assert _mpi_exchange.TARGET in cpu and "all_to_all" not in cpu
+
+
+def test_failed_build_warns_once_and_says_why(monkeypatch, tmp_path):
+    from pencilfft import _mpi_exchange
+
+    monkeypatch.setenv("PENCILFFT_MPICXX", str(tmp_path / "no-such-mpicxx"))
+    monkeypatch.setenv("PENCILFFT_CACHE_DIR", str(tmp_path))
+    _mpi_exchange._library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="use jax's gloo collectives instead") as record:
+            why = _mpi_exchange._load()
+            assert _mpi_exchange._load() == why  # decided once: one warning
+        assert len(record) == 1
+        assert why.startswith("its handler could not be built")
+    finally:
+        _mpi_exchange._library.cache_clear()
+
+
+def _mpirun(np_: int, arg: str, timeout: int) -> subprocess.CompletedProcess:
     mpirun = Path(sys.executable).parent / "mpirun"
     if not mpirun.exists():
         pytest.skip(f"no mpirun next to {sys.executable}")
     try:
-        done = subprocess.run([str(mpirun), "-np", str(np_), sys.executable, str(CHILD), pdims],
-                              env=clean_env(1), capture_output=True, text=True, timeout=300)
+        return subprocess.run([str(mpirun), "-np", str(np_), sys.executable, str(CHILD), arg],
+                              env=clean_env(1), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"mpirun -np {np_} still running after 300 s:\n{e.stdout}\n{e.stderr}")
+        pytest.fail(f"mpirun -np {np_} still running after {timeout} s:\n{e.stdout}\n{e.stderr}")
+
+
+def test_a_failing_rank_ends_the_job():
+    """Rank 0 waits inside the exchange for a rank that has failed: the job ends."""
+    done = _mpirun(2, "fail", 120)
+    assert done.returncode != 0
+    assert done.stdout.count("ran one exchange") == 2, done.stdout[-2000:]
+    assert "rank 1 fails on purpose" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("np_,pdims", [(2, "2x1"), (2, "1x2"), (4, "2x2")])
+def test_under_mpirun_one_device_per_process(np_, pdims):
+    done = _mpirun(np_, pdims, 300)
     reports = [json.loads(line.split("REPORT ", 1)[1])
                for line in done.stdout.splitlines() if "REPORT " in line]
     assert done.returncode == 0 and len(reports) == 1, (done.returncode, done.stdout[-3000:],
                                                         done.stderr[-3000:])
     (report,) = reports
     assert report.pop("devices") == 1
-    assert report.pop("hlo all-to-all") == 0 and report.pop("hlo collective-permute") == 0
-    assert report.pop("hlo callbacks") >= 1
-    assert len(report) == 31
+    assert report.pop("status").startswith("MPI inside XLA")
+    assert report.pop("auto picks") == ["mpi", "mpi"]
+    exchanges = pdims.split("x").count("2")  # mesh axes that exchange
+    for key in ("hlo", "partitioned hlo"):  # the compiled programs: our calls only
+        assert report.pop(key) == {"mpi calls": exchanges, "xla collectives": 0,
+                                   "host callbacks": 0}, key
+    for key in ("halo hlo periodic", "halo hlo open X"):  # halo_exchange's sends: ours too
+        assert report.pop(key) == {"mpi shifts": 2 * exchanges, "xla collectives": 0}, key
+    temp = report.pop("temp bytes")  # per-device memory of the compiled forward
+    assert temp["auto"] == temp["mpi"] <= temp["alltoall"], temp
+    assert len(report) == 38
     bad = {k: v for k, v in report.items() if not v < 5 * tol(np.complex64)}
     assert not bad, bad

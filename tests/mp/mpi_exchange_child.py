@@ -1,11 +1,15 @@
-"""Child for tests/test_mpi_exchange.py: the exchange through MPI, one CPU device per process.
+"""Child for tests/test_mpi_exchange.py: the exchange through MPI inside XLA, one CPU device per
+process.
 
     mpirun -np N python mpi_exchange_child.py PxQ
+    mpirun -np 2 python mpi_exchange_child.py fail
+
 
 Runs transforms with exchange="mpi" on a PxQ mesh (P*Q = N) and prints, on rank 0, one line
 "REPORT <json>": relative errors against float64 numpy references and against the same
-transform with exchange="alltoall", for the ways users call it (jit, grad, jvp, vmap, scan, two
-independent transforms in one program), and what the compiled program holds.
+transform with exchange="alltoall" (jax's gloo collectives), for the ways users call it (jit,
+grad, jvp, vmap, scan, chunks, padding, the compiler-partitioned transform, two independent
+transforms in one program), what "auto" picks, what the compiled program holds, and its memory.
 """
 from __future__ import annotations
 
@@ -20,20 +24,33 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
-from jax.sharding import AxisType  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
+
+from pencilfft import _mpi_exchange, _plan  # noqa: E402
+
+
+def _gather(x) -> np.ndarray:
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def _err(got, ref) -> float:
     """Relative error of the global array `got` (zero padding cut off) against `ref`."""
-    got = np.asarray(multihost_utils.process_allgather(got, tiled=True))
-    ref = np.asarray(ref)
+    got, ref = _gather(got), np.asarray(ref)
     got = got[tuple(slice(0, n) for n in ref.shape)]
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def main(pdims: tuple[int, int]) -> None:
-    mesh = jax.make_mesh(pdims, ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
-    report: dict[str, object] = {"devices": jax.local_device_count()}
+def _hlo_counts(compiled_text: str) -> dict[str, int]:
+    return {
+        "mpi calls": compiled_text.count(f'custom_call_target="{_mpi_exchange.TARGET}"'),
+        "xla collectives": sum(compiled_text.count(op) for op in (
+            "all-to-all(", "collective-permute(", "all-gather(", "all-reduce(",
+            "reduce-scatter(")),
+        "host callbacks": compiled_text.count("callback"),
+    }
+
+
+def transforms(mesh, report: dict) -> None:
     for shape in [(8, 12, 10), (6, 10, 7)]:  # even, and uneven for the padded exchange
         rng = np.random.default_rng(0)
         g = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
@@ -46,9 +63,8 @@ def main(pdims: tuple[int, int]) -> None:
             ref = np.fft.fftn(g.astype(np.complex128))
             ref = ref.transpose(1, 2, 0) if layout == "transposed" else ref
             report[f"fft {key}"] = _err(k, ref)
-            report[f"fft vs alltoall {key}"] = _err(k, multihost_utils.process_allgather(
-                fwd(x, "alltoall"), tiled=True))
-            # in pieces (issue 27's chunks): the host callback inside the loop over pieces
+            report[f"fft vs alltoall {key}"] = _err(k, _gather(fwd(x, "alltoall")))
+            # eagerly, and in pieces (issue 27's chunks): the custom call inside the loop
             report[f"fft chunks=3 {key}"] = _err(pencilfft.pfft3d(
                 x, layout=layout, exchange="mpi", chunks=3), ref)
             back = pencilfft.pifft3d(k, s=shape, layout=layout, exchange="mpi")
@@ -67,18 +83,24 @@ def main(pdims: tuple[int, int]) -> None:
             return jnp.sum(jnp.abs(pencilfft.pifft3d(k * 2.0, s=shape, exchange=e)) ** 2)
 
         grads = [jax.jit(jax.grad(loss), static_argnums=1)(x, e) for e in ("mpi", "alltoall")]
-        report[f"grad {shape}"] = _err(grads[0], multihost_utils.process_allgather(grads[1], tiled=True))
-        tangents = [jax.jit(lambda v, e: jax.jvp(lambda u: pencilfft.pfft3d(u, exchange=e), (v,), (v * 3,))[1],
+        report[f"grad {shape}"] = _err(grads[0], _gather(grads[1]))
+        tangents = [jax.jit(lambda v, e: jax.jvp(lambda u: pencilfft.pfft3d(u, exchange=e),
+                                                 (v,), (v * 3,))[1],
                             static_argnums=1)(x, e) for e in ("mpi", "alltoall")]
-        report[f"jvp {shape}"] = _err(tangents[0], multihost_utils.process_allgather(tangents[1], tiled=True))
+        report[f"jvp {shape}"] = _err(tangents[0], _gather(tangents[1]))
 
-    # vmap over a batch, scan over steps, and two independent transforms in one program.
+
+def programs(mesh, report: dict) -> None:
+    """vmap, scan, two independent transforms in one program, the compiler-partitioned
+    transform, "auto", and the compiled program."""
     shape = (8, 12, 10)
     rng = np.random.default_rng(1)
-    gb = rng.standard_normal((3,) + shape).astype(np.complex64)
+    gb = (rng.standard_normal((3,) + shape) + 1j * rng.standard_normal((3,) + shape)).astype(
+        np.complex64)
     xb = jax.device_put(gb, pencilfft.real_space_sharding(mesh, 4))
     vm = jax.jit(jax.vmap(lambda v: pencilfft.pfft3d(v, exchange="mpi")))(xb)
-    report["vmap"] = _err(vm, np.fft.fftn(gb.astype(np.complex128), axes=(1, 2, 3)).transpose(0, 2, 3, 1))
+    ref = lambda v: np.fft.fftn(v.astype(np.complex128), axes=(-3, -2, -1))  # noqa: E731
+    report["vmap"] = _err(vm, np.moveaxis(ref(gb), -3, -1))
 
     def step(c, _):
         return pencilfft.pifft3d(pencilfft.pfft3d(c, exchange="mpi") * 0.5, exchange="mpi"), None
@@ -87,20 +109,109 @@ def main(pdims: tuple[int, int]) -> None:
     out, _ = jax.jit(lambda c: jax.lax.scan(step, c, None, length=3))(x0)
     report["scan"] = _err(out, gb[0] / 8)
 
-    def two(a, b):
-        return pencilfft.pfft3d(a, exchange="mpi"), pencilfft.pfft3d(b * 2, exchange="mpi")
+    # Two independent transforms (same shapes: one inner function for jax) and a third of
+    # another shape: XLA may run their exchanges in any order, on any thread, per process.
+    xs = jax.device_put(gb[2, :, :, :8], pencilfft.real_space_sharding(mesh))
 
-    ka, kb = jax.jit(two)(x0, xb[1])
-    ref = lambda v: np.fft.fftn(v.astype(np.complex128)).transpose(1, 2, 0)  # noqa: E731
-    report["two programs"] = max(_err(ka, ref(gb[0])), _err(kb, ref(2 * gb[1])))
-    hlo = jax.jit(lambda v: pencilfft.pfft3d(v, exchange="mpi")).lower(x0).compile().as_text()
-    report["hlo all-to-all"] = hlo.count("all-to-all(")
-    report["hlo collective-permute"] = hlo.count("collective-permute(")
-    report["hlo callbacks"] = hlo.count("custom-call(")
+    def three(a, b, c):
+        return (pencilfft.pfft3d(a, exchange="mpi"), pencilfft.pfft3d(b * 2, exchange="mpi"),
+                pencilfft.pfft3d(c, exchange="mpi"))
+
+    worst = 0.0
+    for _ in range(5):
+        ka, kb, kc = jax.jit(three)(x0, jax.device_put(gb[1], x0.sharding), xs)
+        worst = max(worst, _err(ka, np.moveaxis(ref(gb[0]), -3, -1)),
+                    _err(kb, np.moveaxis(ref(2 * gb[1]), -3, -1)),
+                    _err(kc, np.moveaxis(ref(gb[2, :, :, :8]), -3, -1)))
+    report["independent transforms"] = worst
+
+    # The compiler-partitioned transform: jit on an Auto mesh, nothing in scope.
+    auto_mesh = jax.make_mesh(mesh.axis_sizes, mesh.axis_names,
+                              axis_types=(AxisType.Auto,) * 2)
+    xa = jax.device_put(gb[0], NamedSharding(auto_mesh, P("x", "y")))
+    part = jax.jit(lambda v: pencilfft.pfft3d(v, exchange="mpi"))
+    report["partitioned"] = _err(part(xa), np.moveaxis(ref(gb[0]), -3, -1))
+    grads = [jax.jit(jax.grad(lambda v, e=e: jnp.sum(jnp.abs(pencilfft.pfft3d(
+        v, exchange=e)) ** 2)))(xa) for e in ("mpi", "alltoall")]
+    report["partitioned grad"] = _err(grads[0], _gather(grads[1]))
+    counts = _hlo_counts(part.lower(xa).compile().as_text())
+    report["partitioned hlo"] = counts
+
+    # What "auto" picks: this exchange, on both axes.
+    plan = _plan.plan_forward(x0, norm="backward", layout="transposed", mesh=None)
+    report["auto picks"] = list(plan.exchanges)
+    k_auto = jax.jit(pencilfft.pfft3d)(x0)
+    report["auto fft"] = _err(k_auto, np.moveaxis(ref(gb[0]), -3, -1))
+
+    fwd = {e: jax.jit(lambda v, e=e: pencilfft.pfft3d(v, exchange=e))
+           for e in ("auto", "mpi", "alltoall")}
+    compiled = {e: f.lower(x0).compile() for e, f in fwd.items()}
+    report["hlo"] = _hlo_counts(compiled["auto"].as_text())
+    memory = {e: c.memory_analysis() for e, c in compiled.items()}
+    report["temp bytes"] = {e: int(m.temp_size_in_bytes) for e, m in memory.items()}
+
+
+def halos(mesh, report: dict) -> None:
+    """halo_exchange's sends through MPI (what "auto" does here) against ppermute's (gloo)."""
+    from pencilfft import _halo
+
+    rng = np.random.default_rng(2)
+    g = rng.standard_normal((8, 12, 6)).astype(np.float32)
+    x = jax.device_put(g, pencilfft.real_space_sharding(mesh))
+    weights = jax.device_put(rng.standard_normal(g.shape).astype(np.float32), x.sharding)
+    auto = _mpi_exchange.auto
+    for periods in [(True, True), (False, True)]:
+        def halo(v, periods=periods):
+            return pencilfft.halo_exchange(v, (1, 2), periods)
+
+        def loss(v, w, periods=periods):
+            return jnp.sum(pencilfft.halo_exchange(v, (1, 2), periods) * w)
+
+        # (the grad of halo_exchange under jit on an Explicit mesh wants the mesh in scope,
+        # whatever the exchange: jax's rule, as README "Autodiff and vmap" says for eager use)
+        with jax.set_mesh(mesh):
+            got, grad = jax.jit(halo)(x), jax.jit(jax.grad(loss))(x, weights)
+            text = jax.jit(halo).lower(x).compile().as_text()
+            _halo._mpi_exchange.auto = lambda platform: False  # the reference: ppermute (gloo)
+            try:
+                ref, ref_grad = jax.jit(halo)(x), jax.jit(jax.grad(loss))(x, weights)
+            finally:
+                _halo._mpi_exchange.auto = auto
+        key = "periodic" if periods[0] else "open X"
+        report[f"halo {key}"] = _err(got, _gather(ref))
+        report[f"halo grad {key}"] = _err(grad, _gather(ref_grad))
+        report[f"halo hlo {key}"] = {
+            "mpi shifts": text.count(f'custom_call_target="{_mpi_exchange.SHIFT_TARGET}"'),
+            "xla collectives": _hlo_counts(text)["xla collectives"]}
+
+
+def main(pdims: tuple[int, int]) -> None:
+    mesh = jax.make_mesh(pdims, ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+    report: dict[str, object] = {"devices": jax.local_device_count(),
+                                 "status": _mpi_exchange.status()}
+    transforms(mesh, report)
+    programs(mesh, report)
+    halos(mesh, report)
     if jax.process_index() == 0:
         print("REPORT " + json.dumps(report), flush=True)
 
 
+def fail() -> None:
+    """Rank 1 fails before its exchange while rank 0 waits in it: the job must end (the abort
+    hook of `pencilfft.initialize`), not hang."""
+    mesh = jax.make_mesh((2, 1), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+    x = jax.device_put(np.ones((4, 4, 4), np.complex64), pencilfft.real_space_sharding(mesh))
+    f = jax.jit(lambda v: pencilfft.pfft3d(v, exchange="mpi"))
+    f(x).block_until_ready()
+    print(f"rank {jax.process_index()} ran one exchange", flush=True)
+    if jax.process_index() == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    f(x).block_until_ready()  # waits for rank 1's chunk, which never comes
+
+
 if __name__ == "__main__":
-    p, q = (int(v) for v in sys.argv[1].split("x"))
-    main((p, q))
+    if sys.argv[1] == "fail":
+        fail()
+    else:
+        p, q = (int(v) for v in sys.argv[1].split("x"))
+        main((p, q))
