@@ -24,6 +24,7 @@ in the C++ handler FFTW's plans (cached per shape, axes, kind, dtype and alignme
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import glob
 import math
@@ -39,7 +40,7 @@ from jax.interpreters import ad, batching, mlir
 
 from . import _native, _r2r
 
-__all__ = ["fft", "r2r", "kernel", "describe", "local_fft_p", "TARGET"]
+__all__ = ["fft", "r2r", "kernel", "describe", "plan_count", "local_fft_p", "TARGET"]
 
 TARGET = "pencilfft_fftw"  # the FFI target name: what a CPU program's custom call names
 KERNELS = ("auto", "fftw", "xla")
@@ -128,6 +129,15 @@ def _library():
     except (_native.BuildError, AttributeError, OSError) as e:
         return str(e)
     return lib
+
+
+def plan_count() -> int:
+    """How many FFTW plans the kernel holds in this process (0 without the kernel)."""
+    lib = _library() if _find_libraries() is not None else None
+    if lib is None or isinstance(lib, str):
+        return 0
+    lib.PencilfftFftwPlanCount.restype = ctypes.c_int64
+    return int(lib.PencilfftFftwPlanCount())
 
 
 @functools.cache

@@ -314,3 +314,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftFftw, Impl,
                                   .Attr<ffi::Span<const int64_t>>("r2r_kinds")
                                   .Attr<double>("scale")
                                   .Attr<int32_t>("planner"));
+
+// The number of cached plans (for the tests: a repeated shape must not plan again).
+extern "C" int64_t PencilfftFftwPlanCount() {
+  std::lock_guard<std::mutex> lock(plan_mutex);
+  return static_cast<int64_t>(plans.size());
+}
