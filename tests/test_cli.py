@@ -15,7 +15,7 @@ import jax
 import pytest
 from conftest import MPIRUN, clean_env
 
-from pencilfft import _check
+from pencilfft import _check, _kernel
 from pencilfft._check import default_meshes, run_check
 from pencilfft._cli import build_parser, main
 
@@ -38,6 +38,7 @@ def test_check_in_process_prints_once_and_passes(capsys):
             assert f"│ {mesh}" in out
         assert out.count("transposed") == 2 and out.count("natural") == 2
         assert "FAIL" not in out and "padded" not in out
+        assert f"local FFT kernel: {_kernel.kernel()} (" in out
     else:
         assert out == ""
 
