@@ -16,7 +16,7 @@ Configuration, in one place (read at every use, so a test may change it between 
 PENCILFFT_FFT_KERNEL = "auto" (default: FFTW where the `fftw` extra is installed, silently XLA
 where it is not), "fftw" (FFTW, and a warning when it cannot be had) or "xla" (the primitive is
 not even bound: the programs are exactly those without the kernel); PENCILFFT_FFTW_PLANNER =
-"estimate" (default, see `PLANNERS`) or "measure".  A kernel that fails to build or load falls
+"measure" (default, see `PLANNERS`) or "estimate".  A kernel that fails to build or load falls
 back to XLA's FFT with one warning per process, never an error.
 
 Global state: the built library and its registration (`_library`, cached once per process), and
@@ -44,10 +44,13 @@ __all__ = ["fft", "r2r", "kernel", "describe", "plan_count", "local_fft_p", "TAR
 
 TARGET = "pencilfft_fftw"  # the FFI target name: what a CPU program's custom call names
 KERNELS = ("auto", "fftw", "xla")
-# FFTW planner flags.  ESTIMATE: measured within a few % of MEASURE on the 256^3 slab block and
-# the pencil lines (benchmarks/RESULTS.md, "CPU FFT kernel"), and it plans in microseconds where
-# MEASURE takes seconds per new shape (every shape of every stage, every process).
-PLANNERS = {"estimate": 1 << 6, "measure": 0}
+# FFTW planner flags.  MEASURE is the default: ESTIMATE's plans for a transform along a strided
+# axis (a 2-D FFT's first axis, the pencils' middle one) ran 3-4x slower than MEASURE's on
+# (128, 256, 256) complex64 (193 vs 44 ms for axes (1, 2), 136 vs 38 ms for axis 1; pyFFTW, one
+# core), while along the contiguous axis both are equal.  MEASURE costs up to a few seconds per
+# new shape, once per process (per shape, axes, dtype and alignment); blocks over 2 GiB are
+# estimated (MEASURE plans on stand-in arrays of the block's size).
+PLANNERS = {"measure": 0, "estimate": 1 << 6}
 FFT_TYPES = ("fft", "ifft", "rfft", "irfft", "r2r")
 
 # FFTW's r2r kinds (fftw3.h's fftw_r2r_kind): DCT-I..IV = REDFT00, 10, 01, 11; DST = RODFT...
@@ -83,7 +86,7 @@ def kernel() -> str:
 
 
 def planner() -> str:
-    return _setting("PENCILFFT_FFTW_PLANNER", tuple(PLANNERS), "estimate")
+    return _setting("PENCILFFT_FFTW_PLANNER", tuple(PLANNERS), "measure")
 
 
 def describe() -> str:
@@ -350,6 +353,9 @@ def _fftw_abstract_eval(x, *, code, sign, axes, r2r_kinds, scale, sizes):
 
 
 def _fftw_lowering(ctx, x, *, code, sign, axes, r2r_kinds, scale, sizes):
+    # Out of place.  Aliasing the c2c/r2r output to the input (in place, no fresh output
+    # buffer) was tried: XLA then adds copies where the input lives on, and tests/test_hlo.py
+    # and test_memory_floor.py measured one more fusion and up to 0.9 blocks more at the peak.
     return jax.ffi.ffi_lowering(TARGET)(
         ctx, x, kind=np.int32(code), sign=np.int32(sign), axes=np.asarray(axes, np.int64),
         r2r_kinds=np.asarray(r2r_kinds, np.int64), scale=np.float64(scale),

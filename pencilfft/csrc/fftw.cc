@@ -73,6 +73,8 @@ namespace {
 
 constexpr unsigned kDestroyInput = 1u;
 constexpr unsigned kPreserveInput = 1u << 4;
+constexpr unsigned kEstimate = 1u << 6;
+constexpr unsigned kMeasureMask = (1u << 5) | (1u << 3);  // FFTW_PATIENT, FFTW_EXHAUSTIVE
 
 enum Kind : int32_t { kC2C = 0, kR2C = 1, kC2R = 2, kR2R = 3 };
 
@@ -184,10 +186,15 @@ fftw_plan_t Plan(int32_t kind, int32_t sign, const Geometry& g,
   std::lock_guard<std::mutex> lock(plan_mutex);
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
-  // FFTW_ESTIMATE (64) never touches the arrays while planning; other planners overwrite
-  // them, so they plan on stand-in arrays of the same alignment.
+  // FFTW_ESTIMATE never touches the arrays while planning; the other planners overwrite them,
+  // so they plan on stand-in arrays of the same alignment.
   void *pin = in, *pout = out, *mem_in = nullptr, *mem_out = nullptr;
-  if (!(flags & (1u << 6))) {
+  // Stand-ins for a block of several GiB would double the memory a large run needs: those
+  // few plans are estimated instead (still cached per key, which includes the asked-for flags).
+  constexpr size_t kMaxStandIn = size_t{1} << 31;
+  if (!(flags & kEstimate) && in_bytes + (in_place ? 0 : out_bytes) > kMaxStandIn)
+    flags = (flags & ~kMeasureMask) | kEstimate;
+  if (!(flags & kEstimate)) {
     mem_in = fftw_malloc(in_bytes + 64);
     pin = static_cast<char*>(mem_in) + (reinterpret_cast<uintptr_t>(in) % 64);
     if (in_place) {
