@@ -1,8 +1,9 @@
 """The CPU FFT kernel (issue 36): pencilfft's FFTW kernel against XLA's FFT and FFTW's own time.
 
-    taskset -c 0 python -m benchmarks.kernel block            # one core: the slab block
-    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 taskset -c 0 python -m benchmarks.kernel block
-    python -m benchmarks.kernel mesh --devices 8              # 256^3, 8 CPU devices, 4 meshes
+    taskset -c 0 python -m benchmarks.kernel block --out benchmarks/data/kernel-block.jsonl
+    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 \
+        taskset -c 0 python -m benchmarks.kernel block --out benchmarks/data/kernel-block.jsonl
+    python -m benchmarks.kernel mesh --devices 8 --out benchmarks/data/kernel-mesh.jsonl
 
 `block`: the 256^3 grid's slab block (128, 256, 256) complex64, a 2-D FFT over axes (1, 2) and a
 1-D FFT along the last axis: `_kernel.fft` with the FFTW kernel (planner estimate and measure),
@@ -13,7 +14,8 @@ compiler-partitioned path, as jaxdecomp's users call it): pencilfft with the FFT
 XLA's kernel (PENCILFFT_FFT_KERNEL=xla while compiling) and jaxdecomp.pfft3d/pifft3d.
 
 Times are medians over `--repeats` interleaved rounds (every variant once per round, the first
-one rotating), after a warm-up; the load average is printed with each table, for the record.
+one rotating), after a warm-up; each record keeps the load average, the allocator settings and
+the command.  Tables (`block_table`, `mesh_table`): `python -m benchmarks.results`.
 Only the standard library is imported at module level: `--devices` must come before jax starts.
 """
 from __future__ import annotations
@@ -22,9 +24,13 @@ import argparse
 import contextlib
 import functools
 import os
+import json
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -48,8 +54,8 @@ def _kernel_env(value: str | None):
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int,
-                warmup: int = 2) -> dict[str, float]:
-    """Median seconds per call of each function, the calls interleaved round-robin."""
+                warmup: int = 2) -> dict[str, tuple[float, float]]:
+    """(median, min) seconds per call of each function, the calls interleaved round-robin."""
     import jax
 
     names = list(fns)
@@ -62,11 +68,7 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int,
             t0 = time.perf_counter()
             jax.block_until_ready(fns[name]())
             times[name].append(time.perf_counter() - t0)
-    return {n: statistics.median(t) for n, t in times.items()}
-
-
-def _load() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    return {n: (statistics.median(t), min(t)) for n, t in times.items()}
 
 
 def _malloc_env() -> str:
@@ -75,7 +77,16 @@ def _malloc_env() -> str:
     return " ".join(set_) or "glibc defaults"
 
 
-def block(args: argparse.Namespace) -> None:
+def _base(tool: str) -> dict[str, Any]:
+    from benchmarks import harness
+
+    return {"tool": tool, "malloc": _malloc_env(), "cores": len(os.sched_getaffinity(0)),
+            "machine": {**harness.machine_info(), "loadavg_1m": harness.loadavg()},
+            "versions": harness.versions(),
+            "command": " ".join(["python -m benchmarks.kernel"] + sys.argv[1:])}
+
+
+def block(args: argparse.Namespace) -> list[dict[str, Any]]:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -88,36 +99,62 @@ def block(args: argparse.Namespace) -> None:
     host = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
     x = jax.device_put(host)
     print(f"block {shape} complex64, {_malloc_env()}, affinity {sorted(os.sched_getaffinity(0))}, "
-          f"kernel: {_kernel.describe()}")
-    print("| FFT | pencilfft fftw (estimate) | pencilfft fftw (measure) | XLA | pyFFTW "
-          "(estimate) | pyFFTW (measure) | fftw/pyFFTW | XLA/fftw | load |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"kernel: {_kernel.describe()}", flush=True)
+    records = []
     for axes in ((1, 2), (2,)):
         fns: dict[str, Callable[[], object]] = {}
-        for name, env in (("fftw-e", "fftw:estimate"), ("fftw-m", "fftw:measure")):
+        for name, env in (("fftw-measure", "fftw:measure"), ("fftw-estimate", "fftw:estimate")):
             with _kernel_env(env):
                 f = jax.jit(lambda a, axes=axes: _kernel.fft(a, "fft", axes, "backward", ()))
                 f = f.lower(x).compile()
+                assert _kernel.TARGET in f.as_text()
                 err = float(np.abs(np.asarray(f(x)) - np.fft.fftn(host, axes=axes)).max())
                 assert err < 1e-2 * np.sqrt(host.size), err
             fns[name] = functools.partial(f, x)
         fns["xla"] = functools.partial(jax.jit(lambda a, axes=axes: jnp.fft.fftn(a, axes=axes))
                                        .lower(x).compile(), x)
-        for name, effort in (("pyfftw-e", "FFTW_ESTIMATE"), ("pyfftw-m", "FFTW_MEASURE")):
+        for name, effort in (("pyfftw-measure", "FFTW_MEASURE"),
+                             ("pyfftw-estimate", "FFTW_ESTIMATE")):
             a = pyfftw.empty_aligned(shape, np.complex64)
             b = pyfftw.empty_aligned(shape, np.complex64)
             plan = pyfftw.FFTW(a, b, axes=axes, flags=(effort,), threads=1)
             a[...] = host
-            fns[name] = plan
-        t = interleaved(fns, args.repeats)
-        ms = {k: 1e3 * v for k, v in t.items()}
-        best_fftw = min(ms["pyfftw-e"], ms["pyfftw-m"])
-        print(f"| {len(axes)}-D axes {axes} | {ms['fftw-e']:.1f} | {ms['fftw-m']:.1f} | "
-              f"{ms['xla']:.1f} | {ms['pyfftw-e']:.1f} | {ms['pyfftw-m']:.1f} | "
-              f"{ms['fftw-e'] / best_fftw:.2f} | {ms['xla'] / ms['fftw-e']:.2f} | {_load()} |")
+            fns[name] = plan  # FFTW's execute alone: preallocated arrays, no allocation
+        base = _base("kernel-block")
+        for name, (median, low) in interleaved(fns, args.repeats).items():
+            records.append({**base, "shape": list(shape), "axes": list(axes), "variant": name,
+                            "repeats": args.repeats, "median_s": median, "min_s": low})
+        print(json.dumps({r["variant"]: round(r["median_s"] * 1e3, 1) for r in records[-5:]}),
+              flush=True)
+    return records
 
 
-def mesh(args: argparse.Namespace) -> None:
+BLOCK_VARIANTS = ("fftw-measure", "fftw-estimate", "xla", "pyfftw-measure", "pyfftw-estimate")
+
+
+def block_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per (allocator setting, FFT): median ms of each variant, and the ratios."""
+    from benchmarks import harness
+
+    head = ["malloc", "FFT", *(f"{v} ms" for v in BLOCK_VARIANTS), "ours / FFTW's own",
+            "XLA / ours"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    rows: dict[tuple, dict[str, float]] = {}
+    for r in records:
+        rows.setdefault((r["malloc"], tuple(r["axes"])), {})[r["variant"]] = r["median_s"] * 1e3
+    for (malloc, axes), ms in rows.items():
+        own = min(ms["pyfftw-measure"], ms["pyfftw-estimate"])
+        lines.append(f"| {malloc} | {len(axes)}-D, axes {axes} | "
+                     + " | ".join(f"{ms[v]:.1f}" for v in BLOCK_VARIANTS)
+                     + f" | {ms['fftw-measure'] / own:.2f} | {ms['xla'] / ms['fftw-measure']:.2f} |")
+    lines += ["", f"(128, 256, 256) complex64, one core (`taskset -c 0`), medians of "
+                  f"{records[0]['repeats']} interleaved rounds; ours: the FFTW kernel through jit "
+                  f"(a fresh output buffer per call), FFTW's own: pyFFTW executing on "
+                  f"preallocated arrays; load average: {harness.load_range(records)}."]
+    return "\n".join(lines)
+
+
+def mesh(args: argparse.Namespace) -> list[dict[str, Any]]:
     import jax
     import numpy as np
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
@@ -128,21 +165,22 @@ def mesh(args: argparse.Namespace) -> None:
 
     n = args.size
     print(f"{n}^3 complex64 forward + inverse, {len(jax.devices())} CPU devices, jax.jit on an "
-          f"Auto mesh, nothing in scope; {_malloc_env()}; kernel: {_kernel.describe()}")
-    print("| mesh | pencilfft fftw (ms) | pencilfft xla (ms) | jaxdecomp (ms) | xla/fftw | "
-          "jaxdecomp/fftw | load |")
-    print("|---|---|---|---|---|---|---|")
+          f"Auto mesh, nothing in scope; {_malloc_env()}; kernel: {_kernel.describe()}",
+          flush=True)
     rng = np.random.default_rng(0)
     host = (rng.standard_normal((n,) * 3) + 1j * rng.standard_normal((n,) * 3)).astype(np.complex64)
+    records = []
     for pdims in args.pdims:
         m = jax.make_mesh(pdims, ("x", "y"), axis_types=(AxisType.Auto,) * 2)
         x = jax.device_put(host, NamedSharding(m, P("x", "y")))
         fns = {}
-        for name, env in (("fftw", "fftw"), ("xla", "xla")):
+        for name, env in (("pencilfft-fftw", "fftw"), ("pencilfft-xla", "xla")):
             with _kernel_env(env):
                 fwd = jax.jit(lambda a: pencilfft.pfft3d(a)).lower(x).compile()
                 k = fwd(x)
                 inv = jax.jit(lambda b: pencilfft.pifft3d(b)).lower(k).compile()
+            uses = _kernel.TARGET in fwd.as_text() and _kernel.TARGET in inv.as_text()
+            assert uses == (name == "pencilfft-fftw" and _kernel.kernel() == "fftw"), name
             fns[name] = (lambda fwd=fwd, inv=inv: inv(fwd(x)))
         jfwd = jax.jit(lambda a: jaxdecomp.pfft3d(a)).lower(x).compile()
         jinv = jax.jit(lambda b: jaxdecomp.pifft3d(b)).lower(jfwd(x)).compile()
@@ -150,10 +188,41 @@ def mesh(args: argparse.Namespace) -> None:
         for name, f in fns.items():  # each round trip gives the input back
             err = float(np.abs(np.asarray(f()) - host).max())
             assert err < 1e-3, (name, err)
-        t = {k: 1e3 * v for k, v in interleaved(fns, args.repeats, warmup=1).items()}
-        print(f"| {pdims[0]}x{pdims[1]} | {t['fftw']:.0f} | {t['xla']:.0f} | "
-              f"{t['jaxdecomp']:.0f} | {t['xla'] / t['fftw']:.2f} | "
-              f"{t['jaxdecomp'] / t['fftw']:.2f} | {_load()} |", flush=True)
+        base = _base("kernel-mesh")
+        case = [{**base, "shape": [n] * 3, "pdims": list(pdims), "variant": name,
+                 "n_devices": len(jax.devices()), "repeats": args.repeats, "median_s": median,
+                 "min_s": low}
+                for name, (median, low) in interleaved(fns, args.repeats, warmup=1).items()]
+        print(json.dumps({r["variant"]: round(r["median_s"] * 1e3) for r in case}
+                         | {"pdims": pdims}), flush=True)
+        records += case
+    return records
+
+
+MESH_VARIANTS = ("pencilfft-fftw", "pencilfft-xla", "jaxdecomp")
+
+
+def mesh_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per (allocator setting, mesh): median ms of a forward + inverse, and ratios."""
+    from benchmarks import harness
+
+    head = ["malloc", "mesh", *(f"{v} ms" for v in MESH_VARIANTS), "xla / fftw",
+            "jaxdecomp / fftw"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    rows: dict[tuple, dict[str, float]] = {}
+    for r in records:
+        rows.setdefault((r["malloc"], tuple(r["pdims"])), {})[r["variant"]] = r["median_s"] * 1e3
+    for (malloc, pdims), ms in rows.items():
+        lines.append(f"| {malloc} | {harness.fmt_dims(pdims)} | "
+                     + " | ".join(f"{ms[v]:.0f}" for v in MESH_VARIANTS)
+                     + f" | {ms['pencilfft-xla'] / ms['pencilfft-fftw']:.2f} | "
+                       f"{ms['jaxdecomp'] / ms['pencilfft-fftw']:.2f} |")
+    r0 = records[0]
+    lines += ["", f"{harness.fmt_dims(r0['shape'])} complex64, forward + inverse, "
+                  f"{r0['n_devices']} CPU devices in one process on {r0['cores']} cores, jax.jit "
+                  f"on an Auto mesh with nothing in scope; medians of {r0['repeats']} "
+                  f"interleaved rounds; load average: {harness.load_range(records)}."]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,17 +234,24 @@ def main(argv: list[str] | None = None) -> None:
     m = sub.add_parser("mesh", help="256^3 on CPU devices: pencilfft fftw/xla vs jaxdecomp")
     m.add_argument("--devices", type=int, default=8)
     m.add_argument("--size", type=int, default=256)
-    m.add_argument("--pdims", nargs="+", default=["1x8", "8x1", "4x2", "2x4"],
+    m.add_argument("--pdims", nargs="+", default=[(1, 8), (8, 1), (4, 2), (2, 4)],
                    type=lambda s: tuple(int(v) for v in s.split("x")))
     m.add_argument("--repeats", type=int, default=7)
+    for q in (b, m):
+        q.add_argument("--out", type=Path, help="append JSON records to this file")
     args = p.parse_args(argv)
+    from benchmarks import steps
+
     if args.what == "mesh":
         from benchmarks.harness import configure_devices
 
         configure_devices(args.devices)
-        mesh(args)
+        records = mesh(args)
+        print(mesh_table(records))
     else:
-        block(args)
+        records = block(args)
+        print(block_table(records))
+    steps.write_records(args.out, records)
 
 
 if __name__ == "__main__":
