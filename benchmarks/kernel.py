@@ -132,21 +132,33 @@ def block(args: argparse.Namespace) -> list[dict[str, Any]]:
 BLOCK_VARIANTS = ("fftw-measure", "fftw-estimate", "xla", "pyfftw-measure", "pyfftw-estimate")
 
 
+def _rows(records: Sequence[dict[str, Any]], case: str, variants: Sequence[str],
+          ratios: Sequence[tuple[str, Callable[[dict[str, float]], float]]],
+          fmt: Callable[[tuple], str], digits: int) -> list[str]:
+    """A table of median ms, one row per (allocator setting, `case` value), one column per
+    variant, then the `ratios` (name, function of the row's {variant: ms})."""
+    head = ["malloc", {"axes": "FFT", "pdims": "mesh"}[case], *(f"{v} ms" for v in variants), *(name for name, _ in ratios)]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    rows: dict[tuple, dict[str, float]] = {}
+    for r in records:
+        rows.setdefault((r["malloc"], tuple(r[case])), {})[r["variant"]] = r["median_s"] * 1e3
+    for (malloc, key), ms in rows.items():
+        cells = [f"{ms[v]:.{digits}f}" for v in variants] + [f"{f(ms):.2f}" for _, f in ratios]
+        lines.append(f"| {malloc} | {fmt(key)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def block_table(records: Sequence[dict[str, Any]]) -> str:
     """One row per (allocator setting, FFT): median ms of each variant, and the ratios."""
     from benchmarks import harness
 
-    head = ["malloc", "FFT", *(f"{v} ms" for v in BLOCK_VARIANTS), "ours / FFTW's own",
-            "XLA / ours"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    rows: dict[tuple, dict[str, float]] = {}
-    for r in records:
-        rows.setdefault((r["malloc"], tuple(r["axes"])), {})[r["variant"]] = r["median_s"] * 1e3
-    for (malloc, axes), ms in rows.items():
-        own = min(ms["pyfftw-measure"], ms["pyfftw-estimate"])
-        lines.append(f"| {malloc} | {len(axes)}-D, axes {axes} | "
-                     + " | ".join(f"{ms[v]:.1f}" for v in BLOCK_VARIANTS)
-                     + f" | {ms['fftw-measure'] / own:.2f} | {ms['xla'] / ms['fftw-measure']:.2f} |")
+    def own(ms):  # FFTW's own best time
+        return min(ms["pyfftw-measure"], ms["pyfftw-estimate"])
+
+    lines = _rows(records, "axes", BLOCK_VARIANTS,
+                  [("ours / FFTW's own", lambda ms: ms["fftw-measure"] / own(ms)),
+                   ("XLA / ours", lambda ms: ms["xla"] / ms["fftw-measure"])],
+                  lambda axes: f"{len(axes)}-D, axes {axes}", 1)
     lines += ["", f"(128, 256, 256) complex64, one core (`taskset -c 0`), medians of "
                   f"{records[0]['repeats']} interleaved rounds; ours: the FFTW kernel through jit "
                   f"(a fresh output buffer per call), FFTW's own: pyFFTW executing on "
@@ -206,17 +218,10 @@ def mesh_table(records: Sequence[dict[str, Any]]) -> str:
     """One row per (allocator setting, mesh): median ms of a forward + inverse, and ratios."""
     from benchmarks import harness
 
-    head = ["malloc", "mesh", *(f"{v} ms" for v in MESH_VARIANTS), "xla / fftw",
-            "jaxdecomp / fftw"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    rows: dict[tuple, dict[str, float]] = {}
-    for r in records:
-        rows.setdefault((r["malloc"], tuple(r["pdims"])), {})[r["variant"]] = r["median_s"] * 1e3
-    for (malloc, pdims), ms in rows.items():
-        lines.append(f"| {malloc} | {harness.fmt_dims(pdims)} | "
-                     + " | ".join(f"{ms[v]:.0f}" for v in MESH_VARIANTS)
-                     + f" | {ms['pencilfft-xla'] / ms['pencilfft-fftw']:.2f} | "
-                       f"{ms['jaxdecomp'] / ms['pencilfft-fftw']:.2f} |")
+    lines = _rows(records, "pdims", MESH_VARIANTS,
+                  [("xla / fftw", lambda ms: ms["pencilfft-xla"] / ms["pencilfft-fftw"]),
+                   ("jaxdecomp / fftw", lambda ms: ms["jaxdecomp"] / ms["pencilfft-fftw"])],
+                  harness.fmt_dims, 0)
     r0 = records[0]
     lines += ["", f"{harness.fmt_dims(r0['shape'])} complex64, forward + inverse, "
                   f"{r0['n_devices']} CPU devices in one process on {r0['cores']} cores, jax.jit "

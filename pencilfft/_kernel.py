@@ -181,6 +181,7 @@ def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
 
     `sizes`: the real-space lengths of `axes` (irfft's output, the others' input).  The half
     axis of rfft/irfft is `axes[-1]`."""
+    x = jnp.asarray(x)
     axes = tuple(a % x.ndim for a in axes)
     if _setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto") == "xla":
         return _xla_fft(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes))

@@ -37,36 +37,25 @@ typedef struct {
   ptrdiff_t n, is, os;
 } fftw_iodim64;
 typedef void* fftw_plan_t;
-// double
-fftw_plan_t fftw_plan_guru64_dft(int, const fftw_iodim64*, int, const fftw_iodim64*, void*, void*,
-                                 int, unsigned);
-fftw_plan_t fftw_plan_guru64_dft_r2c(int, const fftw_iodim64*, int, const fftw_iodim64*, double*,
-                                     void*, unsigned);
-fftw_plan_t fftw_plan_guru64_dft_c2r(int, const fftw_iodim64*, int, const fftw_iodim64*, void*,
-                                     double*, unsigned);
-fftw_plan_t fftw_plan_guru64_r2r(int, const fftw_iodim64*, int, const fftw_iodim64*, double*,
-                                 double*, const int*, unsigned);
-void fftw_execute_dft(fftw_plan_t, void*, void*);
-void fftw_execute_dft_r2c(fftw_plan_t, double*, void*);
-void fftw_execute_dft_c2r(fftw_plan_t, void*, double*);
-void fftw_execute_r2r(fftw_plan_t, double*, double*);
-int fftw_alignment_of(double*);
+// The same entry points in double (fftw_) and single (fftwf_) precision.
+#define PENCILFFT_FFTW_DECLARE(P, R)                                                           \
+  fftw_plan_t P##_plan_guru64_dft(int, const fftw_iodim64*, int, const fftw_iodim64*, void*,   \
+                                  void*, int, unsigned);                                       \
+  fftw_plan_t P##_plan_guru64_dft_r2c(int, const fftw_iodim64*, int, const fftw_iodim64*, R*,  \
+                                      void*, unsigned);                                        \
+  fftw_plan_t P##_plan_guru64_dft_c2r(int, const fftw_iodim64*, int, const fftw_iodim64*,      \
+                                      void*, R*, unsigned);                                    \
+  fftw_plan_t P##_plan_guru64_r2r(int, const fftw_iodim64*, int, const fftw_iodim64*, R*, R*,  \
+                                  const int*, unsigned);                                       \
+  void P##_execute_dft(fftw_plan_t, void*, void*);                                             \
+  void P##_execute_dft_r2c(fftw_plan_t, R*, void*);                                            \
+  void P##_execute_dft_c2r(fftw_plan_t, void*, R*);                                            \
+  void P##_execute_r2r(fftw_plan_t, R*, R*);                                                   \
+  int P##_alignment_of(R*);
+PENCILFFT_FFTW_DECLARE(fftw, double)
+PENCILFFT_FFTW_DECLARE(fftwf, float)
 void* fftw_malloc(size_t);
 void fftw_free(void*);
-// float
-fftw_plan_t fftwf_plan_guru64_dft(int, const fftw_iodim64*, int, const fftw_iodim64*, void*, void*,
-                                  int, unsigned);
-fftw_plan_t fftwf_plan_guru64_dft_r2c(int, const fftw_iodim64*, int, const fftw_iodim64*, float*,
-                                      void*, unsigned);
-fftw_plan_t fftwf_plan_guru64_dft_c2r(int, const fftw_iodim64*, int, const fftw_iodim64*, void*,
-                                      float*, unsigned);
-fftw_plan_t fftwf_plan_guru64_r2r(int, const fftw_iodim64*, int, const fftw_iodim64*, float*,
-                                  float*, const int*, unsigned);
-void fftwf_execute_dft(fftw_plan_t, void*, void*);
-void fftwf_execute_dft_r2c(fftw_plan_t, float*, void*);
-void fftwf_execute_dft_c2r(fftw_plan_t, void*, float*);
-void fftwf_execute_r2r(fftw_plan_t, float*, float*);
-int fftwf_alignment_of(float*);
 }
 
 namespace {
@@ -82,31 +71,21 @@ enum Kind : int32_t { kC2C = 0, kR2C = 1, kC2R = 2, kR2R = 3 };
 template <typename Real>
 struct Api;
 
-template <>
-struct Api<double> {
-  static constexpr auto dft = fftw_plan_guru64_dft;
-  static constexpr auto r2c = fftw_plan_guru64_dft_r2c;
-  static constexpr auto c2r = fftw_plan_guru64_dft_c2r;
-  static constexpr auto r2r = fftw_plan_guru64_r2r;
-  static constexpr auto exec_dft = fftw_execute_dft;
-  static constexpr auto exec_r2c = fftw_execute_dft_r2c;
-  static constexpr auto exec_c2r = fftw_execute_dft_c2r;
-  static constexpr auto exec_r2r = fftw_execute_r2r;
-  static int align(void* p) { return fftw_alignment_of(static_cast<double*>(p)); }
-};
-
-template <>
-struct Api<float> {
-  static constexpr auto dft = fftwf_plan_guru64_dft;
-  static constexpr auto r2c = fftwf_plan_guru64_dft_r2c;
-  static constexpr auto c2r = fftwf_plan_guru64_dft_c2r;
-  static constexpr auto r2r = fftwf_plan_guru64_r2r;
-  static constexpr auto exec_dft = fftwf_execute_dft;
-  static constexpr auto exec_r2c = fftwf_execute_dft_r2c;
-  static constexpr auto exec_c2r = fftwf_execute_dft_c2r;
-  static constexpr auto exec_r2r = fftwf_execute_r2r;
-  static int align(void* p) { return fftwf_alignment_of(static_cast<float*>(p)); }
-};
+#define PENCILFFT_FFTW_API(P, R)                                                   \
+  template <>                                                                      \
+  struct Api<R> {                                                                  \
+    static constexpr auto dft = P##_plan_guru64_dft;                               \
+    static constexpr auto r2c = P##_plan_guru64_dft_r2c;                           \
+    static constexpr auto c2r = P##_plan_guru64_dft_c2r;                           \
+    static constexpr auto r2r = P##_plan_guru64_r2r;                               \
+    static constexpr auto exec_dft = P##_execute_dft;                              \
+    static constexpr auto exec_r2c = P##_execute_dft_r2c;                          \
+    static constexpr auto exec_c2r = P##_execute_dft_c2r;                          \
+    static constexpr auto exec_r2r = P##_execute_r2r;                              \
+    static int align(void* p) { return P##_alignment_of(static_cast<R*>(p)); }    \
+  };
+PENCILFFT_FFTW_API(fftw, double)
+PENCILFFT_FFTW_API(fftwf, float)
 
 // One transform's geometry in FFTW's guru terms (strides in elements of each array's type).
 struct Geometry {
