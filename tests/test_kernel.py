@@ -200,9 +200,10 @@ FALLBACK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("case", ["no-compiler", "no-pyfftw"])
+@pytest.mark.parametrize("case", ["no-compiler", "no-pyfftw", "plain-install"])
 def test_fallback_warns_once(tmp_path, case):
-    """A kernel that cannot be built: XLA's FFT, right values, one warning."""
+    """A kernel that cannot be built: XLA's FFT, right values, one warning (none for the plain
+    install, without the extra and without asking for FFTW)."""
     env = dict(os.environ, PENCILFFT_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("XLA_FLAGS", None)
     script = FALLBACK
@@ -214,13 +215,14 @@ def test_fallback_warns_once(tmp_path, case):
         (bogus / "c++").write_text("#!/bin/sh\necho 'bogus compiler' >&2\nexit 1\n")
         (bogus / "c++").chmod(0o755)
         env["PATH"] = f"{bogus}:{env['PATH']}"
-    else:  # the extra asked for, pyfftw missing
-        env["PENCILFFT_FFT_KERNEL"] = "fftw"
+    else:  # pyfftw missing; the extra asked for, or not
+        env["PENCILFFT_FFT_KERNEL"] = "fftw" if case == "no-pyfftw" else "auto"
         script = "import sys; sys.modules['pyfftw'] = None\n" + FALLBACK
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["xla", "1"], out.stdout + out.stderr
+    warnings = "0" if case == "plain-install" else "1"
+    assert out.stdout.split() == ["xla", warnings], out.stdout + out.stderr
 
 
 def test_describe_and_settings(monkeypatch):
