@@ -35,10 +35,10 @@ from typing import Any
 
 @contextlib.contextmanager
 def _kernel_env(value: str | None):
-    """PENCILFFT_FFT_KERNEL (and planner) set while tracing and compiling a variant."""
-    old = {k: os.environ.get(k) for k in ("PENCILFFT_FFT_KERNEL", "PENCILFFT_FFTW_PLANNER")}
-    kernel, _, planner = (value or "").partition(":")
-    for key, val in (("PENCILFFT_FFT_KERNEL", kernel), ("PENCILFFT_FFTW_PLANNER", planner)):
+    """PENCILFFT_FFT_KERNEL[:PLANNER[:HUGE_PAGES]] set while tracing and compiling a variant."""
+    keys = ("PENCILFFT_FFT_KERNEL", "PENCILFFT_FFTW_PLANNER", "PENCILFFT_FFTW_HUGE_PAGES")
+    old = {k: os.environ.get(k) for k in keys}
+    for key, val in zip(keys, ((value or "") + "::").split(":")):
         if val:
             os.environ[key] = val
         else:
@@ -102,34 +102,39 @@ def block(args: argparse.Namespace) -> list[dict[str, Any]]:
           f"kernel: {_kernel.describe()}", flush=True)
     records = []
     for axes in ((1, 2), (2,)):
+        # Estimated plans first, after forgetting FFTW's wisdom: the kernel and pyFFTW share one
+        # libfftw3f, whose ESTIMATE plans reuse what an earlier MEASURE plan learnt.
+        pyfftw.forget_wisdom()
         fns: dict[str, Callable[[], object]] = {}
-        for name, env in (("fftw-measure", "fftw:measure"), ("fftw-estimate", "fftw:estimate")):
-            with _kernel_env(env):
+        for effort in ("estimate", "measure"):
+            with _kernel_env(f"fftw:{effort}"):
                 f = jax.jit(lambda a, axes=axes: _kernel.fft(a, "fft", axes, "backward", ()))
                 f = f.lower(x).compile()
                 assert _kernel.TARGET in f.as_text()
                 err = float(np.abs(np.asarray(f(x)) - np.fft.fftn(host, axes=axes)).max())
-                assert err < 1e-2 * np.sqrt(host.size), err
-            fns[name] = functools.partial(f, x)
-        fns["xla"] = functools.partial(jax.jit(lambda a, axes=axes: jnp.fft.fftn(a, axes=axes))
-                                       .lower(x).compile(), x)
-        for name, effort in (("pyfftw-measure", "FFTW_MEASURE"),
-                             ("pyfftw-estimate", "FFTW_ESTIMATE")):
+                assert err < 1e-2 * np.sqrt(host.size), err  # (and planned, by this call)
+            fns[f"fftw-{effort}"] = functools.partial(f, x)
             a = pyfftw.empty_aligned(shape, np.complex64)
             b = pyfftw.empty_aligned(shape, np.complex64)
-            plan = pyfftw.FFTW(a, b, axes=axes, flags=(effort,), threads=1)
+            plan = pyfftw.FFTW(a, b, axes=axes, flags=(f"FFTW_{effort.upper()}",), threads=1)
             a[...] = host
-            fns[name] = plan  # FFTW's execute alone: preallocated arrays, no allocation
+            fns[f"pyfftw-{effort}"] = plan  # FFTW's execute alone: preallocated arrays
+        with _kernel_env("fftw:measure:0"):  # without the huge pages hint
+            f = jax.jit(lambda a, axes=axes: _kernel.fft(a, "fft", axes, "backward", ()))
+            fns["fftw-4k-pages"] = functools.partial(f.lower(x).compile(), x)
+        fns["xla"] = functools.partial(jax.jit(lambda a, axes=axes: jnp.fft.fftn(a, axes=axes))
+                                       .lower(x).compile(), x)
         base = _base("kernel-block")
         for name, (median, low) in interleaved(fns, args.repeats).items():
             records.append({**base, "shape": list(shape), "axes": list(axes), "variant": name,
                             "repeats": args.repeats, "median_s": median, "min_s": low})
-        print(json.dumps({r["variant"]: round(r["median_s"] * 1e3, 1) for r in records[-5:]}),
+        print(json.dumps({r["variant"]: round(r["median_s"] * 1e3, 1) for r in records[-6:]}),
               flush=True)
     return records
 
 
-BLOCK_VARIANTS = ("fftw-measure", "fftw-estimate", "xla", "pyfftw-measure", "pyfftw-estimate")
+BLOCK_VARIANTS = ("fftw-measure", "fftw-4k-pages", "fftw-estimate", "xla", "pyfftw-measure",
+                  "pyfftw-estimate")
 
 
 def _rows(records: Sequence[dict[str, Any]], case: str, variants: Sequence[str],
@@ -160,8 +165,9 @@ def block_table(records: Sequence[dict[str, Any]]) -> str:
                    ("XLA / ours", lambda ms: ms["xla"] / ms["fftw-measure"])],
                   lambda axes: f"{len(axes)}-D, axes {axes}", 1)
     lines += ["", f"(128, 256, 256) complex64, one core (`taskset -c 0`), medians of "
-                  f"{records[0]['repeats']} interleaved rounds; ours: the FFTW kernel through jit "
-                  f"(a fresh output buffer per call), FFTW's own: pyFFTW executing on "
+                  f"{records[0]['repeats']} interleaved rounds; ours (fftw-measure, the default): "
+                  f"the FFTW kernel through jit (a fresh output buffer per call, with the huge "
+                  f"pages hint; fftw-4k-pages: without it); FFTW's own: pyFFTW executing on "
                   f"preallocated arrays; load average: {harness.load_range(records)}."]
     return "\n".join(lines)
 

@@ -16,7 +16,9 @@ Configuration, in one place (read at every use, so a test may change it between 
 PENCILFFT_FFT_KERNEL = "auto" (default: FFTW where the `fftw` extra is installed, silently XLA
 where it is not), "fftw" (FFTW, and a warning when it cannot be had) or "xla" (the primitive is
 not even bound: the programs are exactly those without the kernel); PENCILFFT_FFTW_PLANNER =
-"measure" (default, see `PLANNERS`) or "estimate".  A kernel that fails to build or load falls
+"measure" (default, see `PLANNERS`) or "estimate"; PENCILFFT_FFTW_HUGE_PAGES = "1" (default: the
+kernel asks for transparent huge pages on its large output buffers, csrc/fftw.cc `HugePages`)
+or "0".  A kernel that fails to build or load falls
 back to XLA's FFT with one warning per process, never an error.
 
 Global state: the built library and its registration (`_library`, cached once per process), and
@@ -360,7 +362,8 @@ def _fftw_lowering(ctx, x, *, code, sign, axes, r2r_kinds, scale, sizes):
     return jax.ffi.ffi_lowering(TARGET)(
         ctx, x, kind=np.int32(code), sign=np.int32(sign), axes=np.asarray(axes, np.int64),
         r2r_kinds=np.asarray(r2r_kinds, np.int64), scale=np.float64(scale),
-        planner=np.int32(PLANNERS[planner()]))
+        planner=np.int32(PLANNERS[planner()]),
+        huge_pages=_setting("PENCILFFT_FFTW_HUGE_PAGES", ("1", "0"), "1") == "1")
 
 
 fftw_p.def_abstract_eval(_fftw_abstract_eval)
