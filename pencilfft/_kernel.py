@@ -102,8 +102,10 @@ def describe() -> str:
     return f"xla ({why})"
 
 
+@functools.cache
 def _find_libraries() -> tuple[str, list[str]] | None:
-    """(folder, [libfftw3, libfftw3f]) bundled with pyFFTW's wheel, or None."""
+    """(folder, [libfftw3, libfftw3f]) bundled with pyFFTW's wheel, or None (a pyFFTW built
+    against a system FFTW, without the wheel's pyfftw.libs/, is not looked into)."""
     try:
         import pyfftw
     except ImportError:
@@ -297,7 +299,7 @@ def _default_lowering(ctx, x, **params):
     return mlir.lower_fun(functools.partial(_xla_fft, **params), multiple_results=False)(ctx, x)
 
 
-def _fftw_usable(aval, fft_type: str) -> bool:
+def _fftw_usable(aval) -> bool:
     if 0 in aval.shape or aval.ndim == 0:
         return False
     dtype = np.dtype(aval.dtype)
@@ -306,7 +308,7 @@ def _fftw_usable(aval, fft_type: str) -> bool:
 
 def _cpu_lowering(ctx, x, *, fft_type, axes, norm, sizes, kind):
     params = dict(fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind)
-    if not _fftw_usable(ctx.avals_in[0], fft_type):
+    if not _fftw_usable(ctx.avals_in[0]):
         return _default_lowering(ctx, x, **params)
     return mlir.lower_fun(functools.partial(_fftw, **params), multiple_results=False)(ctx, x)
 
