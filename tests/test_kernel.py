@@ -21,7 +21,7 @@ import pytest
 import scipy.fft
 
 import pencilfft
-from conftest import make_mesh, put_global, rel_err, to_numpy
+from conftest import MPIRUN, make_mesh, put_global, rel_err, to_numpy
 from pencilfft import _kernel
 
 HAVE_FFTW = _kernel.kernel() == "fftw"
@@ -234,9 +234,11 @@ def test_describe_and_settings(monkeypatch):
         _kernel.kernel()
 
 
+@MPIRUN
 @needs_fftw
 def test_distributed_transform_with_kernel(pdims):
-    """One distributed round trip with the kernel against numpy (the other files do many)."""
+    """One distributed transform with the kernel against numpy (the other files do many), also
+    under mpirun: every rank builds or loads the kernel (one build under the cache's lock)."""
     mesh = make_mesh(pdims)
     x = _data(np.float32, False, (8, 8, 12))
     xs = put_global(x, pencilfft.real_space_sharding(mesh))
