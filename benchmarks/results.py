@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import batch, chunks, harness, kinds, margin, memory, mpi, pm, power, report, steps
+from benchmarks import (batch, chunks, harness, kernel, kinds, margin, memory, mpi, pm, power,
+                        report, steps)
 
 Records = list[dict[str, Any]]
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,6 +180,8 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "chunks-memory": (chunks.memory_table, 1),
     "chunks-time": (chunks.time_table, 1),
     "chunks-fits": (chunks.fits_table, 1),
+    "kernel-block": (kernel.block_table, 1),
+    "kernel-mesh": (kernel.mesh_table, 1),
 }
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from . import _r2r
+from . import _kernel, _r2r
 from ._transpose import transpose_blocks
 
 if TYPE_CHECKING:
@@ -39,14 +39,12 @@ KINDS = FFT_KINDS + _r2r.KINDS
 
 
 def _one_axis(k: jax.Array, kind: str, axis: int, norm: str, forward: bool, size: int) -> jax.Array:
-    """One 1-D transform of `kind` along `axis` (`size`: the real length, for irfft)."""
-    if kind == "fft":
-        return (jnp.fft.fft if forward else jnp.fft.ifft)(k, axis=axis, norm=norm)
-    if kind == "rfft":
-        if forward:
-            return jnp.fft.rfft(k, axis=axis, norm=norm)
-        return jnp.fft.irfft(k, n=size, axis=axis, norm=norm)
-    return (_r2r.forward if forward else _r2r.backward)(k, kind, axis, norm)
+    """One 1-D transform of `kind` along `axis` (`size`: the real length, for irfft).  Every
+    local transform goes through `_kernel` (FFTW on CPU with the fftw extra, else XLA's)."""
+    if kind in FFT_KINDS:
+        fft_type = {"fft": ("fft", "ifft"), "rfft": ("rfft", "irfft")}[kind][not forward]
+        return _kernel.fft(k, fft_type, (axis,), norm, (size,))
+    return _kernel.r2r(k, kind, axis, norm, forward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +67,7 @@ class Fft:
 
     def forward(self, k: jax.Array) -> jax.Array:
         if self.fourier is not None:
-            fftn = jnp.fft.fftn if self.fourier == "fft" else jnp.fft.rfftn
-            return fftn(k, axes=self.axes, norm=self.norm)
+            return _kernel.fft(k, self.fourier, self.axes, self.norm, self.sizes)
         # Mixed kinds, last axis first (an rfft must see the real input); the 1-D transforms
         # along different axes commute otherwise.
         for axis, kind, size in reversed(list(zip(self.axes, self.kinds, self.sizes))):
@@ -78,10 +75,9 @@ class Fft:
         return k
 
     def backward(self, k: jax.Array) -> jax.Array:
-        if self.fourier == "fft":
-            return jnp.fft.ifftn(k, axes=self.axes, norm=self.norm)
-        if self.fourier == "rfft":
-            return jnp.fft.irfftn(k, s=self.sizes, axes=self.axes, norm=self.norm)
+        if self.fourier is not None:
+            inverse = {"fft": "ifft", "rfft": "irfft"}[self.fourier]
+            return _kernel.fft(k, inverse, self.axes, self.norm, self.sizes)
         for axis, kind, size in zip(self.axes, self.kinds, self.sizes):  # irfft last: real out
             k = _one_axis(k, kind, axis, self.norm, False, size)
         return k

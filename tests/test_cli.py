@@ -15,7 +15,7 @@ import jax
 import pytest
 from conftest import MPIRUN, clean_env
 
-from pencilfft import _check
+from pencilfft import _check, _kernel
 from pencilfft._check import default_meshes, run_check
 from pencilfft._cli import build_parser, main
 
@@ -42,6 +42,7 @@ def test_check_in_process_prints_once_and_passes(capsys):
         # gloo with several devices per process)
         assert re.search(r"cross-process exchanges: (one process|gloo \(the MPI exchange does "
                          r"not run: it needs one device per process)", out)
+        assert f"local FFT kernel: {_kernel.kernel()} (" in out
     else:
         assert out == ""
 

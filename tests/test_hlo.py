@@ -3,8 +3,9 @@
 Per transform: no all-gather (every device holds 1/P of the grid at every step); one
 all-to-all per exchange (2 for pencils, 1 for slabs), or n-1 collective permutes with the
 pairwise exchange; every FFT over the contiguous axis (3 FFT ops for pencils, 2 for slabs: one
-of them 2-D); and no stand-alone copy or transpose: each exchange's local reordering is fused
-into the slicing before the communication and one pass after it.
+of them 2-D; an op is XLA's fft or the FFTW kernel's custom call); and no stand-alone copy or
+transpose: each exchange's local reordering is fused into the slicing before the communication
+and one pass after it.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 import pencilfft
 from conftest import MPIRUN, make_mesh, put_global, to_numpy
+from pencilfft import _kernel
 from pencilfft._plan import plan_forward
 from pencilfft._stages import Exchange, Fft, Move
 
@@ -33,6 +35,8 @@ def entry_ops(compiled_text: str) -> collections.Counter:
         m = re.search(r" (" + "|".join(OPS) + r")\(", line)
         if m:
             counts[m.group(1)] += 1
+        elif f'custom_call_target="{_kernel.TARGET}"' in line:  # the FFTW kernel's FFT
+            counts["fft"] += 1
     return counts
 
 

@@ -1,0 +1,269 @@
+"""The CPU FFT kernel (issue 36): pencilfft's FFTW kernel against XLA's FFT and FFTW's own time.
+
+    taskset -c 0 python -m benchmarks.kernel block --out benchmarks/data/kernel-block.jsonl
+    MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 \
+        taskset -c 0 python -m benchmarks.kernel block --out benchmarks/data/kernel-block.jsonl
+    python -m benchmarks.kernel mesh --devices 8 --out benchmarks/data/kernel-mesh.jsonl
+
+`block`: the 256^3 grid's slab block (128, 256, 256) complex64, a 2-D FFT over axes (1, 2) and a
+1-D FFT along the last axis: `_kernel.fft` with the FFTW kernel (planner estimate and measure),
+jnp.fft.fftn (XLA's kernel), and pyFFTW's FFTW object executing on preallocated aligned arrays
+(FFTW's own time, no allocation).  `mesh`: 256^3 complex64 forward + inverse, jax.jit of
+pfft3d/pifft3d on an array sharded over an Auto mesh with nothing in scope (the
+compiler-partitioned path, as jaxdecomp's users call it): pencilfft with the FFTW kernel, with
+XLA's kernel (PENCILFFT_FFT_KERNEL=xla while compiling) and jaxdecomp.pfft3d/pifft3d.
+
+Times are medians over `--repeats` interleaved rounds (every variant once per round, the first
+one rotating), after a warm-up; each record keeps the load average, the allocator settings and
+the command.  Tables (`block_table`, `mesh_table`): `python -m benchmarks.results`.
+Only the standard library is imported at module level: `--devices` must come before jax starts.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+@contextlib.contextmanager
+def _kernel_env(value: str | None):
+    """PENCILFFT_FFT_KERNEL[:PLANNER[:HUGE_PAGES]] set while tracing and compiling a variant."""
+    keys = ("PENCILFFT_FFT_KERNEL", "PENCILFFT_FFTW_PLANNER", "PENCILFFT_FFTW_HUGE_PAGES")
+    old = {k: os.environ.get(k) for k in keys}
+    for key, val in zip(keys, ((value or "") + "::").split(":")):
+        if val:
+            os.environ[key] = val
+        else:
+            os.environ.pop(key, None)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int,
+                warmup: int = 2) -> dict[str, tuple[float, float]]:
+    """(median, min) seconds per call of each function, the calls interleaved round-robin."""
+    import jax
+
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            jax.block_until_ready(fns[name]())
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            jax.block_until_ready(fns[name]())
+            times[name].append(time.perf_counter() - t0)
+    return {n: (statistics.median(t), min(t)) for n, t in times.items()}
+
+
+def _malloc_env() -> str:
+    keys = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
+    set_ = [f"{k}={os.environ[k]}" for k in keys if k in os.environ]
+    return " ".join(set_) or "glibc defaults"
+
+
+def _base(tool: str) -> dict[str, Any]:
+    from benchmarks import harness
+
+    return {"tool": tool, "malloc": _malloc_env(), "cores": len(os.sched_getaffinity(0)),
+            "machine": {**harness.machine_info(), "loadavg_1m": harness.loadavg()},
+            "versions": harness.versions(),
+            "command": " ".join(["python -m benchmarks.kernel"] + sys.argv[1:])}
+
+
+def block(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import pyfftw
+
+    from pencilfft import _kernel
+
+    shape = (128, 256, 256)
+    rng = np.random.default_rng(0)
+    host = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
+    x = jax.device_put(host)
+    print(f"block {shape} complex64, {_malloc_env()}, affinity {sorted(os.sched_getaffinity(0))}, "
+          f"kernel: {_kernel.describe()}", flush=True)
+    records = []
+    for axes in ((1, 2), (2,)):
+        # Estimated plans first, after forgetting FFTW's wisdom: the kernel and pyFFTW share one
+        # libfftw3f, whose ESTIMATE plans reuse what an earlier MEASURE plan learnt.
+        pyfftw.forget_wisdom()
+        fns: dict[str, Callable[[], object]] = {}
+        for effort in ("estimate", "measure"):
+            with _kernel_env(f"fftw:{effort}"):
+                f = jax.jit(lambda a, axes=axes: _kernel.fft(a, "fft", axes, "backward", ()))
+                f = f.lower(x).compile()
+                assert _kernel.TARGET in f.as_text()
+                err = float(np.abs(np.asarray(f(x)) - np.fft.fftn(host, axes=axes)).max())
+                assert err < 1e-2 * np.sqrt(host.size), err  # (and planned, by this call)
+            fns[f"fftw-{effort}"] = functools.partial(f, x)
+            a = pyfftw.empty_aligned(shape, np.complex64)
+            b = pyfftw.empty_aligned(shape, np.complex64)
+            plan = pyfftw.FFTW(a, b, axes=axes, flags=(f"FFTW_{effort.upper()}",), threads=1)
+            a[...] = host
+            fns[f"pyfftw-{effort}"] = plan  # FFTW's execute alone: preallocated arrays
+        with _kernel_env("fftw:measure:0"):  # without the huge pages hint
+            f = jax.jit(lambda a, axes=axes: _kernel.fft(a, "fft", axes, "backward", ()))
+            fns["fftw-4k-pages"] = functools.partial(f.lower(x).compile(), x)
+        fns["xla"] = functools.partial(jax.jit(lambda a, axes=axes: jnp.fft.fftn(a, axes=axes))
+                                       .lower(x).compile(), x)
+        base = _base("kernel-block")
+        for name, (median, low) in interleaved(fns, args.repeats).items():
+            records.append({**base, "shape": list(shape), "axes": list(axes), "variant": name,
+                            "repeats": args.repeats, "median_s": median, "min_s": low})
+        print(json.dumps({r["variant"]: round(r["median_s"] * 1e3, 1) for r in records[-6:]}),
+              flush=True)
+    return records
+
+
+BLOCK_VARIANTS = ("fftw-measure", "fftw-4k-pages", "fftw-estimate", "xla", "pyfftw-measure",
+                  "pyfftw-estimate")
+
+
+def _rows(records: Sequence[dict[str, Any]], case: str, variants: Sequence[str],
+          ratios: Sequence[tuple[str, Callable[[dict[str, float]], float]]],
+          fmt: Callable[[tuple], str], digits: int) -> list[str]:
+    """A table of median ms, one row per (allocator setting, `case` value), one column per
+    variant, then the `ratios` (name, function of the row's {variant: ms})."""
+    head = ["malloc", {"axes": "FFT", "pdims": "mesh"}[case], *(f"{v} ms" for v in variants), *(name for name, _ in ratios)]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    rows: dict[tuple, dict[str, float]] = {}
+    for r in records:
+        rows.setdefault((r["malloc"], tuple(r[case])), {})[r["variant"]] = r["median_s"] * 1e3
+    for (malloc, key), ms in rows.items():
+        cells = [f"{ms[v]:.{digits}f}" for v in variants] + [f"{f(ms):.2f}" for _, f in ratios]
+        lines.append(f"| {malloc} | {fmt(key)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def block_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per (allocator setting, FFT): median ms of each variant, and the ratios."""
+    from benchmarks import harness
+
+    def own(ms):  # FFTW's own best time
+        return min(ms["pyfftw-measure"], ms["pyfftw-estimate"])
+
+    lines = _rows(records, "axes", BLOCK_VARIANTS,
+                  [("ours / FFTW's own", lambda ms: ms["fftw-measure"] / own(ms)),
+                   ("XLA / ours", lambda ms: ms["xla"] / ms["fftw-measure"])],
+                  lambda axes: f"{len(axes)}-D, axes {axes}", 1)
+    lines += ["", f"(128, 256, 256) complex64, one core (`taskset -c 0`), medians of "
+                  f"{records[0]['repeats']} interleaved rounds; ours (fftw-measure, the default): "
+                  f"the FFTW kernel through jit (a fresh output buffer per call, with the huge "
+                  f"pages hint; fftw-4k-pages: without it); FFTW's own: pyFFTW executing on "
+                  f"preallocated arrays; load average: {harness.load_range(records)}."]
+    return "\n".join(lines)
+
+
+def mesh(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import jax
+    import numpy as np
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    import jaxdecomp
+    import pencilfft
+    from pencilfft import _kernel
+
+    n = args.size
+    print(f"{n}^3 complex64 forward + inverse, {len(jax.devices())} CPU devices, jax.jit on an "
+          f"Auto mesh, nothing in scope; {_malloc_env()}; kernel: {_kernel.describe()}",
+          flush=True)
+    rng = np.random.default_rng(0)
+    host = (rng.standard_normal((n,) * 3) + 1j * rng.standard_normal((n,) * 3)).astype(np.complex64)
+    records = []
+    for pdims in args.pdims:
+        m = jax.make_mesh(pdims, ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+        x = jax.device_put(host, NamedSharding(m, P("x", "y")))
+        fns = {}
+        for name, env in (("pencilfft-fftw", "fftw"), ("pencilfft-xla", "xla")):
+            with _kernel_env(env):
+                fwd = jax.jit(lambda a: pencilfft.pfft3d(a)).lower(x).compile()
+                k = fwd(x)
+                inv = jax.jit(lambda b: pencilfft.pifft3d(b)).lower(k).compile()
+            uses = _kernel.TARGET in fwd.as_text() and _kernel.TARGET in inv.as_text()
+            assert uses == (name == "pencilfft-fftw" and _kernel.kernel() == "fftw"), name
+            fns[name] = (lambda fwd=fwd, inv=inv: inv(fwd(x)))
+        jfwd = jax.jit(lambda a: jaxdecomp.pfft3d(a)).lower(x).compile()
+        jinv = jax.jit(lambda b: jaxdecomp.pifft3d(b)).lower(jfwd(x)).compile()
+        fns["jaxdecomp"] = lambda: jinv(jfwd(x))
+        for name, f in fns.items():  # each round trip gives the input back
+            err = float(np.abs(np.asarray(f()) - host).max())
+            assert err < 1e-3, (name, err)
+        base = _base("kernel-mesh")
+        case = [{**base, "shape": [n] * 3, "pdims": list(pdims), "variant": name,
+                 "n_devices": len(jax.devices()), "repeats": args.repeats, "median_s": median,
+                 "min_s": low}
+                for name, (median, low) in interleaved(fns, args.repeats, warmup=1).items()]
+        print(json.dumps({r["variant"]: round(r["median_s"] * 1e3) for r in case}
+                         | {"pdims": pdims}), flush=True)
+        records += case
+    return records
+
+
+MESH_VARIANTS = ("pencilfft-fftw", "pencilfft-xla", "jaxdecomp")
+
+
+def mesh_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per (allocator setting, mesh): median ms of a forward + inverse, and ratios."""
+    from benchmarks import harness
+
+    lines = _rows(records, "pdims", MESH_VARIANTS,
+                  [("xla / fftw", lambda ms: ms["pencilfft-xla"] / ms["pencilfft-fftw"]),
+                   ("jaxdecomp / fftw", lambda ms: ms["jaxdecomp"] / ms["pencilfft-fftw"])],
+                  harness.fmt_dims, 0)
+    r0 = records[0]
+    lines += ["", f"{harness.fmt_dims(r0['shape'])} complex64, forward + inverse, "
+                  f"{r0['n_devices']} CPU devices in one process on {r0['cores']} cores, jax.jit "
+                  f"on an Auto mesh with nothing in scope; medians of {r0['repeats']} "
+                  f"interleaved rounds; load average: {harness.load_range(records)}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.kernel", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    b = sub.add_parser("block", help="one slab block: kernel vs XLA vs pyFFTW")
+    b.add_argument("--repeats", type=int, default=15)
+    m = sub.add_parser("mesh", help="256^3 on CPU devices: pencilfft fftw/xla vs jaxdecomp")
+    m.add_argument("--devices", type=int, default=8)
+    m.add_argument("--size", type=int, default=256)
+    m.add_argument("--pdims", nargs="+", default=[(1, 8), (8, 1), (4, 2), (2, 4)],
+                   type=lambda s: tuple(int(v) for v in s.split("x")))
+    m.add_argument("--repeats", type=int, default=7)
+    for q in (b, m):
+        q.add_argument("--out", type=Path, help="append JSON records to this file")
+    args = p.parse_args(argv)
+    from benchmarks import steps
+
+    if args.what == "mesh":
+        from benchmarks.harness import configure_devices
+
+        configure_devices(args.devices)
+        records = mesh(args)
+        print(mesh_table(records))
+    else:
+        records = block(args)
+        print(block_table(records))
+    steps.write_records(args.out, records)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,372 @@
+"""Every local FFT as one primitive, run by FFTW on CPU devices (the `fftw` extra), else by XLA.
+
+`fft(x, fft_type, axes, norm, sizes)` and `r2r(x, kind, axis, norm, forward)` are what the
+stages (`_stages.Fft`) call on their per-device blocks.  They bind `local_fft_p`
+("pencilfft_local_fft"), whose params say everything about the transform:
+
+* on CPU it lowers to a custom call of `csrc/fftw.cc` (FFTW's guru interface: transformed axes
+  anywhere, the others "howmany" dimensions, so no transposes; the norm is applied inside);
+* on every other platform, and on CPU when the kernel is unavailable, it lowers to exactly the
+  jnp.fft (or `_r2r`) code the stages ran before, so programs for GPUs are today's;
+* it is linear: its jvp is itself and its transpose is another `local_fft_p` (jax's lax.fft
+  rules, with the norm carried along), its batching rule adds a leading howmany axis, and its
+  abstract value keeps the input's sharding and varying axes (Explicit meshes, shard_map).
+
+Configuration, in one place (read at every use, so a test may change it between traces):
+PENCILFFT_FFT_KERNEL = "auto" (default: FFTW where the `fftw` extra is installed, silently XLA
+where it is not), "fftw" (FFTW, and a warning when it cannot be had) or "xla" (the primitive is
+not even bound: the programs are exactly those without the kernel); PENCILFFT_FFTW_PLANNER =
+"measure" (default, see `PLANNERS`) or "estimate"; PENCILFFT_FFTW_HUGE_PAGES = "1" (default: the
+kernel asks for transparent huge pages on its large output buffers, csrc/fftw.cc `HugePages`)
+or "0".  A kernel that fails to build or load falls
+back to XLA's FFT with one warning per process, never an error.
+
+Global state: the built library and its registration (`_library`, cached once per process), and
+in the C++ handler FFTW's plans (cached per shape, axes, kind, dtype and alignment).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import math
+import os
+import pathlib
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from . import _native, _r2r
+
+__all__ = ["fft", "r2r", "kernel", "describe", "plan_count", "local_fft_p", "TARGET"]
+
+TARGET = "pencilfft_fftw"  # the FFI target name: what a CPU program's custom call names
+KERNELS = ("auto", "fftw", "xla")
+# FFTW planner flags.  MEASURE is the default: ESTIMATE's plans for a transform along a strided
+# axis (a 2-D FFT's first axis, the pencils' middle one) ran 3-4x slower than MEASURE's on
+# (128, 256, 256) complex64 (193 vs 44 ms for axes (1, 2), 136 vs 38 ms for axis 1; pyFFTW, one
+# core), while along the contiguous axis both are equal.  MEASURE costs up to a few seconds per
+# new shape, once per process (per shape, axes, dtype and alignment); blocks over 2 GiB are
+# estimated (MEASURE plans on stand-in arrays of the block's size).
+PLANNERS = {"measure": 0, "estimate": 1 << 6}
+FFT_TYPES = ("fft", "ifft", "rfft", "irfft", "r2r")
+
+# FFTW's r2r kinds (fftw3.h's fftw_r2r_kind): DCT-I..IV = REDFT00, 10, 01, 11; DST = RODFT...
+_FFTW_R2R = {"dct1": 3, "dct2": 5, "dct3": 4, "dct4": 6,
+             "dst1": 7, "dst2": 9, "dst3": 8, "dst4": 10}
+_SWAP_NORM = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration and the library
+
+
+def _setting(name: str, choices, default: str) -> str:
+    value = os.environ.get(name, "").strip().lower() or default
+    if value not in choices:
+        raise ValueError(f"environment variable {name} must be one of {', '.join(choices)}; "
+                         f"got {value!r}")
+    return value
+
+
+def kernel() -> str:
+    """The kernel local FFTs on CPU devices use now: "fftw" or "xla" (builds it on first call)."""
+    setting = _setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto")
+    if setting == "xla":
+        return "xla"
+    if setting == "auto" and _find_libraries() is None:
+        return "xla"  # the plain install: XLA's FFT, as documented, no warning
+    lib = _library()
+    if isinstance(lib, str):
+        _warn_once(lib)
+        return "xla"
+    return "fftw"
+
+
+def planner() -> str:
+    return _setting("PENCILFFT_FFTW_PLANNER", tuple(PLANNERS), "measure")
+
+
+def describe() -> str:
+    """One line for `pencilfft check` and the benchmarks: which kernel runs local FFTs on CPU."""
+    if kernel() == "fftw":
+        return f"fftw (FFTW from {fftw_libraries()[0]}, planner {planner()})"
+    setting = _setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto")
+    why = ("PENCILFFT_FFT_KERNEL=xla" if setting == "xla" else
+           "the fftw extra is not installed" if _find_libraries() is None else
+           "the FFTW kernel failed to build, see the warning")
+    return f"xla ({why})"
+
+
+@functools.cache
+def _find_libraries() -> tuple[str, list[str]] | None:
+    """(folder, [libfftw3, libfftw3f]) bundled with pyFFTW's wheel, or None (a pyFFTW built
+    against a system FFTW, without the wheel's pyfftw.libs/, is not looked into)."""
+    try:
+        import pyfftw
+    except ImportError:
+        return None
+    folder = pathlib.Path(pyfftw.__file__).resolve().parent.parent / "pyfftw.libs"
+    libs = [sorted(glob.glob(str(folder / f"{stem}-*.so*"))) for stem in ("libfftw3", "libfftw3f")]
+    if not all(libs):
+        return None
+    return str(folder), [found[0] for found in libs]
+
+
+def fftw_libraries() -> tuple[str, list[str]]:
+    found = _find_libraries()
+    if found is None:
+        raise _native.BuildError("no FFTW libraries: pyfftw's wheel (pip install "
+                                 "'pencilfft[fftw]') bundles them in pyfftw.libs/")
+    return found
+
+
+@functools.cache
+def _library():
+    """The built, registered kernel library, or why it cannot be had (a string)."""
+    try:
+        folder, libs = fftw_libraries()
+        lib = _native.load("fftw", library_dirs=[folder], link=libs)
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.PencilfftFftw),
+                                    platform="cpu")
+    except (_native.BuildError, AttributeError, OSError) as e:
+        return str(e)
+    return lib
+
+
+def plan_count() -> int:
+    """How many FFTW plans the kernel holds in this process (0 without the kernel)."""
+    lib = _library() if _find_libraries() is not None else None
+    if lib is None or isinstance(lib, str):
+        return 0
+    lib.PencilfftFftwPlanCount.restype = ctypes.c_int64
+    return int(lib.PencilfftFftwPlanCount())
+
+
+@functools.cache
+def _warn_once(why: str) -> None:
+    warnings.warn(f"pencilfft: the FFTW kernel is unavailable, local FFTs use XLA's (slower "
+                  f"on CPU; PENCILFFT_FFT_KERNEL=xla silences this): {why}", RuntimeWarning,
+                  stacklevel=3)
+
+
+# ----------------------------------------------------------------------------------------------
+# What the stages call
+
+
+def _scale(norm: str, n: int, forward: bool) -> float:
+    """jnp.fft's normalisation factor for a transform of n points in that direction."""
+    if norm == "ortho":
+        return 1 / math.sqrt(n)
+    return 1 / n if (norm == "forward") == forward else 1.0
+
+
+def _xla_fft(x, *, fft_type: str, axes: tuple[int, ...], norm: str, sizes: tuple[int, ...],
+             kind: str | None = None):
+    """What the stages ran before the kernel: jnp.fft's n-dimensional calls, `_r2r`'s forward."""
+    if fft_type == "fft":
+        return jnp.fft.fftn(x, axes=axes, norm=norm)
+    if fft_type == "ifft":
+        return jnp.fft.ifftn(x, axes=axes, norm=norm)
+    if fft_type == "rfft":
+        return jnp.fft.rfftn(x, axes=axes, norm=norm)
+    if fft_type == "irfft":
+        return jnp.fft.irfftn(x, s=sizes, axes=axes, norm=norm)
+    return _r2r.forward(x, kind, axes[0], norm)
+
+
+def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
+        sizes: tuple[int, ...]) -> jax.Array:
+    """jnp.fft.{fftn, ifftn, rfftn, irfftn}(x, axes=axes, norm=norm) of a per-device block.
+
+    `sizes`: the real-space lengths of `axes` (irfft's output, the others' input).  The half
+    axis of rfft/irfft is `axes[-1]`."""
+    x = jnp.asarray(x)
+    axes = tuple(a % x.ndim for a in axes)
+    if _setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto") == "xla":
+        return _xla_fft(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes))
+    if fft_type != "irfft":  # the input's lengths (what the normalisation counts)
+        sizes = tuple(x.shape[a] for a in axes)
+    if fft_type in ("fft", "ifft"):
+        x = x.astype(jnp.result_type(x.dtype, jnp.complex64))
+    elif fft_type == "rfft":
+        x = x.astype(jnp.result_type(x.dtype, jnp.float32))
+    else:
+        x = x.astype(jnp.result_type(x.dtype, jnp.complex64))
+        if x.shape[axes[-1]] != sizes[-1] // 2 + 1:  # irfftn would crop or pad: not ours
+            return _xla_fft(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes))
+    return local_fft_p.bind(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes),
+                            kind=None)
+
+
+def r2r(x: jax.Array, kind: str, axis: int, norm: str, forward: bool) -> jax.Array:
+    """scipy.fft.dct/dst (forward) or idct/idst of kind 'dct<t>'/'dst<t>' along `axis`."""
+    if not forward:  # scipy: the inverse is the inverse type with the opposite norm
+        kind, norm = _r2r._INVERSE_KIND[kind], _r2r._INVERSE_NORM[norm]
+    _r2r._check(kind, norm)
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        x = x.astype(float)
+    axis = axis % x.ndim
+    if (_setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto") == "xla"
+            or x.shape[axis] < _r2r.min_length(kind)):
+        return _r2r.forward(x, kind, axis, norm)  # (and its error for too short an axis)
+    return local_fft_p.bind(x, fft_type="r2r", axes=(axis,), norm=norm,
+                            sizes=(x.shape[axis],), kind=kind)
+
+
+# ----------------------------------------------------------------------------------------------
+# The primitive
+
+
+local_fft_p = Primitive("pencilfft_local_fft")
+
+
+def _out_shape_dtype(shape, dtype, fft_type, axes, sizes):
+    shape = list(shape)
+    if fft_type == "rfft":
+        shape[axes[-1]] = shape[axes[-1]] // 2 + 1
+        dtype = jnp.result_type(dtype, jnp.complex64)
+    elif fft_type == "irfft":
+        for a, n in zip(axes, sizes):
+            shape[a] = n
+        dtype = jnp.finfo(dtype).dtype
+    return tuple(shape), np.dtype(dtype)
+
+
+def _abstract_eval(x, *, fft_type, axes, norm, sizes, kind):
+    shape, dtype = _out_shape_dtype(x.shape, x.dtype, fft_type, axes, sizes)
+    # update() keeps the input's sharding (Explicit meshes) and varying manual axes (shard_map)
+    return x.update(shape=shape, dtype=dtype, weak_type=False)
+
+
+def _impl(x, **params):
+    # Reached eagerly (outside jit): run the one-primitive program.
+    return jax.jit(functools.partial(local_fft_p.bind, **params))(x)
+
+
+def _mask(t, axis: int, n: int, dtype):
+    """jax's Hermitian weights along the half axis: 1 at DC (and Nyquist for even n), else 2."""
+    m = t.shape[axis]
+    w = np.full(m, 2.0)
+    w[0] = 1.0
+    if n % 2 == 0:
+        w[-1] = 1.0
+    shape = [1] * t.ndim
+    shape[axis] = m
+    return jnp.asarray(w.reshape(shape), dtype)
+
+
+def _transpose(ct, x, *, fft_type, axes, norm, sizes, kind):
+    """jax's lax.fft transposes (jax/_src/lax/fft.py), normalisation carried in `norm`."""
+    if type(ct) is ad.Zero:
+        return (ad.Zero(x.aval),)
+    params = dict(axes=axes, sizes=sizes, kind=None)
+    if fft_type in ("fft", "ifft"):  # the DFT matrix is symmetric: the same transform
+        return (local_fft_p.bind(ct, fft_type=fft_type, norm=norm, **params),)
+    if fft_type == "rfft":  # an irfft of conj(ct) / mask, scaled as the rfft was
+        ct = jnp.conj(ct) / _mask(ct, axes[-1], sizes[-1], ct.real.dtype)
+        return (local_fft_p.bind(ct, fft_type="irfft", norm=_SWAP_NORM[norm], **params),)
+    if fft_type == "irfft":
+        out = local_fft_p.bind(ct, fft_type="rfft", norm=_SWAP_NORM[norm], **params)
+        return (jnp.conj(out * _mask(out, axes[-1], sizes[-1], out.real.dtype)),)
+    # r2r, D = (c/co) diag(g/go) O diag(h/ho) with O the orthogonal ("ortho") kind, whose
+    # transpose is its inverse: D^T = (c/co) diag(h/ho) O^-1 diag(g/go).
+    axis, n = axes[0], sizes[0]
+    c, h, g = _r2r._weights(kind, n, norm)
+    co, ho, go = _r2r._weights(kind, n, "ortho")
+    shape = [1] * ct.ndim
+    shape[axis] = n
+    real = ct.real.dtype
+    if not np.allclose(g, go):
+        ct = ct * jnp.asarray((g / go).reshape(shape), real)
+    out = local_fft_p.bind(ct, fft_type="r2r", axes=axes, norm="ortho", sizes=sizes,
+                           kind=_r2r._INVERSE_KIND[kind])
+    return (out * jnp.asarray((c / co * h / ho).reshape(shape), real),)
+
+
+def _batch(args, dims, *, axes, **params):
+    (x,), (d,) = args, dims
+    x = jnp.moveaxis(x, d, 0)
+    return local_fft_p.bind(x, axes=tuple(a + 1 for a in axes), **params), 0
+
+
+def _default_lowering(ctx, x, **params):
+    return mlir.lower_fun(functools.partial(_xla_fft, **params), multiple_results=False)(ctx, x)
+
+
+def _fftw_usable(aval) -> bool:
+    if 0 in aval.shape or aval.ndim == 0:
+        return False
+    dtype = np.dtype(aval.dtype)
+    return dtype in (np.float32, np.float64, np.complex64, np.complex128) and kernel() == "fftw"
+
+
+def _cpu_lowering(ctx, x, *, fft_type, axes, norm, sizes, kind):
+    params = dict(fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind)
+    if not _fftw_usable(ctx.avals_in[0]):
+        return _default_lowering(ctx, x, **params)
+    return mlir.lower_fun(functools.partial(_fftw, **params), multiple_results=False)(ctx, x)
+
+
+def _fftw(x, *, fft_type, axes, norm, sizes, kind):
+    """The CPU computation: weights (ortho DCT/DST ends only) around one FFTW call."""
+    n = math.prod(sizes)
+    if fft_type != "r2r":
+        code = {"fft": 0, "ifft": 0, "rfft": 1, "irfft": 2}[fft_type]
+        return fftw_p.bind(x, code=code, sign=1 if fft_type == "ifft" else -1, axes=axes,
+                           r2r_kinds=(0,), scale=_scale(norm, n, fft_type in ("fft", "rfft")),
+                           sizes=sizes)
+    # FFTW's REDFT/RODFT are scipy's kinds under norm="backward" (2 sum h_n x_n trig, h the
+    # half-weighted ends); other norms: y = c g_k sum h_n x_n trig = (c g_k / 2) FFTW(x h / h_b).
+    axis = axes[0]
+    c, h, g = _r2r._weights(kind, sizes[0], norm)
+    _, hb, _ = _r2r._weights(kind, sizes[0], "backward")
+    shape = [1] * x.ndim
+    shape[axis] = sizes[0]
+    real = x.real.dtype
+    if not np.allclose(h, hb):
+        x = x * jnp.asarray((h / hb).reshape(shape), real)
+    y = fftw_p.bind(x, code=3, sign=0, axes=axes, r2r_kinds=(_FFTW_R2R[kind],), scale=c / 2,
+                    sizes=sizes)
+    if not np.allclose(g, 1.0):
+        y = y * jnp.asarray(g.reshape(shape), real)
+    return y
+
+
+local_fft_p.def_abstract_eval(_abstract_eval)
+local_fft_p.def_impl(_impl)
+ad.deflinear2(local_fft_p, _transpose)
+batching.primitive_batchers[local_fft_p] = _batch
+mlir.register_lowering(local_fft_p, _default_lowering)
+mlir.register_lowering(local_fft_p, _cpu_lowering, platform="cpu")
+
+
+# The FFI call itself: only ever bound inside `_cpu_lowering` (so never differentiated or
+# batched), with the custom call's attributes as params.
+fftw_p = Primitive("pencilfft_fftw")
+
+
+def _fftw_abstract_eval(x, *, code, sign, axes, r2r_kinds, scale, sizes):
+    fft_type = {0: "fft", 1: "rfft", 2: "irfft", 3: "r2r"}[code]
+    shape, dtype = _out_shape_dtype(x.shape, x.dtype, fft_type, axes, sizes)
+    return x.update(shape=shape, dtype=dtype, weak_type=False)
+
+
+def _fftw_lowering(ctx, x, *, code, sign, axes, r2r_kinds, scale, sizes):
+    # Out of place.  Aliasing the c2c/r2r output to the input (in place, no fresh output
+    # buffer) was tried: XLA then adds copies where the input lives on, and tests/test_hlo.py
+    # and test_memory_floor.py measured one more fusion and up to 0.9 blocks more at the peak.
+    return jax.ffi.ffi_lowering(TARGET)(
+        ctx, x, kind=np.int32(code), sign=np.int32(sign), axes=np.asarray(axes, np.int64),
+        r2r_kinds=np.asarray(r2r_kinds, np.int64), scale=np.float64(scale),
+        planner=np.int32(PLANNERS[planner()]),
+        huge_pages=_setting("PENCILFFT_FFTW_HUGE_PAGES", ("1", "0"), "1") == "1")
+
+
+fftw_p.def_abstract_eval(_fftw_abstract_eval)
+mlir.register_lowering(fftw_p, _fftw_lowering, platform="cpu")

@@ -1,0 +1,326 @@
+// pencilfft's CPU FFT kernel: one XLA FFI handler running FFTW's guru interface (pencilfft/_kernel.py).
+//
+// One call transforms `axes` of a dense row-major (XLA's default layout) buffer; every other
+// axis is a "howmany" dimension of the same plan, so a transform along a non-last axis needs no
+// transpose.  Kinds: c2c (sign -1 forward / +1 backward), r2c, c2r and r2r (DCT/DST I-IV as
+// FFTW's REDFT/RODFT kinds; complex data as the real and imaginary parts, a howmany dimension
+// of 2 with stride 1).  FFTW is unnormalised: `scale` multiplies the output in the same call.
+//
+// FFTW comes from pyFFTW's wheel (libfftw3 and libfftw3f with hashed names, linked by full
+// path); its few prototypes are declared here by hand, so no fftw3.h is needed.
+//
+// Plans are cached per (kind, precision, shape, axes, r2r kinds, in-place, the alignments of
+// both buffers, planner flags) and run with FFTW's new-array execute functions on whatever
+// buffers XLA hands us (those are thread-safe; planning is not, hence the mutex).  The
+// alignment is part of the key because a plan made for SIMD-aligned arrays must not run on
+// unaligned ones (and FFTW_UNALIGNED plans measured 2.7x slower: we plan per alignment).
+//
+// c2r over several axes: FFTW has no input-preserving multi-dimensional c2r, and XLA's input
+// buffer must not be overwritten, so it runs as a c2c over the leading axes into a per-thread
+// scratch buffer followed by a 1-D c2r over the last axis that may destroy the scratch (no copy
+// pass: the first transform is the copy).  The scratch buffer is kept per thread and reused
+// (a fresh large allocation per call costs page faults, see README "CPU FFT kernel").
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <sys/mman.h>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+extern "C" {
+typedef struct {
+  ptrdiff_t n, is, os;
+} fftw_iodim64;
+typedef void* fftw_plan_t;
+// The same entry points in double (fftw_) and single (fftwf_) precision.
+#define PENCILFFT_FFTW_DECLARE(P, R)                                                           \
+  fftw_plan_t P##_plan_guru64_dft(int, const fftw_iodim64*, int, const fftw_iodim64*, void*,   \
+                                  void*, int, unsigned);                                       \
+  fftw_plan_t P##_plan_guru64_dft_r2c(int, const fftw_iodim64*, int, const fftw_iodim64*, R*,  \
+                                      void*, unsigned);                                        \
+  fftw_plan_t P##_plan_guru64_dft_c2r(int, const fftw_iodim64*, int, const fftw_iodim64*,      \
+                                      void*, R*, unsigned);                                    \
+  fftw_plan_t P##_plan_guru64_r2r(int, const fftw_iodim64*, int, const fftw_iodim64*, R*, R*,  \
+                                  const int*, unsigned);                                       \
+  void P##_execute_dft(fftw_plan_t, void*, void*);                                             \
+  void P##_execute_dft_r2c(fftw_plan_t, R*, void*);                                            \
+  void P##_execute_dft_c2r(fftw_plan_t, void*, R*);                                            \
+  void P##_execute_r2r(fftw_plan_t, R*, R*);                                                   \
+  int P##_alignment_of(R*);
+PENCILFFT_FFTW_DECLARE(fftw, double)
+PENCILFFT_FFTW_DECLARE(fftwf, float)
+void* fftw_malloc(size_t);
+void fftw_free(void*);
+}
+
+namespace {
+
+constexpr unsigned kDestroyInput = 1u;
+constexpr unsigned kPreserveInput = 1u << 4;
+constexpr unsigned kEstimate = 1u << 6;
+constexpr unsigned kMeasureMask = (1u << 5) | (1u << 3);  // FFTW_PATIENT, FFTW_EXHAUSTIVE
+
+enum Kind : int32_t { kC2C = 0, kR2C = 1, kC2R = 2, kR2R = 3 };
+
+// The FFTW entry points of one precision.
+template <typename Real>
+struct Api;
+
+#define PENCILFFT_FFTW_API(P, R)                                                   \
+  template <>                                                                      \
+  struct Api<R> {                                                                  \
+    static constexpr auto dft = P##_plan_guru64_dft;                               \
+    static constexpr auto r2c = P##_plan_guru64_dft_r2c;                           \
+    static constexpr auto c2r = P##_plan_guru64_dft_c2r;                           \
+    static constexpr auto r2r = P##_plan_guru64_r2r;                               \
+    static constexpr auto exec_dft = P##_execute_dft;                              \
+    static constexpr auto exec_r2c = P##_execute_dft_r2c;                          \
+    static constexpr auto exec_c2r = P##_execute_dft_c2r;                          \
+    static constexpr auto exec_r2r = P##_execute_r2r;                              \
+    static int align(void* p) { return P##_alignment_of(static_cast<R*>(p)); }    \
+  };
+PENCILFFT_FFTW_API(fftw, double)
+PENCILFFT_FFTW_API(fftwf, float)
+
+// One transform's geometry in FFTW's guru terms (strides in elements of each array's type).
+struct Geometry {
+  std::vector<fftw_iodim64> dims, howmany;
+};
+
+// Row-major strides of `shape`, times `unit`.
+std::vector<ptrdiff_t> Strides(const std::vector<int64_t>& shape, ptrdiff_t unit) {
+  std::vector<ptrdiff_t> s(shape.size());
+  ptrdiff_t acc = unit;
+  for (size_t i = shape.size(); i-- > 0;) {
+    s[i] = acc;
+    acc *= shape[i];
+  }
+  return s;
+}
+
+// `axes` of the logical shape `n` are transformed, the others are howmany dimensions.
+// `in_shape`/`out_shape` give the strides (they differ along the last axis for r2c/c2r).
+Geometry MakeGeometry(const std::vector<int64_t>& n, const std::vector<int64_t>& axes,
+                      const std::vector<int64_t>& in_shape, const std::vector<int64_t>& out_shape,
+                      ptrdiff_t unit) {
+  auto is = Strides(in_shape, unit), os = Strides(out_shape, unit);
+  Geometry g;
+  std::vector<bool> transformed(n.size(), false);
+  for (int64_t a : axes) {
+    transformed[a] = true;
+    g.dims.push_back({n[a], is[a], os[a]});
+  }
+  for (size_t i = 0; i < n.size(); ++i)
+    if (!transformed[i]) g.howmany.push_back({n[i], is[i], os[i]});
+  if (unit == 2) g.howmany.push_back({2, 1, 1});  // complex data through a real (r2r) plan
+  return g;
+}
+
+std::mutex plan_mutex;                         // FFTW's planner is not thread-safe
+std::map<std::vector<int64_t>, fftw_plan_t> plans;  // never freed: a process has few shapes
+
+std::vector<int64_t> Key(int32_t kind, int32_t sign, bool dbl, const Geometry& g,
+                         const std::vector<int64_t>& r2r_kinds, bool in_place, int align_in,
+                         int align_out, unsigned flags) {
+  std::vector<int64_t> key{kind, sign, dbl, in_place, align_in, align_out, flags,
+                           static_cast<int64_t>(g.dims.size())};
+  for (const auto* v : {&g.dims, &g.howmany})
+    for (const auto& d : *v) key.insert(key.end(), {d.n, d.is, d.os});
+  key.insert(key.end(), r2r_kinds.begin(), r2r_kinds.end());
+  return key;
+}
+
+// An FFTW-allocated buffer of at least `bytes`, offset by `offset` bytes (so that its
+// alignment as FFTW sees it matches an XLA buffer's); kept per thread, grown as needed.
+struct Scratch {
+  void* base = nullptr;
+  size_t size = 0;
+  ~Scratch() {
+    if (base) fftw_free(base);
+  }
+  char* get(size_t bytes) {
+    if (bytes + 64 > size) {
+      if (base) fftw_free(base);
+      base = fftw_malloc(bytes + 64);
+      size = base ? bytes + 64 : 0;
+    }
+    return static_cast<char*>(base);
+  }
+};
+thread_local Scratch scratch;  // c2r's intermediate (see the top)
+
+template <typename Real>
+fftw_plan_t Plan(int32_t kind, int32_t sign, const Geometry& g,
+                 const std::vector<int64_t>& r2r_kinds, void* in, void* out, size_t in_bytes,
+                 size_t out_bytes, unsigned flags) {
+  using A = Api<Real>;
+  bool in_place = in == out;
+  int ai = A::align(in), ao = A::align(out);
+  auto key = Key(kind, sign, sizeof(Real) == 8, g, r2r_kinds, in_place, ai, ao, flags);
+  std::lock_guard<std::mutex> lock(plan_mutex);
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  // FFTW_ESTIMATE never touches the arrays while planning; the other planners overwrite them,
+  // so they plan on stand-in arrays of the same alignment.
+  void *pin = in, *pout = out, *mem_in = nullptr, *mem_out = nullptr;
+  // Stand-ins for a block of several GiB would double the memory a large run needs: those
+  // few plans are estimated instead (still cached per key, which includes the asked-for flags).
+  constexpr size_t kMaxStandIn = size_t{1} << 31;
+  if (!(flags & kEstimate) && in_bytes + (in_place ? 0 : out_bytes) > kMaxStandIn)
+    flags = (flags & ~kMeasureMask) | kEstimate;
+  if (!(flags & kEstimate)) {
+    mem_in = fftw_malloc(in_bytes + 64);
+    pin = static_cast<char*>(mem_in) + (reinterpret_cast<uintptr_t>(in) % 64);
+    if (in_place) {
+      pout = pin;
+    } else {
+      mem_out = fftw_malloc(out_bytes + 64);
+      pout = static_cast<char*>(mem_out) + (reinterpret_cast<uintptr_t>(out) % 64);
+    }
+  }
+  int rank = g.dims.size(), hr = g.howmany.size();
+  fftw_plan_t p = nullptr;
+  if (kind == kC2C) {
+    p = A::dft(rank, g.dims.data(), hr, g.howmany.data(), pin, pout, sign, flags);
+  } else if (kind == kR2C) {
+    p = A::r2c(rank, g.dims.data(), hr, g.howmany.data(), static_cast<Real*>(pin), pout, flags);
+  } else if (kind == kC2R) {
+    p = A::c2r(rank, g.dims.data(), hr, g.howmany.data(), pin, static_cast<Real*>(pout), flags);
+  } else {
+    std::vector<int> k(r2r_kinds.begin(), r2r_kinds.end());
+    p = A::r2r(rank, g.dims.data(), hr, g.howmany.data(), static_cast<Real*>(pin),
+               static_cast<Real*>(pout), k.data(), flags);
+  }
+  if (mem_in) fftw_free(mem_in);
+  if (mem_out) fftw_free(mem_out);
+  if (p) plans.emplace(std::move(key), p);
+  return p;
+}
+
+// Ask for transparent huge pages on a large output buffer before FFTW first writes it.  XLA's
+// CPU allocator takes large buffers from glibc, which maps each one anew (and unmaps it when
+// freed): with 4 KiB pages the first touch of a 64 MiB block costs 16384 page faults, measured
+// as long as the FFT itself.  With 2 MiB pages that is 32 faults.  A hint on this range only
+// (where the system's THP mode is "madvise"; without effect on pages already touched, and where
+// THP is "never"); no process-wide setting changes.
+void HugePages(void* data, size_t bytes) {
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  if (bytes < 4 * kHuge) return;
+  uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+
+template <typename Real>
+void Scale(void* data, size_t count, double scale) {
+  if (scale == 1.0) return;
+  Real* x = static_cast<Real*>(data);
+  const Real s = static_cast<Real>(scale);
+  for (size_t i = 0; i < count; ++i) x[i] *= s;
+}
+
+template <typename Real>
+ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
+               const std::vector<int64_t>& r2r_kinds, double scale, unsigned planner,
+               bool complex_data, const std::vector<int64_t>& in_shape,
+               const std::vector<int64_t>& out_shape, void* in, void* out, size_t in_bytes,
+               size_t out_bytes, size_t out_reals) {
+  using A = Api<Real>;
+  const auto fail = [] { return ffi::Error(ffi::ErrorCode::kInternal, "FFTW returned no plan"); };
+  if (kind == kC2C || kind == kR2R) {
+    // Out of place, XLA's input must survive (in place: the input was donated to us).
+    unsigned flags = planner | (in == out ? 0u : kPreserveInput);
+    Geometry g = MakeGeometry(in_shape, axes, in_shape, out_shape,
+                              kind == kR2R && complex_data ? 2 : 1);
+    fftw_plan_t p = Plan<Real>(kind, sign, g, r2r_kinds, in, out, in_bytes, out_bytes, flags);
+    if (!p) return fail();
+    if (kind == kC2C)
+      A::exec_dft(p, in, out);
+    else
+      A::exec_r2r(p, static_cast<Real*>(in), static_cast<Real*>(out));
+  } else if (kind == kR2C) {
+    Geometry g = MakeGeometry(in_shape, axes, in_shape, out_shape, 1);
+    fftw_plan_t p = Plan<Real>(kind, 0, g, {}, in, out, in_bytes, out_bytes,
+                               planner | kPreserveInput);
+    if (!p) return fail();
+    A::exec_r2c(p, static_cast<Real*>(in), out);
+  } else {  // c2r: the logical shape is the output's
+    std::vector<int64_t> last{axes.back()};
+    if (axes.size() == 1) {
+      Geometry g = MakeGeometry(out_shape, last, in_shape, out_shape, 1);
+      fftw_plan_t p = Plan<Real>(kind, 0, g, {}, in, out, in_bytes, out_bytes,
+                                 planner | kPreserveInput);
+      if (!p) return fail();
+      A::exec_c2r(p, in, static_cast<Real*>(out));
+    } else {
+      // c2c over the leading axes into scratch, then a 1-D c2r that may destroy the scratch.
+      char* tmp = scratch.get(in_bytes);
+      if (!tmp) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "no scratch memory");
+      std::vector<int64_t> lead(axes.begin(), axes.end() - 1);
+      Geometry g1 = MakeGeometry(in_shape, lead, in_shape, in_shape, 1);
+      fftw_plan_t p1 = Plan<Real>(kC2C, +1, g1, {}, in, tmp, in_bytes, in_bytes,
+                                  planner | kPreserveInput);
+      Geometry g2 = MakeGeometry(out_shape, last, in_shape, out_shape, 1);
+      fftw_plan_t p2 = Plan<Real>(kind, 0, g2, {}, tmp, out, in_bytes, out_bytes,
+                                  planner | kDestroyInput);
+      if (!p1 || !p2) return fail();
+      A::exec_dft(p1, in, tmp);
+      A::exec_c2r(p2, tmp, static_cast<Real*>(out));
+    }
+  }
+  Scale<Real>(out, out_reals, scale);
+  return ffi::Error::Success();
+}
+
+ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, int32_t sign,
+                ffi::Span<const int64_t> axes, ffi::Span<const int64_t> r2r_kinds, double scale,
+                int32_t planner, bool huge_pages) {
+  auto dt = x.element_type(), ot = y->element_type();
+  bool dbl = dt == ffi::DataType::F64 || dt == ffi::DataType::C128;
+  bool cplx = dt == ffi::DataType::C64 || dt == ffi::DataType::C128;
+  bool ocplx = ot == ffi::DataType::C64 || ot == ffi::DataType::C128;
+  bool known = dt == ffi::DataType::F32 || dt == ffi::DataType::F64 || cplx;
+  bool ok = known && (kind == kC2C   ? cplx && ocplx
+                      : kind == kR2C ? !cplx && ocplx
+                      : kind == kC2R ? cplx && !ocplx
+                                     : cplx == ocplx);
+  if (!ok || axes.size() == 0)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw: bad dtypes or axes");
+  std::vector<int64_t> in_shape(x.dimensions().begin(), x.dimensions().end());
+  std::vector<int64_t> out_shape(y->dimensions().begin(), y->dimensions().end());
+  std::vector<int64_t> ax(axes.begin(), axes.end()), rk(r2r_kinds.begin(), r2r_kinds.end());
+  if (kind != kR2R) rk.clear();
+  size_t real_bytes = dbl ? 8 : 4;
+  size_t out_reals = y->size_bytes() / real_bytes;
+  if (huge_pages) HugePages(y->untyped_data(), y->size_bytes());
+  auto run = dbl ? Run<double> : Run<float>;
+  return run(kind, sign, ax, rk, scale, static_cast<unsigned>(planner), cplx, in_shape, out_shape,
+             x.untyped_data(), y->untyped_data(), x.size_bytes(), y->size_bytes(), out_reals);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftFftw, Impl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("kind")
+                                  .Attr<int32_t>("sign")
+                                  .Attr<ffi::Span<const int64_t>>("axes")
+                                  .Attr<ffi::Span<const int64_t>>("r2r_kinds")
+                                  .Attr<double>("scale")
+                                  .Attr<int32_t>("planner")
+                                  .Attr<bool>("huge_pages"));
+
+// The number of cached plans (for the tests: a repeated shape must not plan again).
+extern "C" int64_t PencilfftFftwPlanCount() {
+  std::lock_guard<std::mutex> lock(plan_mutex);
+  return static_cast<int64_t>(plans.size());
+}

@@ -1,0 +1,247 @@
+"""The CPU FFT kernel (pencilfft._kernel, csrc/fftw.cc): values, rules, lowering, fallback.
+
+Checked: every FFT type and DCT/DST kind, float32/float64, norms and axes (leading, middle,
+trailing, several) against numpy/scipy in float64 and against XLA's kernel; grad, jvp, vmap and
+scan of the primitive itself against jnp.fft; that CPU programs call the FFTW custom call and
+programs lowered for "cuda" never do (there they are jnp.fft's); the plan cache; and the one
+warning and XLA fallback when the kernel cannot be built.  The distributed transforms use the
+kernel by default, so the other test files check it in every calling form too.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.fft
+
+import pencilfft
+from conftest import MPIRUN, make_mesh, put_global, rel_err, to_numpy
+from pencilfft import _kernel
+
+HAVE_FFTW = _kernel.kernel() == "fftw"
+needs_fftw = pytest.mark.skipif(not HAVE_FFTW, reason="the fftw extra is not installed")
+AXES = [(2,), (0,), (1,), (1, 2), (0, 2), (0, 1, 2)]
+TOL = {np.float32: 2e-6, np.float64: 1e-14}
+SHAPE = (4, 6, 7)  # odd last axis: rfft's half spectrum without a Nyquist bin
+
+
+def _data(dtype, complex_: bool, shape=SHAPE, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    if complex_:
+        x = x + 1j * rng.standard_normal(shape)
+        return x.astype(np.result_type(dtype, np.complex64))
+    return x.astype(dtype)
+
+
+def _reference(fft_type, x, axes, norm, sizes):
+    x = x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)
+    if fft_type == "irfft":
+        return np.fft.irfftn(x, s=sizes, axes=axes, norm=norm)
+    return getattr(np.fft, fft_type + "n")(x, axes=axes, norm=norm)
+
+
+def _input(fft_type, dtype, axes):
+    if fft_type == "irfft":
+        full = _data(dtype, False)
+        half = np.fft.rfftn(full, axes=axes).astype(np.result_type(dtype, np.complex64))
+        return half, tuple(SHAPE[a] for a in axes)
+    return _data(dtype, fft_type != "rfft"), tuple(SHAPE[a] for a in axes)
+
+
+@needs_fftw
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("axes", AXES, ids=lambda a: "".join(map(str, a)))
+@pytest.mark.parametrize("fft_type", ["fft", "ifft", "rfft", "irfft"])
+def test_fourier_values(fft_type, axes, dtype):
+    x, sizes = _input(fft_type, dtype, axes)
+    for norm in ("backward", "ortho", "forward"):
+        f = jax.jit(lambda a, norm=norm: _kernel.fft(a, fft_type, axes, norm, sizes))
+        assert _kernel.TARGET in f.lower(x).as_text()
+        got = np.asarray(f(x))
+        ref = _reference(fft_type, x, axes, norm, sizes)
+        assert got.dtype == (np.result_type(dtype, np.complex64) if fft_type != "irfft" else dtype)
+        assert got.shape == ref.shape
+        assert rel_err(got, ref) < TOL[dtype], (norm, rel_err(got, ref))
+
+
+@needs_fftw
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("kind", ["dct1", "dct2", "dct3", "dct4", "dst1", "dst2", "dst3", "dst4"])
+def test_r2r_values(kind, dtype):
+    for complex_ in (False, True):
+        x = _data(dtype, complex_, (5, 6, 7))
+        for axis, norm, forward in ((2, "backward", True), (0, "ortho", True), (1, "forward", False),
+                                    (2, "ortho", False)):
+            name = ("" if forward else "i") + kind[:3]
+            ref = getattr(scipy.fft, name)(x.astype(np.complex128 if complex_ else np.float64),
+                                           type=int(kind[3]), axis=axis, norm=norm)
+            f = jax.jit(lambda a, axis=axis, norm=norm, fw=forward: _kernel.r2r(a, kind, axis,
+                                                                                  norm, fw))
+            assert _kernel.TARGET in f.lower(x).as_text()
+            got = np.asarray(f(x))
+            assert got.dtype == x.dtype
+            assert rel_err(got, ref) < 5 * TOL[dtype], (complex_, axis, norm, forward)
+
+
+@needs_fftw
+@pytest.mark.parametrize("fft_type", ["fft", "ifft", "rfft", "irfft"])
+def test_kernel_equals_xla(monkeypatch, fft_type):
+    x, sizes = _input(fft_type, np.float32, (1, 2))
+    ours = np.asarray(jax.jit(lambda a: _kernel.fft(a, fft_type, (1, 2), "ortho", sizes))(x))
+    monkeypatch.setenv("PENCILFFT_FFT_KERNEL", "xla")
+    g = jax.jit(lambda a: _kernel.fft(a, fft_type, (1, 2), "ortho", sizes))
+    assert _kernel.TARGET not in g.lower(x).as_text()
+    xla = np.asarray(g(x))
+    assert rel_err(ours, xla) < 2e-6
+
+
+def _jnp_fft(fft_type, axes, norm, sizes):
+    if fft_type == "irfft":
+        return lambda a: jnp.fft.irfftn(a, s=sizes, axes=axes, norm=norm)
+    return lambda a: getattr(jnp.fft, fft_type + "n")(a, axes=axes, norm=norm)
+
+
+@pytest.mark.parametrize("norm", ["backward", "ortho", "forward"])
+@pytest.mark.parametrize("fft_type", ["fft", "ifft", "rfft", "irfft"])
+def test_autodiff_and_vmap_of_the_primitive(fft_type, norm):
+    """grad, jvp, vmap and scan of the primitive equal jnp.fft's (float64)."""
+    axes = (0, 2)
+    x, sizes = _input(fft_type, np.float64, axes)
+    ours, ref = (lambda a: _kernel.fft(a, fft_type, axes, norm, sizes)), _jnp_fft(fft_type, axes,
+                                                                              norm, sizes)
+    w = jnp.asarray(_data(np.float64, True, jax.eval_shape(ref, x).shape, seed=1))
+
+    def loss(f):
+        return lambda a: jnp.sum(jnp.real(f(a) * w) ** 2 + jnp.imag(f(a)))
+
+    assert rel_err(jax.grad(loss(ours))(x), jax.grad(loss(ref))(x)) < 1e-12
+    t = _input(fft_type, np.float64, axes)[0] * 0.5
+    assert rel_err(jax.jvp(ours, (x,), (t,))[1], jax.jvp(ref, (x,), (t,))[1]) < 1e-12
+    stack = np.stack([x, 2 * x], axis=1)  # the batch axis in the middle: the axes shift
+    assert rel_err(jax.vmap(ours, in_axes=1)(stack), jax.vmap(ref, in_axes=1)(stack)) < 1e-12
+    scanned = jax.lax.scan(lambda c, a: (c, ours(a)), 0, np.stack([x, x]))[1]
+    assert rel_err(scanned[1], ref(x)) < 1e-12
+
+
+@pytest.mark.parametrize("kind", ["dct1", "dct2", "dst3", "dst4"])
+def test_r2r_transpose_is_the_matrix_transpose(kind):
+    """The r2r transpose rule (through the "ortho" inverse kind) against scipy's matrix."""
+    n = 6
+    eye = np.eye(n)
+    for norm in ("backward", "ortho", "forward"):
+        m = (scipy.fft.dct if kind[:3] == "dct" else scipy.fft.dst)(eye, type=int(kind[3]),
+                                                                     axis=0, norm=norm)
+        f = lambda a, norm=norm: _kernel.r2r(a, kind, 0, norm, True)  # noqa: E731
+        (mt,) = jax.linear_transpose(f, eye)(eye)
+        assert rel_err(np.asarray(mt), m.T) < 1e-13, norm
+        assert rel_err(jax.vmap(f, in_axes=1, out_axes=1)(eye), m) < 1e-13
+
+
+def _transforms(mesh):
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*mesh.axis_names))
+    c = jax.ShapeDtypeStruct((16, 16, 16), np.complex64, sharding=sharding)
+    r = jax.ShapeDtypeStruct((16, 16, 16), np.float32, sharding=sharding)
+    return [(pencilfft.pfft3d, c), (pencilfft.pifft3d, c), (pencilfft.prfft3d, r),
+            (lambda a, **kw: pencilfft.ptransform3d(a, ("dct2", "fft", "dst3"), **kw), r)]
+
+
+@pytest.mark.parametrize("pdims", [(1, 1), (2, 1), (2, 2), (1, 2)],
+                         ids=lambda p: "x".join(map(str, p)))
+def test_lowered_programs(pdims):
+    """CPU programs call the kernel (with the extra); those lowered for "cuda" never do: there
+    the local FFTs are jnp.fft's.  (The compiler-partitioned path lowers its per-device program
+    only when XLA compiles for the device: checked on CPU, in the compiled program.)"""
+    mesh = make_mesh(pdims)
+    for fn, x in _transforms(mesh):
+        f = jax.jit(lambda a, fn=fn: fn(a, mesh=mesh))
+        cuda = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+        assert _kernel.TARGET not in cuda
+        assert "stablehlo.fft" in cuda
+        assert (_kernel.TARGET in f.trace(x).lower().as_text()) == HAVE_FFTW
+    auto = make_mesh(pdims, "auto")
+    for fn, x in _transforms(auto)[:3]:
+        compiled = jax.jit(fn).lower(x).compile().as_text()
+        assert (f'custom_call_target="{_kernel.TARGET}"' in compiled) == HAVE_FFTW
+
+
+@needs_fftw
+def test_plan_cache():
+    x = _data(np.float32, True, (3, 5, 9), seed=3)
+    f = jax.jit(lambda a: _kernel.fft(a, "fft", (0, 1), "backward", ()))
+    f(x).block_until_ready()
+    before = _kernel.plan_count()
+    for _ in range(3):
+        y = f(x)
+    assert _kernel.plan_count() == before  # the same shape: planned once
+    assert rel_err(y, np.fft.fftn(x, axes=(0, 1))) < 2e-6
+    jax.jit(lambda a: _kernel.fft(a, "fft", (0, 1), "backward", ()))(x[:2]).block_until_ready()
+    assert _kernel.plan_count() >= before + 1  # a new shape: a new plan
+
+
+FALLBACK = textwrap.dedent("""
+    import warnings, numpy as np, jax
+    from pencilfft import _kernel
+    x = (np.arange(24.0).reshape(2, 3, 4) + 1j).astype(np.complex64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            y = jax.jit(lambda a: _kernel.fft(a, "fft", (1, 2), "backward", ()))(x)
+        kernel = _kernel.kernel()
+    assert np.abs(np.asarray(y) - np.fft.fftn(x, axes=(1, 2))).max() < 1e-3
+    assert "pencilfft_fftw" not in jax.jit(lambda a: _kernel.fft(a, "fft", (2,), "ortho", ())).lower(x).as_text()
+    print(kernel, sum("FFTW kernel is unavailable" in str(w.message) for w in caught))
+""")
+
+
+@pytest.mark.parametrize("case", ["no-compiler", "no-pyfftw", "plain-install"])
+def test_fallback_warns_once(tmp_path, case):
+    """A kernel that cannot be built: XLA's FFT, right values, one warning (none for the plain
+    install, without the extra and without asking for FFTW)."""
+    env = dict(os.environ, PENCILFFT_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("XLA_FLAGS", None)
+    script = FALLBACK
+    if case == "no-compiler":
+        if not HAVE_FFTW:
+            pytest.skip("the fftw extra is not installed")
+        bogus = tmp_path / "bin"
+        bogus.mkdir()
+        (bogus / "c++").write_text("#!/bin/sh\necho 'bogus compiler' >&2\nexit 1\n")
+        (bogus / "c++").chmod(0o755)
+        env["PATH"] = f"{bogus}:{env['PATH']}"
+    else:  # pyfftw missing; the extra asked for, or not
+        env["PENCILFFT_FFT_KERNEL"] = "fftw" if case == "no-pyfftw" else "auto"
+        script = "import sys; sys.modules['pyfftw'] = None\n" + FALLBACK
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    warnings = "0" if case == "plain-install" else "1"
+    assert out.stdout.split() == ["xla", warnings], out.stdout + out.stderr
+
+
+def test_describe_and_settings(monkeypatch):
+    assert _kernel.describe().split()[0] == _kernel.kernel()
+    monkeypatch.setenv("PENCILFFT_FFT_KERNEL", "xla")
+    assert _kernel.kernel() == "xla" and "PENCILFFT_FFT_KERNEL=xla" in _kernel.describe()
+    monkeypatch.setenv("PENCILFFT_FFT_KERNEL", "bogus")
+    with pytest.raises(ValueError, match="PENCILFFT_FFT_KERNEL"):
+        _kernel.kernel()
+
+
+@MPIRUN
+@needs_fftw
+def test_distributed_transform_with_kernel(pdims):
+    """One distributed transform with the kernel against numpy (the other files do many), also
+    under mpirun: every rank builds or loads the kernel (one build under the cache's lock)."""
+    mesh = make_mesh(pdims)
+    x = _data(np.float32, False, (8, 8, 12))
+    xs = put_global(x, pencilfft.real_space_sharding(mesh))
+    k = jax.jit(lambda a: pencilfft.prfft3d(a, mesh=mesh, layout="natural"))(xs)
+    got = to_numpy(k)[..., :7]
+    assert rel_err(got, np.fft.rfftn(x)) < 2e-6
