@@ -291,18 +291,23 @@ def _lower_other(y, where, *, groups, n, axis_name):
     return jax.lax.all_to_all(y, axis_name, 0, 0, tiled=True)
 
 
-def _jvp(primals, tangents, **params):
-    (y, where), (dy, _) = primals, tangents
-    out = exchange_p.bind(y, where, **params)
-    if type(dy) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)
-    return out, exchange_p.bind(dy, where, **params)
+def _def_linear(prim: Primitive, transposed=lambda params: params) -> None:
+    """jvp and transpose of a linear primitive of (block, coordinates): the tangent goes through
+    the same map, the cotangent through the map with `transposed(params)`."""
+    def jvp(primals, tangents, **params):
+        (y, where), (dy, _) = primals, tangents
+        out = prim.bind(y, where, **params)
+        if type(dy) is ad.Zero:
+            return out, ad.Zero.from_primal_value(out)
+        return out, prim.bind(dy, where, **params)
 
+    def transpose(ct, y, where, **params):
+        if type(ct) is ad.Zero:
+            return ad.Zero(y.aval), None
+        return prim.bind(ct, where, **transposed(params)), None
 
-def _transpose(ct, y, where, **params):
-    if type(ct) is ad.Zero:
-        return ad.Zero(y.aval), None
-    return exchange_p.bind(ct, where, **params), None
+    ad.primitive_jvps[prim] = jvp
+    ad.primitive_transposes[prim] = transpose
 
 
 def _batch(args, dims, **params):
@@ -314,8 +319,7 @@ def _batch(args, dims, **params):
 
 
 exchange_p.def_abstract_eval(_abstract_eval)
-ad.primitive_jvps[exchange_p] = _jvp
-ad.primitive_transposes[exchange_p] = _transpose
+_def_linear(exchange_p)  # the chunk-major all-to-all is its own transpose
 batching.primitive_batchers[exchange_p] = _batch
 # Not cacheable: every lowered exchange must get a tag of its own.
 mlir.register_lowering(exchange_p, _lower_cpu, platform="cpu", cacheable=False)
@@ -345,20 +349,6 @@ def _lower_shift_other(y, where, *, groups, n, axis_name, by, periodic):
     return jax.lax.ppermute(y, axis_name, pairs)
 
 
-def _shift_jvp(primals, tangents, **params):
-    (y, where), (dy, _) = primals, tangents
-    out = shift_p.bind(y, where, **params)
-    if type(dy) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)
-    return out, shift_p.bind(dy, where, **params)
-
-
-def _shift_transpose(ct, y, where, *, by, **params):
-    if type(ct) is ad.Zero:
-        return ad.Zero(y.aval), None
-    return shift_p.bind(ct, where, by=-by, **params), None
-
-
 def _shift_batch(args, dims, **params):
     (y, where), (d, dwhere) = args, dims
     if dwhere is not None:
@@ -367,8 +357,7 @@ def _shift_batch(args, dims, **params):
 
 
 shift_p.def_abstract_eval(_abstract_eval)
-ad.primitive_jvps[shift_p] = _shift_jvp
-ad.primitive_transposes[shift_p] = _shift_transpose
+_def_linear(shift_p, lambda params: {**params, "by": -params["by"]})  # shifted back
 batching.primitive_batchers[shift_p] = _shift_batch
 mlir.register_lowering(shift_p, _lower_shift_cpu, platform="cpu", cacheable=False)
 mlir.register_lowering(shift_p, mlir.lower_fun(_lower_shift_other, multiple_results=False))
