@@ -17,10 +17,14 @@ MPIRUN=${MPIRUN:-$BIN/mpirun}
 export PYTHONPATH="$PWD/tests/mp${PYTHONPATH:+:$PYTHONPATH}"
 # -p no:cacheprovider: ranks must not race on .pytest_cache, nor reorder tests from it.
 PYTEST=("$PY" -m pytest -q -p pencilfft_mpi_plugin -p no:cacheprovider)
-# Each of the three steps is stopped after STEP_TIMEOUT seconds (default 1200: a stuck rank
-# fails the run; on an idle 2-core machine the steps take about 7, 1 and 2 minutes, the whole
-# command under 20 minutes; three stuck steps would still end within CI's 90 minutes).
-STEP_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-1200}
+# Each step is stopped after its timeout (a stuck rank fails the run): 1800 s for the step in one
+# process, 900 s for each mpirun step (PENCILFFT_STEP_TIMEOUT sets all three), so three stuck
+# steps still end within CI's 90 minutes.  Measured on an idle 2-core VM on 2026-11-25: 943,
+# 157 and 331 s (24 min with the install); the same VM ran the test files of the commit before
+# the FFTW kernel and the MPI transport no faster (test_r2r + test_kinds: 109 s then, 94 s now),
+# while an earlier VM of the same kind took 7, 1 and 2 minutes.
+SINGLE_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-1800}
+MPIRUN_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-900}
 LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
 status=0
@@ -40,11 +44,11 @@ stop() {  # stop EXIT_STATUS
 trap 'stop 130' INT
 trap 'stop 143' TERM
 trap 'stop 129' HUP
-step() {  # step NAME CMD...: run a step with its timeout, in the background, wait for it, and
-  # say how long it took
-  local name=$1 start=$SECONDS rc=0
-  shift
-  timeout -k 30 "$STEP_TIMEOUT" "$@" &
+step() {  # step NAME TIMEOUT CMD...: run a step with its timeout, in the background, wait for
+  # it, and say how long it took
+  local name=$1 limit=$2 start=$SECONDS rc=0
+  shift 2
+  timeout -k 30 "$limit" "$@" &
   child=$!
   wait "$child" || rc=$?
   child=
@@ -53,14 +57,14 @@ step() {  # step NAME CMD...: run a step with its timeout, in the background, wa
 }
 
 echo "== single process, 8 devices"
-PENCILFFT_TEST_DEVICES=8 step "single process" "${PYTEST[@]}" "$@" || status=1
+PENCILFFT_TEST_DEVICES=8 step "single process" "$SINGLE_TIMEOUT" "${PYTEST[@]}" "$@" || status=1
 
 for np in 2 4; do
   echo "== mpirun -np $np, $((8 / np)) devices per process"
   rm -f "$LOGS"/rank*
   rc=0
   PENCILFFT_LOG_DIR=$LOGS PENCILFFT_TEST_DEVICES=$((8 / np)) \
-    step "mpirun -np $np" "$MPIRUN" -np "$np" "${PYTEST[@]}" "$@" || rc=$?
+    step "mpirun -np $np" "$MPIRUN_TIMEOUT" "$MPIRUN" -np "$np" "${PYTEST[@]}" "$@" || rc=$?
   if [ "$rc" = 124 ]; then echo "== mpirun -np $np timed out"; fi
   for ((r = 1; r < np; r++)); do
     rank_rc=$(cat "$LOGS/rank$r.rc" 2>/dev/null || echo "none (killed)")
