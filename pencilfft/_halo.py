@@ -149,10 +149,6 @@ class HaloExchange(LinearOp):
     transposed: bool = False
 
     @property
-    def lowered_per_call(self) -> bool:
-        return self.mpi
-
-    @property
     def primal_in(self) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(self.shape, self.dtype)
 

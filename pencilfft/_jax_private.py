@@ -68,3 +68,14 @@ def concrete_mesh() -> Any:
         return None
     mesh = get_concrete_mesh()
     return None if mesh is None or mesh.empty else mesh
+
+
+def invariant_over(aval: Any, axis_name: str) -> Any:
+    """`aval` (a value inside shard_map) made the same on every device of mesh axis `axis_name`,
+    as a psum's result is: shard_map checks that outputs declared replicated are.  On a jax that
+    keeps this elsewhere, `aval` unchanged (shard_map then refuses loudly where it matters)."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is None or not hasattr(mat, "varying"):
+        return aval
+    return aval.update(manual_axis_type=mat.update(
+        varying=frozenset(a for a in mat.varying if a != axis_name)))

@@ -22,26 +22,26 @@ An Explicit-typed array under jit gives only an abstract mesh, which names no de
 the mesh of `jax.set_mesh`, else `jax.make_mesh`'s order (`_concrete`); the handler checks
 its own place in the table against jax's axis_index, so a wrong guess fails, never mixes data.
 
-Ordering (see csrc/mpi.cc): each lowered exchange gets its own MPI tag, and the handler is
-asynchronous (it posts its messages and returns a future that a progress thread completes),
-so exchanges that XLA runs in different orders on different processes are never matched with
-each other and never wait for each other.  The tags come from a counter of lowered exchanges:
-every process must lower the same programs in the same order, as SPMD code does.  To keep two
-identical transforms of one program apart, a transform with this exchange is not wrapped in
-a jit of its own when traced inside the user's (`_partitioned.run`): jax would lower that
-inner function once and call it twice, with one tag.
+Ordering (see csrc/mpi.cc): every exchange of a compiled program has an MPI tag of its own,
+and the handler is asynchronous (it posts its messages and returns a future that a progress
+thread completes), so exchanges that XLA runs in different orders on different processes are
+never matched with each other and never wait for each other.  The tag is given to each call of
+the compiled program when XLA instantiates it (two uses of one jitted function that jax lowered
+once are two calls there), from the call's `key` (a hash of its shapes and peers, `_key`) and
+its number among the calls of that key compiled so far: every process must compile the same
+programs in the same order, as SPMD code does.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import functools
-import itertools
 import os
 import shutil
 import sys
-import threading
 import warnings
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -50,18 +50,15 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _native
-from ._jax_private import concrete_mesh
+from ._jax_private import concrete_mesh, invariant_over
 
-__all__ = ["available", "exchange", "shift", "status", "unavailable_reason"]
+__all__ = ["allreduce", "available", "exchange", "shift", "status", "unavailable_reason"]
 
 TARGET = "pencilfft_mpi_exchange"
 SHIFT_TARGET = "pencilfft_mpi_shift"  # halo_exchange's neighbour sends
+ALLREDUCE_TARGET = "pencilfft_mpi_allreduce"  # power_spectrum's sum over processes
 
-# MPI tags of the exchanges: a range of their own on MPI_COMM_WORLD, apart from pencilfft's
-# scatter/gather (tag 0x5046) and the small tags user code usually sends with.
-_TAG_BASE, _TAG_COUNT = 0x1000, 0x3000
-_tags = itertools.count()
-_tags_lock = threading.Lock()
+INSTANCE_TYPE = "pencilfft_mpi_instance"  # the FFI state holding each call's MPI tag
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,10 +104,18 @@ def _library():
                       f"use jax's gloo collectives instead (README \"MPI inside XLA\"): {e}",
                       RuntimeWarning, stacklevel=4)
         return f"its handler could not be built ({str(e).splitlines()[0]})"
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.PencilfftMpiExchange),
-                                platform="cpu")
-    jax.ffi.register_ffi_target(SHIFT_TARGET, jax.ffi.pycapsule(lib.PencilfftMpiShift),
-                                platform="cpu")
+    for name in ("pencilfft_mpi_instance_type_id", "pencilfft_mpi_instance_type_info"):
+        getattr(lib, name).restype = ctypes.c_void_p
+    jax.ffi.register_ffi_type(INSTANCE_TYPE, {
+        "type_id": jax.ffi.pycapsule(lib.pencilfft_mpi_instance_type_id()),
+        "type_info": jax.ffi.pycapsule(lib.pencilfft_mpi_instance_type_info())}, platform="cpu")
+    instantiate = jax.ffi.pycapsule(lib.PencilfftMpiInstantiate)
+    for target, execute in ((TARGET, lib.PencilfftMpiExchange),
+                            (SHIFT_TARGET, lib.PencilfftMpiShift),
+                            (ALLREDUCE_TARGET, lib.PencilfftMpiAllReduce)):
+        jax.ffi.register_ffi_target(target, {"instantiate": instantiate,
+                                             "execute": jax.ffi.pycapsule(execute)},
+                                    platform="cpu")
     return lib
 
 
@@ -220,6 +225,14 @@ def shift(y: jax.Array, axis_name: str, n: int, by: int, periodic: bool) -> jax.
                         axis_name=axis_name, by=by, periodic=periodic)
 
 
+def allreduce(y: jax.Array, axis_name: str, n: int) -> jax.Array:
+    """Inside shard_map: the sum of y over mesh axis `axis_name` (a psum; float or complex),
+    the same bits on every device."""
+    mesh = _concrete(_mesh.get())
+    return allreduce_p.bind(y, _where(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
+                            axis_name=axis_name)
+
+
 def _where(mesh, axis_name: str) -> jax.Array:
     """This device's coordinate along the axis and the index of its group: the handler checks
     that the table puts this process there (a wrong guess of the devices fails, never mixes)."""
@@ -271,9 +284,26 @@ def _groups(mesh, axis_name: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(d.process_index) for d in row) for row in along)
 
 
-def _next_tag() -> int:
-    with _tags_lock:
-        return _TAG_BASE + next(_tags) % _TAG_COUNT
+def _key(ctx, target: str, **params) -> np.int64:
+    """The same number on every process for calls with the same target, block and peers (not
+    Python's hash: salted per process).  csrc/mpi.cc numbers the compiled calls of one key and
+    makes their MPI tags from both."""
+    (aval, *_) = ctx.avals_in
+    text = repr((target, aval.shape, str(aval.dtype), sorted(params.items())))
+    return np.int64(zlib.crc32(text.encode()))
+
+
+def instantiated() -> list[tuple[int, int, int]]:
+    """(key, number, MPI tag) of every exchange and shift compiled so far in this process,
+    oldest first (for the tests)."""
+    lib = _library()
+    if isinstance(lib, str):
+        return []
+    lib.pencilfft_mpi_instances.restype = ctypes.c_int64
+    count = lib.pencilfft_mpi_instances(None, ctypes.c_int64(0))
+    out = np.zeros(3 * count, np.int64)
+    lib.pencilfft_mpi_instances(out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(count))
+    return [tuple(int(v) for v in row) for row in out.reshape(-1, 3)]
 
 
 def _lower_cpu(ctx, y, where, *, groups, n, axis_name):
@@ -282,7 +312,7 @@ def _lower_cpu(ctx, y, where, *, groups, n, axis_name):
     if why is not None:
         raise ValueError(f"`exchange`='mpi' cannot run here: {why}")
     return jax.ffi.ffi_lowering(TARGET, has_side_effect=True)(
-        ctx, y, where, n=np.int64(n), tag=np.int64(_next_tag()),
+        ctx, y, where, n=np.int64(n), key=_key(ctx, TARGET, groups=groups, n=n),
         ranks=np.asarray(groups, np.int32).reshape(-1))
 
 
@@ -321,8 +351,7 @@ def _batch(args, dims, **params):
 exchange_p.def_abstract_eval(_abstract_eval)
 _def_linear(exchange_p)  # the chunk-major all-to-all is its own transpose
 batching.primitive_batchers[exchange_p] = _batch
-# Not cacheable: every lowered exchange must get a tag of its own.
-mlir.register_lowering(exchange_p, _lower_cpu, platform="cpu", cacheable=False)
+mlir.register_lowering(exchange_p, _lower_cpu, platform="cpu")
 mlir.register_lowering(exchange_p, mlir.lower_fun(_lower_other, multiple_results=False))
 
 
@@ -340,7 +369,8 @@ def _lower_shift_cpu(ctx, y, where, *, groups, n, axis_name, by, periodic):
         raise ValueError(f"the MPI halo exchange cannot run here: {why}")
     return jax.ffi.ffi_lowering(SHIFT_TARGET, has_side_effect=True)(
         ctx, y, where, n=np.int64(n), shift=np.int64(by), periodic=bool(periodic),
-        tag=np.int64(_next_tag()), ranks=np.asarray(groups, np.int32).reshape(-1))
+        key=_key(ctx, SHIFT_TARGET, groups=groups, n=n, by=by, periodic=periodic),
+        ranks=np.asarray(groups, np.int32).reshape(-1))
 
 
 def _lower_shift_other(y, where, *, groups, n, axis_name, by, periodic):
@@ -359,5 +389,72 @@ def _shift_batch(args, dims, **params):
 shift_p.def_abstract_eval(_abstract_eval)
 _def_linear(shift_p, lambda params: {**params, "by": -params["by"]})  # shifted back
 batching.primitive_batchers[shift_p] = _shift_batch
-mlir.register_lowering(shift_p, _lower_shift_cpu, platform="cpu", cacheable=False)
+mlir.register_lowering(shift_p, _lower_shift_cpu, platform="cpu")
 mlir.register_lowering(shift_p, mlir.lower_fun(_lower_shift_other, multiple_results=False))
+
+
+# ----------------------------------------------------------------------------------------------
+# The sum over processes (power_spectrum's reduction): linear, its transpose psum's (the
+# cotangent, the same on every device, goes back to each device's block as it is).
+
+
+allreduce_p = Primitive(ALLREDUCE_TARGET)
+
+
+def _lower_allreduce_cpu(ctx, y, where, *, groups, n, axis_name):
+    del axis_name
+    why = _load()
+    if why is not None:
+        raise ValueError(f"the MPI reduction cannot run here: {why}")
+    return jax.ffi.ffi_lowering(ALLREDUCE_TARGET, has_side_effect=True)(
+        ctx, y, where, n=np.int64(n), key=_key(ctx, ALLREDUCE_TARGET, groups=groups, n=n),
+        ranks=np.asarray(groups, np.int32).reshape(-1))
+
+
+def _lower_allreduce_other(y, where, *, groups, n, axis_name):
+    del where, groups, n  # XLA's collective, on platforms our custom call does not exist on
+    return jax.lax.psum(y, axis_name)
+
+
+def _allreduce_jvp(primals, tangents, **params):
+    (y, where), (dy, _) = primals, tangents
+    out = allreduce_p.bind(y, where, **params)
+    if type(dy) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)
+    return out, allreduce_p.bind(dy, where, **params)
+
+
+def _allreduce_transpose(ct, y, where, *, axis_name, **params):
+    del y, params
+    if type(ct) is ad.Zero:
+        return ct, None
+    return _varying(ct, axis_name), None
+
+
+def _varying(x, axis_name: str):
+    """x, typed as differing along `axis_name` (what psum's transpose gives shard_map)."""
+    try:
+        return jax.lax.pcast(x, axis_name, to="varying")
+    except ValueError:  # already varying there
+        return x
+
+
+def _allreduce_batch(args, dims, **params):
+    (y, where), (d, dwhere) = args, dims
+    if dwhere is not None:
+        raise NotImplementedError("internal: the MPI reduction's coordinates are never batched")
+    return allreduce_p.bind(y, where, **params), d  # element by element: the batch rides along
+
+
+def _allreduce_abstract_eval(y, where, *, axis_name, **params):
+    del where, params
+    return invariant_over(y, axis_name)  # the same on every device of the axis, as psum's
+
+
+allreduce_p.def_abstract_eval(_allreduce_abstract_eval)
+ad.primitive_jvps[allreduce_p] = _allreduce_jvp
+ad.primitive_transposes[allreduce_p] = _allreduce_transpose
+batching.primitive_batchers[allreduce_p] = _allreduce_batch
+mlir.register_lowering(allreduce_p, _lower_allreduce_cpu, platform="cpu")
+mlir.register_lowering(allreduce_p, mlir.lower_fun(_lower_allreduce_other,
+                                                   multiple_results=False))

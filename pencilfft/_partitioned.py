@@ -84,11 +84,6 @@ class LinearOp:
             return jax.linear_transpose(self.primal_local, self.primal_in)(x)[0]
         return self.primal_local(x)
 
-    # Whether every call must be lowered on its own inside a traced program (no jit of its own
-    # there, which jax would lower once and call at every use): the MPI exchange's tags tell
-    # its calls apart by lowering (`_mpi_exchange`).
-    lowered_per_call: bool = False
-
     # A mesh with batch axes that the caller named (mesh=, jax.set_mesh, an Explicit type) while
     # the traced input had too few leading axes for them (`_plan.batch_mesh`): under vmap the
     # batching rule adds the axis before anything runs; otherwise running it on one device
@@ -161,10 +156,6 @@ class Transform(LinearOp):
     @property
     def deferred(self):
         return self.plan.deferred
-
-    @property
-    def lowered_per_call(self) -> bool:
-        return "mpi" in self.plan.exchanges
 
     @property
     def argname(self) -> str:
@@ -378,8 +369,6 @@ def run(t: LinearOp, x, mesh) -> jax.Array:
         return apply(t, x) if _is_tracer(x) else _local(jnp.asarray(x), t=t)
     _, in_sharding, _ = t.on_mesh(mesh)  # validates the sizes at the call
     x = place(x, in_sharding)
-    if t.lowered_per_call and _is_tracer(x):
-        return _shard_mapped(x, t=t, mesh=mesh)
     return _on_mesh(x, t=t, mesh=mesh)
 
 

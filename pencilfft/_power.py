@@ -33,7 +33,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ._decomposition import batch_axes, mesh_axes
 from ._fft import prfft3d
 from ._freq import _wavenumbers
-from ._partitioned import LinearOp, _tile, run
+from . import _mpi_exchange
+from ._partitioned import LinearOp, _tile, run, with_mesh
 from ._plan import _is_tracer, plan_forward
 
 __all__ = ["power_spectrum"]
@@ -297,6 +298,7 @@ class BinSums(LinearOp):
     in_shape: tuple[int, ...]
     dtype: Any
     deferred: Any = None
+    mpi: bool = False  # the sum through MPI inside XLA (`_mpi_exchange.auto`)
     transposed: bool = False
 
     @property
@@ -311,7 +313,16 @@ class BinSums(LinearOp):
 
     def primal_on_mesh(self, mesh):
         local, in_spec, out_spec, pencil = self._blocks_on_mesh(mesh)
-        return (lambda q: jax.lax.psum(local(q), pencil)), in_spec, out_spec
+        if not self.mpi:
+            return (lambda q: jax.lax.psum(local(q), pencil)), in_spec, out_spec
+
+        def summed(q):  # over one pencil axis, then the other: their sizes are known here
+            s = local(q)
+            for name in pencil:
+                s = _mpi_exchange.allreduce(s, name, mesh.shape[name])
+            return s
+
+        return with_mesh(summed, mesh), in_spec, out_spec
 
     def _blocks_on_mesh(self, mesh):
         """(per-device sums of a block, without the psum; q's spec; the sums' spec; the
@@ -433,7 +444,8 @@ _spectrum_jit = jax.jit(_spectrum, static_argnames=("bins", "mesh", "deferred"))
 
 
 def _bin(bins: BinPlan, rows, q, deferred, mesh):
-    t = BinSums(bins, tuple(rows), tuple(q.shape), q.dtype, deferred=deferred)
+    t = BinSums(bins, tuple(rows), tuple(q.shape), q.dtype, deferred=deferred,
+                mpi=_mpi_exchange.auto(jax.default_backend()))
     return run(t, q, mesh)
 
 

@@ -67,24 +67,34 @@ def test_autotune_offers_it_only_where_it_runs():
     assert _autotune._default_exchanges(jax.devices()) == ("alltoall", "pairwise")
 
 
-def test_other_platforms_lower_to_xla_all_to_all():
+@pytest.mark.parametrize("op", ["exchange", "shift", "allreduce"])
+def test_other_platforms_lower_to_xla_collectives(op):
     """Only the CPU lowering holds our custom call (it is never chosen elsewhere, but a program
-    lowered for GPUs must not name it); on CPUs the call is there, and nothing else moves."""
+    lowered for GPUs must not name it): there the exchange is XLA's all_to_all, the shift a
+    collective_permute, the sum an all_reduce.  On CPUs the call is there, and nothing else
+    moves."""
     from pencilfft import _mpi_exchange
 
     mesh = make_mesh((4, 2))
+    calls = {"exchange": (lambda y: _mpi_exchange.exchange(y, "x", 4), _mpi_exchange.TARGET,
+                          "all_to_all", P("x", "y")),
+             "shift": (lambda y: _mpi_exchange.shift(y, "x", 4, 1, True),
+                       _mpi_exchange.SHIFT_TARGET, "collective_permute", P("x", "y")),
+             "allreduce": (lambda y: _mpi_exchange.allreduce(y, "x", 4),
+                           _mpi_exchange.ALLREDUCE_TARGET, "all_reduce", P(None, "y"))}
+    call, target, collective, out_spec = calls[op]
 
     def body(y):
         with _mpi_exchange.in_mesh(mesh):
-            return _mpi_exchange.exchange(y, "x", 4)
+            return call(y)
 
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y")))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=out_spec))
     x = jax.ShapeDtypeStruct((16, 8, 4), np.complex64, sharding=NamedSharding(mesh, P("x", "y")))
     cuda = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
-    assert _mpi_exchange.TARGET not in cuda and "all_to_all" in cuda
+    assert target not in cuda and collective in cuda
     if _mpi_exchange._load() is None:  # the handler builds here (mpicxx of the mpi extra)
         cpu = f.trace(x).lower(lowering_platforms=("cpu",)).as_text()
-        assert _mpi_exchange.TARGET in cpu and "all_to_all" not in cpu
+        assert target in cpu and collective not in cpu
 
 
 def test_failed_build_warns_once_and_says_why(monkeypatch, tmp_path):
@@ -139,8 +149,15 @@ def test_under_mpirun_one_device_per_process(np_, pdims):
                                    "host callbacks": 0}, key
     for key in ("halo hlo periodic", "halo hlo open X"):  # halo_exchange's sends: ours too
         assert report.pop(key) == {"mpi shifts": 2 * exchanges, "xla collectives": 0}, key
+    # power_spectrum: one sum for the fields' bins and one for the counts, over each of the two
+    # pencil axes (a group of one returns at once)
+    assert report.pop("power hlo") == {"mpi sums": 4, "xla collectives": 0}
+    # One user function used twice in a program: one key, yet a tag per call, on every process.
+    calls = exchanges * 2
+    assert report.pop("shared function") == {"calls": calls, "keys": exchanges, "tags": calls,
+                                             "same tags on every process": True}
     temp = report.pop("temp bytes")  # per-device memory of the compiled forward
     assert temp["auto"] == temp["mpi"] <= temp["alltoall"], temp
-    assert len(report) == 38
+    assert len(report) == 41
     bad = {k: v for k, v in report.items() if not v < 5 * tol(np.complex64)}
     assert not bad, bad

@@ -1,10 +1,11 @@
 // pencilfft's exchange through MPI inside XLA (exchange="mpi", pencilfft/_mpi_exchange.py).
 //
-// Two XLA FFI handlers, on XLA's own buffers: PencilfftMpiExchange, the all-to-all of a
+// Three XLA FFI handlers, on XLA's own buffers: PencilfftMpiExchange, the all-to-all of a
 // chunk-major block (n, ...) between the n processes of one mesh axis (chunk j of the input
 // goes to peer j, the chunk received from peer j lands in slot j of the output, the process's
 // own chunk is copied across); PencilfftMpiShift, halo_exchange's neighbour sends (the whole
-// buffer to the process `shift` positions further along the axis).  Built with the MPI compiler wrapper that mpi4py was
+// buffer to the process `shift` positions further along the axis); PencilfftMpiAllReduce,
+// power_spectrum's sum over the processes of an axis.  Built with the MPI compiler wrapper that mpi4py was
 // built with, so it talks to the same MPI library in the same process.
 //
 // Ordering.  XLA:CPU runs thunks that do not depend on each other concurrently and in no fixed
@@ -14,8 +15,18 @@
 // collective would then deadlock (rank 0 waits in A for rank 1, which waits in B for rank 0),
 // and two exchanges on one communicator could be matched with each other.  Hence:
 //   * every exchange is point-to-point (MPI_Isend/MPI_Irecv on MPI_COMM_WORLD, peers named by
-//     their world ranks), with a tag of its own (`tag`, one per call site, given at lowering):
-//     messages of different exchanges are never matched with each other;
+//     their world ranks), with an MPI tag of its own: messages of different exchanges are never
+//     matched with each other;
+//   * the tag belongs to the call in the compiled program (XLA's thunk), not to the lowered
+//     call site: jax lowers a jitted function once and calls it at every use, so two uses of
+//     one user function in one program carry the same attributes.  XLA makes one thunk per call
+//     in the compiled program (calls are inlined) and runs the FFI instantiate stage once for
+//     each, at compile time, in program order: `Instantiate` numbers the thunks of each `key`
+//     (a hash of the call's shapes, peers and kind, the same on every process) in that order
+//     and derives the tag from (key, number).  Every process compiles the same program the
+//     same way, so the numbers agree; they are counted per key over the process's life, so
+//     every process must compile the same programs holding that exchange in the same order,
+//     as SPMD code does;
 //   * the handler is asynchronous: it posts its messages and returns an ffi::Future, which a
 //     progress thread completes when MPI_Testall says they are done.  XLA's thread goes on
 //     with any other ready thunk, another exchange included, so no order between independent
@@ -32,6 +43,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -43,10 +57,60 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// One exchange in flight: its requests and the promise XLA waits on.
+// The MPI tag of one call in a compiled program (see "Ordering" above): FFI state made at
+// XLA's instantiate stage, once per thunk.
+struct Instance {
+  static ffi::TypeId id;  // given by XLA when Python registers the type
+  int64_t key = 0, number = 0;
+  int tag = -1;  // -1: MPI was not running when the program was compiled
+};
+ffi::TypeId Instance::id = {};
+
+// First tag of ours: above pencilfft's scatter/gather tag (0x5046) and the small tags user
+// code usually sends with.
+constexpr int64_t kTagBase = 0x6000;
+
+std::mutex instances_mutex;
+std::map<int64_t, int64_t> instances_made;         // key -> thunks numbered so far
+std::vector<Instance> instances_log;               // every one, for the tests
+
+ffi::ErrorOr<std::unique_ptr<Instance>> Instantiate(ffi::Dictionary attrs) {
+  ffi::ErrorOr<int64_t> key = attrs.get<int64_t>("key");
+  if (!key.has_value()) return ffi::Unexpected(key.error());
+  auto instance = std::make_unique<Instance>();
+  instance->key = *key;
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  int64_t upper = 32767;  // the least MPI_TAG_UB the standard allows
+  if (initialized && !finalized) {
+    int* value = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &flag);
+    if (flag && value) upper = *value;
+  }
+  std::lock_guard<std::mutex> lock(instances_mutex);
+  instance->number = instances_made[*key]++;
+  if (initialized && !finalized && upper > kTagBase) {
+    // (key, number) spread over the tags we may use: distinct calls that are in flight at once
+    // between two processes get distinct tags unless the hash collides (1 in ~2^31 with
+    // MPICH's and Open MPI's MPI_TAG_UB).
+    const uint64_t span = static_cast<uint64_t>(upper - kTagBase + 1);
+    const uint64_t mixed = static_cast<uint64_t>(instance->key) +
+                           static_cast<uint64_t>(instance->number) * 0x9E3779B97F4A7C15ull;
+    instance->tag = static_cast<int>(kTagBase + static_cast<int64_t>(mixed % span));
+  }
+  instances_log.push_back(*instance);
+  return instance;
+}
+
+// One exchange in flight: its requests, the promise XLA waits on, and what to do once the
+// messages are in (the reduction's sum) with the buffer they came into.
 struct Pending {
   std::vector<MPI_Request> requests;
   ffi::Promise promise;
+  std::vector<char> scratch;
+  std::function<void()> finish;
 };
 
 // The progress thread: tests the requests of every exchange in flight and completes their
@@ -88,6 +152,7 @@ class Progress {
       // Outside the lock: completing a promise may run the rest of XLA's program on this
       // thread, which may post the next exchange (Add).
       for (Pending* op : done) {
+        if (op->finish) op->finish();
         op->promise.SetAvailable();
         delete op;
       }
@@ -173,17 +238,21 @@ ffi::Future Start(Pending* op) {
 }
 
 ffi::Future PostFailed(Pending* op) {
-  // Posted requests stay posted (MPI cannot take them back); the job ends anyway.
-  delete op;
+  // Posted requests stay posted (MPI cannot take them back) and may still write into the op's
+  // scratch: it is left alone (leaked).  The job ends anyway.
+  (void)op;
   return Failed("MPI_Isend/MPI_Irecv failed");
 }
 
 // The all-to-all.  x: (n, ...) chunk-major, chunk j for peer j; y: same shape, chunk j from
 // peer j.
-ffi::Future Exchange(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where, ffi::Result<ffi::AnyBuffer> y,
-                     int64_t n, int64_t tag, ffi::Span<const int32_t> ranks) {
+ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
+                     ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t key,
+                     ffi::Span<const int32_t> ranks) {
   int64_t start = 0, pos = 0;
   std::string why = Locate(where, n, ranks, &start, &pos);
+  const int64_t tag = instance->tag;
+  if (why.empty() && tag < 0) why = "MPI was not running when this program was compiled";
   if (!why.empty()) return Failed(why);
   const int64_t bytes = static_cast<int64_t>(x.size_bytes());
   if (bytes % n || static_cast<int64_t>(y->size_bytes()) != bytes) {
@@ -216,11 +285,13 @@ ffi::Future Exchange(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where, ffi::Result<
 // The shift (halo_exchange's neighbour sends, a ppermute by `shift` positions): y on the
 // device at `pos` is x of the device at pos - shift; along a non-periodic axis the devices
 // with no such neighbour get zeros (as ppermute gives them) and the last ones send nothing.
-ffi::Future Shift(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where, ffi::Result<ffi::AnyBuffer> y,
-                  int64_t n, int64_t shift, bool periodic, int64_t tag,
-                  ffi::Span<const int32_t> ranks) {
+ffi::Future Shift(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
+                  ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t shift, bool periodic,
+                  int64_t key, ffi::Span<const int32_t> ranks) {
   int64_t start = 0, pos = 0;
   std::string why = Locate(where, n, ranks, &start, &pos);
+  const int64_t tag = instance->tag;
+  if (why.empty() && tag < 0) why = "MPI was not running when this program was compiled";
   if (!why.empty()) return Failed(why);
   const int64_t bytes = static_cast<int64_t>(x.size_bytes());
   if (static_cast<int64_t>(y->size_bytes()) != bytes) {
@@ -249,26 +320,99 @@ ffi::Future Shift(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where, ffi::Result<ffi
   return Start(op);
 }
 
+// y = the sum of the blocks x (summed element by element, real numbers or the real and
+// imaginary parts) of `n` blocks of `bytes` bytes laid side by side in `blocks`, in that order.
+template <typename T>
+void SumBlocks(const char* blocks, int64_t n, int64_t bytes, char* y) {
+  const int64_t count = bytes / static_cast<int64_t>(sizeof(T));
+  T* out = reinterpret_cast<T*>(y);
+  const T* first = reinterpret_cast<const T*>(blocks);
+  std::copy(first, first + count, out);
+  for (int64_t j = 1; j < n; ++j) {
+    const T* block = reinterpret_cast<const T*>(blocks + j * bytes);
+    for (int64_t i = 0; i < count; ++i) out[i] += block[i];
+  }
+}
+
+// The sum over the n processes of one group (power_spectrum's reduction, a psum of a few
+// hundred numbers): every process sends its whole block to the others and adds the n blocks in
+// the group's order, so that every process holds the same bits (jax takes the result to be
+// replicated).
+ffi::Future AllReduce(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
+                      ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t key,
+                      ffi::Span<const int32_t> ranks) {
+  int64_t start = 0, pos = 0;
+  std::string why = Locate(where, n, ranks, &start, &pos);
+  const int64_t tag = instance->tag;
+  if (why.empty() && tag < 0) why = "MPI was not running when this program was compiled";
+  if (!why.empty()) return Failed(why);
+  const int64_t bytes = static_cast<int64_t>(x.size_bytes());
+  if (static_cast<int64_t>(y->size_bytes()) != bytes) {
+    return Failed("inconsistent sizes (internal error)");
+  }
+  void (*sum)(const char*, int64_t, int64_t, char*) = nullptr;
+  switch (x.element_type()) {
+    case ffi::DataType::F32:
+    case ffi::DataType::C64:
+      sum = SumBlocks<float>;
+      break;
+    case ffi::DataType::F64:
+    case ffi::DataType::C128:
+      sum = SumBlocks<double>;
+      break;
+    default:
+      return Failed("the reduction sums float32/64 and complex64/128 only (internal error)");
+  }
+  auto* op = new Pending();
+  op->scratch.resize(static_cast<size_t>(n * bytes));
+  char* blocks = op->scratch.data();
+  char* src = static_cast<char*>(x.untyped_data());
+  std::memcpy(blocks + pos * bytes, src, bytes);
+  char* dst = static_cast<char*>(y->untyped_data());
+  op->finish = [sum, blocks, n, bytes, dst] { sum(blocks, n, bytes, dst); };
+  for (int64_t s = 1; s < n; ++s) {
+    const int64_t peer = (pos - s + n) % n;
+    if (!Post(op, true, blocks + peer * bytes, bytes, ranks[start + peer], tag)) {
+      return PostFailed(op);
+    }
+  }
+  for (int64_t s = 1; s < n; ++s) {
+    const int64_t peer = (pos + s) % n;
+    if (!Post(op, false, src, bytes, ranks[start + peer], tag)) return PostFailed(op);
+  }
+  if (op->requests.empty()) {  // a group of one
+    op->finish();
+    delete op;
+    return Done();
+  }
+  return Start(op);
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiInstantiate, Instantiate,
+                              ffi::Ffi::BindInstantiate().Attrs<ffi::Dictionary>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiExchange, Exchange,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<Instance>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("n")
-                                  .Attr<int64_t>("tag")
+                                  .Attr<int64_t>("key")
                                   .Attr<ffi::Span<const int32_t>>("ranks"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiShift, Shift,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<Instance>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("n")
                                   .Attr<int64_t>("shift")
                                   .Attr<bool>("periodic")
-                                  .Attr<int64_t>("tag")
+                                  .Attr<int64_t>("key")
                                   .Attr<ffi::Span<const int32_t>>("ranks"));
 
 // For the Python side's check that MPI was started with threads allowed (the progress
@@ -280,4 +424,34 @@ extern "C" int pencilfft_mpi_thread_multiple() {
   if (!initialized || finalized) return -1;
   MPI_Query_thread(&level);
   return level == MPI_THREAD_MULTIPLE ? 1 : 0;
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiAllReduce, AllReduce,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<Instance>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("n")
+                                  .Attr<int64_t>("key")
+                                  .Attr<ffi::Span<const int32_t>>("ranks"));
+
+// For registering the state type with XLA (jax.ffi.register_ffi_type).
+static void DeleteInstance(void* instance) { delete static_cast<Instance*>(instance); }
+static XLA_FFI_TypeInfo instance_type_info = {XLA_FFI_TypeInfo_STRUCT_SIZE, nullptr,
+                                              DeleteInstance};
+extern "C" void* pencilfft_mpi_instance_type_id() { return &Instance::id; }
+extern "C" void* pencilfft_mpi_instance_type_info() { return &instance_type_info; }
+
+// For the tests: the (key, number, tag) of every call instantiated so far in this process,
+// oldest first; copies at most `capacity` triples into `out` and returns how many there are.
+extern "C" int64_t pencilfft_mpi_instances(int64_t* out, int64_t capacity) {
+  std::lock_guard<std::mutex> lock(instances_mutex);
+  const int64_t count = static_cast<int64_t>(instances_log.size());
+  for (int64_t i = 0; i < count && i < capacity; ++i) {
+    out[3 * i] = instances_log[i].key;
+    out[3 * i + 1] = instances_log[i].number;
+    out[3 * i + 2] = instances_log[i].tag;
+  }
+  return count;
 }

@@ -9,7 +9,8 @@ Runs transforms with exchange="mpi" on a PxQ mesh (P*Q = N) and prints, on rank 
 "REPORT <json>": relative errors against float64 numpy references and against the same
 transform with exchange="alltoall" (jax's gloo collectives), for the ways users call it (jit,
 grad, jvp, vmap, scan, chunks, padding, the compiler-partitioned transform, two independent
-transforms in one program), what "auto" picks, what the compiled program holds, and its memory.
+transforms in one program, one user function used twice), halo_exchange's sends and
+power_spectrum's reduction, what "auto" picks, what the compiled program holds, and its memory.
 """
 from __future__ import annotations
 
@@ -124,6 +125,7 @@ def programs(mesh, report: dict) -> None:
                     _err(kb, np.moveaxis(ref(2 * gb[1]), -3, -1)),
                     _err(kc, np.moveaxis(ref(gb[2, :, :, :8]), -3, -1)))
     report["independent transforms"] = worst
+    shared_function(mesh, x0, jax.device_put(gb[1], x0.sharding), report)
 
     # The compiler-partitioned transform: jit on an Auto mesh, nothing in scope.
     auto_mesh = jax.make_mesh(mesh.axis_sizes, mesh.axis_names,
@@ -149,6 +151,69 @@ def programs(mesh, report: dict) -> None:
     report["hlo"] = _hlo_counts(compiled["auto"].as_text())
     memory = {e: c.memory_analysis() for e, c in compiled.items()}
     report["temp bytes"] = {e: int(m.temp_size_in_bytes) for e, m in memory.items()}
+
+
+def shared_function(mesh, a, b, report: dict) -> None:
+    """A jitted function of the user's that holds a transform, used twice on independent data
+    in one program: jax lowers it once, so both exchanges carry the same attributes (key).
+    Each compiled call must still get its own MPI tag, the same on every process; and with a
+    delay before the first use on rank 0 and before the second on rank 1 (so that, where XLA
+    runs the two concurrently, the ranks reach them in opposite orders) the values are right."""
+    import re
+
+    inner = jax.jit(lambda v: pencilfft.pfft3d(v, exchange="mpi"))
+    spec = a.sharding.spec
+
+    def busy(v):  # ~20 ms of work whose result does not change v
+        m = jnp.full((128, 128), 1e-3, jnp.float32) + jnp.real(v).sum() * 0
+        m = jax.lax.fori_loop(0, 40, lambda i, m: jnp.tanh(m @ m), m)
+        return v + (m[0, 0] * 0).astype(v.dtype)
+
+    def slow_on(rank, v):
+        body = lambda u: jax.lax.cond(jax.lax.axis_index("x") == rank, busy, lambda w: w, u)  # noqa: E731
+        return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(v)
+
+    two = jax.jit(lambda u, v: (inner(slow_on(0, u)), inner(slow_on(1, v))))
+    before = len(_mpi_exchange.instantiated())
+    text = two.lower(a, b).compile().as_text()
+    calls = re.findall(rf'custom_call_target="{_mpi_exchange.TARGET}".*?key = (\d+)', text)
+    tags = np.asarray([t for _, _, t in _mpi_exchange.instantiated()[before:]], np.int64)
+    everywhere = np.asarray(multihost_utils.process_allgather(tags))
+    report["shared function"] = {
+        "calls": len(calls), "keys": len(set(calls)), "tags": len(set(tags.tolist())),
+        "same tags on every process": bool((everywhere == everywhere[0]).all())}
+    ref = lambda v: np.moveaxis(np.fft.fftn(_gather(v).astype(np.complex128)), -3, -1)  # noqa: E731
+    worst = 0.0
+    for _ in range(3):
+        ka, kb = two(a, b)
+        worst = max(worst, _err(ka, ref(a)), _err(kb, ref(b)))
+    report["shared function values"] = worst
+
+
+def power(mesh, report: dict) -> None:
+    """power_spectrum's reduction through MPI (what "auto" does here) against psum's (gloo):
+    values, grad, and the compiled program (our sums, no XLA all-reduce)."""
+    from pencilfft import _power
+
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal((8, 12, 10)).astype(np.float32)
+    x = jax.device_put(g, pencilfft.real_space_sharding(mesh))
+    spectrum = jax.jit(lambda v: pencilfft.power_spectrum(v, kedges=4, multipoles=(0, 2))[1])
+    loss = jax.jit(jax.grad(lambda v: jnp.sum(pencilfft.power_spectrum(v, kedges=4)[1])))
+    got, grad = spectrum(x), loss(x)
+    text = spectrum.lower(x).compile().as_text()
+    auto = _mpi_exchange.auto
+    _power._mpi_exchange.auto = lambda platform: False  # the reference: psum (gloo)
+    try:
+        ref, ref_grad = jax.jit(lambda v: pencilfft.power_spectrum(v, kedges=4, multipoles=(0, 2))[1])(x), \
+            jax.jit(jax.grad(lambda v: jnp.sum(pencilfft.power_spectrum(v, kedges=4)[1])))(x)
+    finally:
+        _power._mpi_exchange.auto = auto
+    report["power"] = _err(got, _gather(ref))
+    report["power grad"] = _err(grad, _gather(ref_grad))
+    report["power hlo"] = {
+        "mpi sums": text.count(f'custom_call_target="{_mpi_exchange.ALLREDUCE_TARGET}"'),
+        "xla collectives": _hlo_counts(text)["xla collectives"]}
 
 
 def halos(mesh, report: dict) -> None:
@@ -192,6 +257,7 @@ def main(pdims: tuple[int, int]) -> None:
     transforms(mesh, report)
     programs(mesh, report)
     halos(mesh, report)
+    power(mesh, report)
     if jax.process_index() == 0:
         print("REPORT " + json.dumps(report), flush=True)
 
