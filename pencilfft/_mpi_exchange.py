@@ -262,7 +262,8 @@ def _concrete(mesh):
     if isinstance(mesh, jax.sharding.Mesh):
         return mesh
     current = concrete_mesh()
-    if (isinstance(current, jax.sharding.Mesh) and current.axis_names == mesh.axis_names and current.axis_sizes == mesh.axis_sizes):
+    if (isinstance(current, jax.sharding.Mesh) and current.axis_names == mesh.axis_names
+            and current.axis_sizes == mesh.axis_sizes):
         return current
     devices = jax.devices()
     if len(devices) != mesh.size:
@@ -294,8 +295,8 @@ def _key(ctx, target: str, **params) -> np.int64:
 
 
 def instantiated() -> list[tuple[int, int, int]]:
-    """(key, number, MPI tag) of every exchange and shift compiled so far in this process,
-    oldest first (for the tests)."""
+    """(key, number, MPI tag) of every call (exchange, shift, sum) compiled so far in this
+    process, oldest first (for the tests)."""
     lib = _library()
     if isinstance(lib, str):
         return []
@@ -306,14 +307,19 @@ def instantiated() -> list[tuple[int, int, int]]:
     return [tuple(int(v) for v in row) for row in out.reshape(-1, 3)]
 
 
-def _lower_cpu(ctx, y, where, *, groups, n, axis_name):
-    del axis_name
-    why = _load()
-    if why is not None:
-        raise ValueError(f"`exchange`='mpi' cannot run here: {why}")
-    return jax.ffi.ffi_lowering(TARGET, has_side_effect=True)(
-        ctx, y, where, n=np.int64(n), key=_key(ctx, TARGET, groups=groups, n=n),
-        ranks=np.asarray(groups, np.int32).reshape(-1))
+def _cpu_lowering(target: str, what: str, attrs=lambda **params: {}):
+    """The CPU lowering of one of our primitives: the custom call `target` with the peers, the
+    call's key, and `attrs(**params)` (the primitive's own parameters the handler needs)."""
+    def lower(ctx, y, where, *, groups, n, axis_name, **params):
+        del axis_name
+        why = _load()
+        if why is not None:
+            raise ValueError(f"{what} cannot run here: {why}")
+        return jax.ffi.ffi_lowering(target, has_side_effect=True)(
+            ctx, y, where, n=np.int64(n), **attrs(**params),
+            key=_key(ctx, target, groups=groups, n=n, **params),
+            ranks=np.asarray(groups, np.int32).reshape(-1))
+    return lower
 
 
 def _lower_other(y, where, *, groups, n, axis_name):
@@ -321,9 +327,9 @@ def _lower_other(y, where, *, groups, n, axis_name):
     return jax.lax.all_to_all(y, axis_name, 0, 0, tiled=True)
 
 
-def _def_linear(prim: Primitive, transposed=lambda params: params) -> None:
+def _def_linear(prim: Primitive, transpose) -> None:
     """jvp and transpose of a linear primitive of (block, coordinates): the tangent goes through
-    the same map, the cotangent through the map with `transposed(params)`."""
+    the same map, the cotangent through `transpose(ct, where, **params)`."""
     def jvp(primals, tangents, **params):
         (y, where), (dy, _) = primals, tangents
         out = prim.bind(y, where, **params)
@@ -331,13 +337,13 @@ def _def_linear(prim: Primitive, transposed=lambda params: params) -> None:
             return out, ad.Zero.from_primal_value(out)
         return out, prim.bind(dy, where, **params)
 
-    def transpose(ct, y, where, **params):
+    def transpose_rule(ct, y, where, **params):
         if type(ct) is ad.Zero:
             return ad.Zero(y.aval), None
-        return prim.bind(ct, where, **transposed(params)), None
+        return transpose(ct, where, **params), None
 
     ad.primitive_jvps[prim] = jvp
-    ad.primitive_transposes[prim] = transpose
+    ad.primitive_transposes[prim] = transpose_rule
 
 
 def _batch(args, dims, **params):
@@ -349,9 +355,9 @@ def _batch(args, dims, **params):
 
 
 exchange_p.def_abstract_eval(_abstract_eval)
-_def_linear(exchange_p)  # the chunk-major all-to-all is its own transpose
+_def_linear(exchange_p, exchange_p.bind)  # the chunk-major all-to-all is its own transpose
 batching.primitive_batchers[exchange_p] = _batch
-mlir.register_lowering(exchange_p, _lower_cpu, platform="cpu")
+mlir.register_lowering(exchange_p, _cpu_lowering(TARGET, "`exchange`='mpi'"), platform="cpu")
 mlir.register_lowering(exchange_p, mlir.lower_fun(_lower_other, multiple_results=False))
 
 
@@ -362,34 +368,29 @@ mlir.register_lowering(exchange_p, mlir.lower_fun(_lower_other, multiple_results
 shift_p = Primitive(SHIFT_TARGET)
 
 
-def _lower_shift_cpu(ctx, y, where, *, groups, n, axis_name, by, periodic):
-    del axis_name
-    why = _load()
-    if why is not None:
-        raise ValueError(f"the MPI halo exchange cannot run here: {why}")
-    return jax.ffi.ffi_lowering(SHIFT_TARGET, has_side_effect=True)(
-        ctx, y, where, n=np.int64(n), shift=np.int64(by), periodic=bool(periodic),
-        key=_key(ctx, SHIFT_TARGET, groups=groups, n=n, by=by, periodic=periodic),
-        ranks=np.asarray(groups, np.int32).reshape(-1))
-
-
 def _lower_shift_other(y, where, *, groups, n, axis_name, by, periodic):
     del where, groups  # XLA's collective, on platforms our custom call does not exist on
     pairs = [(j, (j + by) % n) for j in range(n) if periodic or 0 <= j + by < n]
     return jax.lax.ppermute(y, axis_name, pairs)
 
 
-def _shift_batch(args, dims, **params):
-    (y, where), (d, dwhere) = args, dims
-    if dwhere is not None:
-        raise NotImplementedError("internal: the MPI shift's coordinates are never batched")
-    return shift_p.bind(y, where, **params), d  # the whole block moves, batch and all
+def _batch_whole(prim: Primitive):
+    """The batching rule of a primitive that moves or sums the whole block: the batch axis
+    rides along where it is."""
+    def rule(args, dims, **params):
+        (y, where), (d, dwhere) = args, dims
+        if dwhere is not None:
+            raise NotImplementedError(f"internal: {prim.name}'s coordinates are never batched")
+        return prim.bind(y, where, **params), d
+    return rule
 
 
 shift_p.def_abstract_eval(_abstract_eval)
-_def_linear(shift_p, lambda params: {**params, "by": -params["by"]})  # shifted back
-batching.primitive_batchers[shift_p] = _shift_batch
-mlir.register_lowering(shift_p, _lower_shift_cpu, platform="cpu")
+_def_linear(shift_p, lambda ct, where, by, **params: shift_p.bind(ct, where, by=-by, **params))
+batching.primitive_batchers[shift_p] = _batch_whole(shift_p)
+mlir.register_lowering(shift_p, _cpu_lowering(
+    SHIFT_TARGET, "the MPI halo exchange",
+    lambda by, periodic: {"shift": np.int64(by), "periodic": bool(periodic)}), platform="cpu")
 mlir.register_lowering(shift_p, mlir.lower_fun(_lower_shift_other, multiple_results=False))
 
 
@@ -401,34 +402,9 @@ mlir.register_lowering(shift_p, mlir.lower_fun(_lower_shift_other, multiple_resu
 allreduce_p = Primitive(ALLREDUCE_TARGET)
 
 
-def _lower_allreduce_cpu(ctx, y, where, *, groups, n, axis_name):
-    del axis_name
-    why = _load()
-    if why is not None:
-        raise ValueError(f"the MPI reduction cannot run here: {why}")
-    return jax.ffi.ffi_lowering(ALLREDUCE_TARGET, has_side_effect=True)(
-        ctx, y, where, n=np.int64(n), key=_key(ctx, ALLREDUCE_TARGET, groups=groups, n=n),
-        ranks=np.asarray(groups, np.int32).reshape(-1))
-
-
 def _lower_allreduce_other(y, where, *, groups, n, axis_name):
     del where, groups, n  # XLA's collective, on platforms our custom call does not exist on
     return jax.lax.psum(y, axis_name)
-
-
-def _allreduce_jvp(primals, tangents, **params):
-    (y, where), (dy, _) = primals, tangents
-    out = allreduce_p.bind(y, where, **params)
-    if type(dy) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)
-    return out, allreduce_p.bind(dy, where, **params)
-
-
-def _allreduce_transpose(ct, y, where, *, axis_name, **params):
-    del y, params
-    if type(ct) is ad.Zero:
-        return ct, None
-    return _varying(ct, axis_name), None
 
 
 def _varying(x, axis_name: str):
@@ -439,22 +415,15 @@ def _varying(x, axis_name: str):
         return x
 
 
-def _allreduce_batch(args, dims, **params):
-    (y, where), (d, dwhere) = args, dims
-    if dwhere is not None:
-        raise NotImplementedError("internal: the MPI reduction's coordinates are never batched")
-    return allreduce_p.bind(y, where, **params), d  # element by element: the batch rides along
-
-
 def _allreduce_abstract_eval(y, where, *, axis_name, **params):
     del where, params
     return invariant_over(y, axis_name)  # the same on every device of the axis, as psum's
 
 
 allreduce_p.def_abstract_eval(_allreduce_abstract_eval)
-ad.primitive_jvps[allreduce_p] = _allreduce_jvp
-ad.primitive_transposes[allreduce_p] = _allreduce_transpose
-batching.primitive_batchers[allreduce_p] = _allreduce_batch
-mlir.register_lowering(allreduce_p, _lower_allreduce_cpu, platform="cpu")
+_def_linear(allreduce_p, lambda ct, where, *, axis_name, **params: _varying(ct, axis_name))
+batching.primitive_batchers[allreduce_p] = _batch_whole(allreduce_p)
+mlir.register_lowering(allreduce_p, _cpu_lowering(ALLREDUCE_TARGET, "the MPI reduction"),
+                       platform="cpu")
 mlir.register_lowering(allreduce_p, mlir.lower_fun(_lower_allreduce_other,
                                                    multiple_results=False))

@@ -5,8 +5,8 @@
 // goes to peer j, the chunk received from peer j lands in slot j of the output, the process's
 // own chunk is copied across); PencilfftMpiShift, halo_exchange's neighbour sends (the whole
 // buffer to the process `shift` positions further along the axis); PencilfftMpiAllReduce,
-// power_spectrum's sum over the processes of an axis.  Built with the MPI compiler wrapper that mpi4py was
-// built with, so it talks to the same MPI library in the same process.
+// power_spectrum's sum over the processes of an axis.  Built with the MPI compiler wrapper
+// that mpi4py was built with, so it talks to the same MPI library in the same process.
 //
 // Ordering.  XLA:CPU runs thunks that do not depend on each other concurrently and in no fixed
 // order (its thunk executor hands half of the ready ones to other threads), and a custom call
@@ -244,20 +244,31 @@ ffi::Future PostFailed(Pending* op) {
   return Failed("MPI_Isend/MPI_Irecv failed");
 }
 
+// The start of every call: where this process sits (`Locate`), the call's tag, and the sizes
+// in bytes of x and y (equal; `chunks` must divide them).  An error message, or "".
+std::string Begin(const Instance* instance, ffi::Buffer<ffi::S32>& where, int64_t n,
+                  ffi::Span<const int32_t> ranks, size_t x_bytes, size_t y_bytes,
+                  int64_t chunks, int64_t* start, int64_t* pos) {
+  std::string why = Locate(where, n, ranks, start, pos);
+  if (!why.empty()) return why;
+  if (instance->tag < 0) return "MPI was not running when this program was compiled";
+  const int64_t bytes = static_cast<int64_t>(x_bytes);
+  if (bytes % chunks || static_cast<int64_t>(y_bytes) != bytes) {
+    return "inconsistent sizes (internal error)";
+  }
+  return "";
+}
+
 // The all-to-all.  x: (n, ...) chunk-major, chunk j for peer j; y: same shape, chunk j from
 // peer j.
 ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
                      ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t key,
                      ffi::Span<const int32_t> ranks) {
   int64_t start = 0, pos = 0;
-  std::string why = Locate(where, n, ranks, &start, &pos);
-  const int64_t tag = instance->tag;
-  if (why.empty() && tag < 0) why = "MPI was not running when this program was compiled";
+  std::string why =
+      Begin(instance, where, n, ranks, x.size_bytes(), y->size_bytes(), n, &start, &pos);
   if (!why.empty()) return Failed(why);
-  const int64_t bytes = static_cast<int64_t>(x.size_bytes());
-  if (bytes % n || static_cast<int64_t>(y->size_bytes()) != bytes) {
-    return Failed("inconsistent sizes (internal error)");
-  }
+  const int64_t tag = instance->tag, bytes = static_cast<int64_t>(x.size_bytes());
   const int64_t chunk = bytes / n;
   char* src = static_cast<char*>(x.untyped_data());
   char* dst = static_cast<char*>(y->untyped_data());
@@ -289,14 +300,10 @@ ffi::Future Shift(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> wh
                   ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t shift, bool periodic,
                   int64_t key, ffi::Span<const int32_t> ranks) {
   int64_t start = 0, pos = 0;
-  std::string why = Locate(where, n, ranks, &start, &pos);
-  const int64_t tag = instance->tag;
-  if (why.empty() && tag < 0) why = "MPI was not running when this program was compiled";
+  std::string why =
+      Begin(instance, where, n, ranks, x.size_bytes(), y->size_bytes(), 1, &start, &pos);
   if (!why.empty()) return Failed(why);
-  const int64_t bytes = static_cast<int64_t>(x.size_bytes());
-  if (static_cast<int64_t>(y->size_bytes()) != bytes) {
-    return Failed("inconsistent sizes (internal error)");
-  }
+  const int64_t tag = instance->tag, bytes = static_cast<int64_t>(x.size_bytes());
   char* src = static_cast<char*>(x.untyped_data());
   char* dst = static_cast<char*>(y->untyped_data());
   const int64_t from = pos - shift, to = pos + shift;
@@ -342,14 +349,10 @@ ffi::Future AllReduce(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32
                       ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t key,
                       ffi::Span<const int32_t> ranks) {
   int64_t start = 0, pos = 0;
-  std::string why = Locate(where, n, ranks, &start, &pos);
-  const int64_t tag = instance->tag;
-  if (why.empty() && tag < 0) why = "MPI was not running when this program was compiled";
+  std::string why =
+      Begin(instance, where, n, ranks, x.size_bytes(), y->size_bytes(), 1, &start, &pos);
   if (!why.empty()) return Failed(why);
-  const int64_t bytes = static_cast<int64_t>(x.size_bytes());
-  if (static_cast<int64_t>(y->size_bytes()) != bytes) {
-    return Failed("inconsistent sizes (internal error)");
-  }
+  const int64_t tag = instance->tag, bytes = static_cast<int64_t>(x.size_bytes());
   void (*sum)(const char*, int64_t, int64_t, char*) = nullptr;
   switch (x.element_type()) {
     case ffi::DataType::F32:
