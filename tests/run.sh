@@ -56,8 +56,19 @@ step() {  # step NAME TIMEOUT CMD...: run a step with its timeout, in the backgr
   return "$rc"
 }
 
-echo "== single process, 8 devices"
-PENCILFFT_TEST_DEVICES=8 step "single process" "$SINGLE_TIMEOUT" "${PYTEST[@]}" "$@" || status=1
+# The single-process step runs its test files on PENCILFFT_TEST_WORKERS pytest processes at once
+# (pytest-xdist, default 2: most of a test's time is XLA compiling on one core, so a second
+# worker uses the second core); whole files go to one worker, so that the functions a file
+# compiles once are shared by its tests.  0 runs them in this process.
+WORKERS=${PENCILFFT_TEST_WORKERS:-2}
+XDIST=()
+if [ "$WORKERS" != 0 ] && "$PY" -c "import xdist" 2>/dev/null; then
+  XDIST=(-n "$WORKERS" --dist loadfile)
+fi
+
+echo "== single process, 8 devices${XDIST:+ (${WORKERS} pytest workers)}"
+PENCILFFT_TEST_DEVICES=8 step "single process" "$SINGLE_TIMEOUT" "${PYTEST[@]}" "${XDIST[@]}" "$@" \
+  || status=1
 
 for np in 2 4; do
   echo "== mpirun -np $np, $((8 / np)) devices per process"
