@@ -4,6 +4,7 @@
     MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 \
         taskset -c 0 python -m benchmarks.kernel block --out benchmarks/data/kernel-block.jsonl
     python -m benchmarks.kernel mesh --devices 8 --out benchmarks/data/kernel-mesh.jsonl
+    python -m benchmarks.kernel memory --devices 8 --out benchmarks/data/kernel-memory.jsonl
 
 `block`: the 256^3 grid's slab block (128, 256, 256) complex64, a 2-D FFT over axes (1, 2) and a
 1-D FFT along the last axis: `_kernel.fft` with the FFTW kernel (planner estimate and measure),
@@ -12,6 +13,8 @@ jnp.fft.fftn (XLA's kernel), and pyFFTW's FFTW object executing on preallocated 
 pfft3d/pifft3d on an array sharded over an Auto mesh with nothing in scope (the
 compiler-partitioned path, as jaxdecomp's users call it): pencilfft with the FFTW kernel, with
 XLA's kernel (PENCILFFT_FFT_KERNEL=xla while compiling) and jaxdecomp.pfft3d/pifft3d.
+`memory`: the same programs compiled (not run), each direction's per-device temporaries and
+output from XLA's memory analysis, in blocks of the per-device grid.
 
 Times are medians over `--repeats` interleaved rounds (every variant once per round, the first
 one rotating), after a warm-up; each record keeps the load average, the allocator settings and
@@ -220,6 +223,70 @@ def mesh(args: argparse.Namespace) -> list[dict[str, Any]]:
 MESH_VARIANTS = ("pencilfft-fftw", "pencilfft-xla", "jaxdecomp")
 
 
+def _compiled_pair(name: str, x) -> tuple[Any, Any]:
+    """(forward, inverse) of variant `name` compiled for the sharded argument `x` (abstract)."""
+    import jax
+
+    import jaxdecomp
+    import pencilfft
+
+    lib = jaxdecomp if name == "jaxdecomp" else pencilfft
+    with _kernel_env(None if name == "jaxdecomp" else name.split("-")[1]):
+        fwd = jax.jit(lambda a: lib.pfft3d(a)).lower(x).compile()
+        k = jax.ShapeDtypeStruct(fwd.out_info.shape, fwd.out_info.dtype,
+                                 sharding=fwd.output_shardings)
+        inv = jax.jit(lambda b: lib.pifft3d(b)).lower(k).compile()
+    return fwd, inv
+
+
+def memory(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per-device temporaries and output of each compiled direction, in per-device blocks."""
+    import jax
+    import numpy as np
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    n = args.size
+    block = n**3 * np.dtype(np.complex64).itemsize / len(jax.devices())
+    records = []
+    for pdims in args.pdims:
+        m = jax.make_mesh(pdims, ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+        x = jax.ShapeDtypeStruct((n,) * 3, np.complex64, sharding=NamedSharding(m, P("x", "y")))
+        for name in MESH_VARIANTS:
+            for direction, c in zip(("forward", "inverse"), _compiled_pair(name, x)):
+                ma = c.memory_analysis()
+                records.append({**_base("kernel-memory"), "shape": [n] * 3, "pdims": list(pdims),
+                                "variant": name, "direction": direction,
+                                "n_devices": len(jax.devices()),
+                                "temp_blocks": ma.temp_size_in_bytes / block,
+                                "output_blocks": ma.output_size_in_bytes / block})
+        print(json.dumps({f"{r['variant']} {r['direction'][:3]}":
+                          round(r["temp_blocks"] + r["output_blocks"], 2)
+                          for r in records[-2 * len(MESH_VARIANTS):]} | {"pdims": pdims}),
+              flush=True)
+    return records
+
+
+def memory_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per mesh: temporaries + output per device (forward / inverse), in blocks."""
+    from benchmarks import harness
+
+    cells: dict[tuple, dict[str, list[str]]] = {}
+    for r in records:
+        row = cells.setdefault(tuple(r["pdims"]), {v: [] for v in MESH_VARIANTS})
+        row[r["variant"]].append(f"{r['temp_blocks'] + r['output_blocks']:.2f}")
+    lines = ["| mesh | " + " | ".join(f"{v} fwd / inv" for v in MESH_VARIANTS) + " |",
+             "|---|" + "---:|" * len(MESH_VARIANTS)]
+    for pdims, row in cells.items():
+        lines.append(f"| {harness.fmt_dims(pdims)} | "
+                     + " | ".join(" / ".join(row[v]) for v in MESH_VARIANTS) + " |")
+    r0 = records[0]
+    lines += ["", f"{harness.fmt_dims(r0['shape'])} complex64 on {r0['n_devices']} CPU devices, "
+                  f"jax.jit on an Auto mesh: XLA's memory analysis of each compiled direction, "
+                  f"temporaries + output per device, in blocks of the per-device grid (the "
+                  f"argument, one more block, is not counted)."]
+    return "\n".join(lines)
+
+
 def mesh_table(records: Sequence[dict[str, Any]]) -> str:
     """One row per (allocator setting, mesh): median ms of a forward + inverse, and ratios."""
     from benchmarks import harness
@@ -243,22 +310,25 @@ def main(argv: list[str] | None = None) -> None:
     b = sub.add_parser("block", help="one slab block: kernel vs XLA vs pyFFTW")
     b.add_argument("--repeats", type=int, default=15)
     m = sub.add_parser("mesh", help="256^3 on CPU devices: pencilfft fftw/xla vs jaxdecomp")
-    m.add_argument("--devices", type=int, default=8)
-    m.add_argument("--size", type=int, default=256)
-    m.add_argument("--pdims", nargs="+", default=[(1, 8), (8, 1), (4, 2), (2, 4)],
-                   type=lambda s: tuple(int(v) for v in s.split("x")))
     m.add_argument("--repeats", type=int, default=7)
-    for q in (b, m):
+    mem = sub.add_parser("memory", help="per-device memory of the compiled mesh programs")
+    for q in (m, mem):
+        q.add_argument("--devices", type=int, default=8)
+        q.add_argument("--size", type=int, default=256)
+        q.add_argument("--pdims", nargs="+", default=[(1, 8), (8, 1), (4, 2), (2, 4)],
+                       type=lambda s: tuple(int(v) for v in s.split("x")))
+    for q in (b, m, mem):
         q.add_argument("--out", type=Path, help="append JSON records to this file")
     args = p.parse_args(argv)
     from benchmarks import steps
 
-    if args.what == "mesh":
+    if args.what in ("mesh", "memory"):
         from benchmarks.harness import configure_devices
 
         configure_devices(args.devices)
-        records = mesh(args)
-        print(mesh_table(records))
+        run, table = (mesh, mesh_table) if args.what == "mesh" else (memory, memory_table)
+        records = run(args)
+        print(table(records))
     else:
         records = block(args)
         print(block_table(records))

@@ -182,6 +182,7 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "chunks-fits": (chunks.fits_table, 1),
     "kernel-block": (kernel.block_table, 1),
     "kernel-mesh": (kernel.mesh_table, 1),
+    "kernel-memory": (kernel.memory_table, 1),
 }
 
 
