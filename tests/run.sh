@@ -19,10 +19,9 @@ export PYTHONPATH="$PWD/tests/mp${PYTHONPATH:+:$PYTHONPATH}"
 PYTEST=("$PY" -m pytest -q -p pencilfft_mpi_plugin -p no:cacheprovider)
 # Each step is stopped after its timeout (a stuck rank fails the run): 1800 s for the step in one
 # process, 900 s for each mpirun step (PENCILFFT_STEP_TIMEOUT sets all three), so three stuck
-# steps still end within CI's 90 minutes.  Measured on an idle 2-core VM on 2026-11-25: 943,
-# 157 and 331 s (24 min with the install); the same VM ran the test files of the commit before
-# the FFTW kernel and the MPI transport no faster (test_r2r + test_kinds: 109 s then, 94 s now),
-# while an earlier VM of the same kind took 7, 1 and 2 minutes.
+# steps still end within CI's 90 minutes.  Measured on an idle 2-core VM on 2026-11-26, in a
+# fresh clone: 671, 142 and 300 s (19.5 min with the install); one pytest worker took 943-970 s
+# for the first step there the day before.
 SINGLE_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-1800}
 MPIRUN_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-900}
 LOGS=$(mktemp -d)
