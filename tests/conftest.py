@@ -212,7 +212,8 @@ def tol(dtype) -> float:
 # marked `mpirun` run: what can differ when a mesh spans processes (exchanges across processes,
 # the compiler-partitioned path on multi-process arrays, initialize/abort/signals, the loaders,
 # halos, batch meshes, compat, autotune and the CLI across processes) plus one representative
-# case of every public function, on every mesh but the one-axis (8,) (`_again_under_mpirun`).  A test marked `mpirun` says why in a comment or its docstring.
+# case of every public function, on every mesh but the one-axis (8,) (`_again_under_mpirun`).
+# A test marked `mpirun` says why in a comment or its docstring.
 # Running the rest again under mpirun would check nothing new: a process's share of a
 # computation does not depend on how many devices the others hold.
 MPIRUN = pytest.mark.mpirun
@@ -235,8 +236,8 @@ def _again_under_mpirun(item) -> bool:
     naming one axis, which is planned the same however the devices are spread over processes."""
     if not item.get_closest_marker("mpirun"):
         return False
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    return len(params.get("pdims", (0, 0))) != 1
+    pdims = getattr(getattr(item, "callspec", None), "params", {}).get("pdims")
+    return pdims is None or len(pdims) != 1
 
 
 def pytest_collection_modifyitems(config, items):

@@ -93,8 +93,8 @@ ffi::ErrorOr<std::unique_ptr<Instance>> Instantiate(ffi::Dictionary attrs) {
   instance->number = instances_made[*key]++;
   if (initialized && !finalized && upper > kTagBase) {
     // (key, number) spread over the tags we may use: distinct calls that are in flight at once
-    // between two processes get distinct tags unless the hash collides (1 in ~2^31 with
-    // MPICH's and Open MPI's MPI_TAG_UB).
+    // between two processes get distinct tags unless the hash collides (1 in ~5e8 with the
+    // mpich wheel's MPI_TAG_UB, 2^29 - 1; an MPI with a smaller bound has fewer tags).
     const uint64_t span = static_cast<uint64_t>(upper - kTagBase + 1);
     const uint64_t mixed = static_cast<uint64_t>(instance->key) +
                            static_cast<uint64_t>(instance->number) * 0x9E3779B97F4A7C15ull;
