@@ -11,8 +11,10 @@
 jnp.fft.fftn (XLA's kernel), and pyFFTW's FFTW object executing on preallocated aligned arrays
 (FFTW's own time, no allocation).  `mesh`: 256^3 complex64 forward + inverse, jax.jit of
 pfft3d/pifft3d on an array sharded over an Auto mesh with nothing in scope (the
-compiler-partitioned path, as jaxdecomp's users call it): pencilfft with the FFTW kernel, with
-XLA's kernel (PENCILFFT_FFT_KERNEL=xla while compiling) and jaxdecomp.pfft3d/pifft3d.
+compiler-partitioned path, as jaxdecomp's users call it): pencilfft with its defaults (the FFTW
+kernel and, in one process, the local exchange), with XLA's kernel (PENCILFFT_FFT_KERNEL=xla
+while compiling), with FFTW and XLA's collectives (pencilfft-collectives: the exchange "auto"
+took before the local one), and jaxdecomp.pfft3d/pifft3d.
 `memory`: the same programs compiled (not run), each direction's per-device temporaries and
 output from XLA's memory analysis, in blocks of the per-device grid.
 
@@ -180,8 +182,6 @@ def mesh(args: argparse.Namespace) -> list[dict[str, Any]]:
     import numpy as np
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-    import jaxdecomp
-    import pencilfft
     from pencilfft import _kernel
 
     n = args.size
@@ -195,22 +195,25 @@ def mesh(args: argparse.Namespace) -> list[dict[str, Any]]:
         m = jax.make_mesh(pdims, ("x", "y"), axis_types=(AxisType.Auto,) * 2)
         x = jax.device_put(host, NamedSharding(m, P("x", "y")))
         fns = {}
-        for name, env in (("pencilfft-fftw", "fftw"), ("pencilfft-xla", "xla")):
-            with _kernel_env(env):
-                fwd = jax.jit(lambda a: pencilfft.pfft3d(a)).lower(x).compile()
-                k = fwd(x)
-                inv = jax.jit(lambda b: pencilfft.pifft3d(b)).lower(k).compile()
-            uses = _kernel.TARGET in fwd.as_text() and _kernel.TARGET in inv.as_text()
-            assert uses == (name == "pencilfft-fftw" and _kernel.kernel() == "fftw"), name
-            fns[name] = (lambda fwd=fwd, inv=inv: inv(fwd(x)))
-        jfwd = jax.jit(lambda a: jaxdecomp.pfft3d(a)).lower(x).compile()
-        jinv = jax.jit(lambda b: jaxdecomp.pifft3d(b)).lower(jfwd(x)).compile()
-        fns["jaxdecomp"] = lambda: jinv(jfwd(x))
+        for name in MESH_VARIANTS:
+            if args.one_jit:  # a spectral solve's shape: both directions in one program
+                fwd_f, inv_f, env = _functions(name, pdims)
+                with _kernel_env(env):
+                    both = jax.jit(lambda a, f=fwd_f, i=inv_f: i(f(a) * 2) / 2).lower(x).compile()
+                compiled = [both]
+                fns[name] = (lambda both=both: both(x))
+            else:
+                fwd, inv = compiled = _compiled_pair(name, x)
+                fns[name] = (lambda fwd=fwd, inv=inv: inv(fwd(x)))
+            if name != "jaxdecomp":
+                uses = all(_kernel.TARGET in c.as_text() for c in compiled)
+                assert uses == (name != "pencilfft-xla" and _kernel.kernel() == "fftw"), name
         for name, f in fns.items():  # each round trip gives the input back
             err = float(np.abs(np.asarray(f()) - host).max())
             assert err < 1e-3, (name, err)
         base = _base("kernel-mesh")
         case = [{**base, "shape": [n] * 3, "pdims": list(pdims), "variant": name,
+                 "program": "one jit" if args.one_jit else "two jits",
                  "n_devices": len(jax.devices()), "repeats": args.repeats, "median_s": median,
                  "min_s": low}
                 for name, (median, low) in interleaved(fns, args.repeats, warmup=1).items()]
@@ -220,23 +223,42 @@ def mesh(args: argparse.Namespace) -> list[dict[str, Any]]:
     return records
 
 
-MESH_VARIANTS = ("pencilfft-fftw", "pencilfft-xla", "jaxdecomp")
+# pencilfft-fftw: the defaults (FFTW kernel, exchange "auto": the local exchange in one
+# process); pencilfft-xla: XLA's FFT kernel; pencilfft-collectives: FFTW with XLA's collectives
+# (what "auto" took before the local exchange: pairwise on the pencils, all_to_all on slabs).
+MESH_VARIANTS = ("pencilfft-fftw", "pencilfft-xla", "pencilfft-collectives", "jaxdecomp")
+
+
+def _functions(name: str, pdims) -> tuple[Callable, Callable, str | None]:
+    """(forward, inverse, PENCILFFT_FFT_KERNEL while compiling) of variant `name`."""
+    import jaxdecomp
+    import pencilfft
+
+    if name == "jaxdecomp":
+        return jaxdecomp.pfft3d, jaxdecomp.pifft3d, None
+    exchange = ("auto" if name != "pencilfft-collectives" else
+                "alltoall" if 1 in pdims else "pairwise")
+    return (functools.partial(pencilfft.pfft3d, exchange=exchange),
+            functools.partial(pencilfft.pifft3d, exchange=exchange),
+            "xla" if name == "pencilfft-xla" else "fftw")
 
 
 def _compiled_pair(name: str, x) -> tuple[Any, Any]:
     """(forward, inverse) of variant `name` compiled for the sharded argument `x` (abstract)."""
     import jax
 
-    import jaxdecomp
-    import pencilfft
-
-    lib = jaxdecomp if name == "jaxdecomp" else pencilfft
-    with _kernel_env(None if name == "jaxdecomp" else name.split("-")[1]):
-        fwd = jax.jit(lambda a: lib.pfft3d(a)).lower(x).compile()
+    fwd_f, inv_f, env = _functions(name, x.sharding.mesh.axis_sizes)
+    with _kernel_env(env):
+        fwd = jax.jit(lambda a: fwd_f(a)).lower(x).compile()
         k = jax.ShapeDtypeStruct(fwd.out_info.shape, fwd.out_info.dtype,
                                  sharding=fwd.output_shardings)
-        inv = jax.jit(lambda b: lib.pifft3d(b)).lower(k).compile()
+        inv = jax.jit(lambda b: inv_f(b)).lower(k).compile()
     return fwd, inv
+
+
+def _present(records: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The variants the records hold (older data files lack pencilfft-collectives)."""
+    return tuple(v for v in MESH_VARIANTS if any(r["variant"] == v for r in records))
 
 
 def memory(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -274,11 +296,12 @@ def memory_table(records: Sequence[dict[str, Any]]) -> str:
     for r in records:
         row = cells.setdefault(tuple(r["pdims"]), {v: [] for v in MESH_VARIANTS})
         row[r["variant"]].append(f"{r['temp_blocks'] + r['output_blocks']:.2f}")
-    lines = ["| mesh | " + " | ".join(f"{v} fwd / inv" for v in MESH_VARIANTS) + " |",
-             "|---|" + "---:|" * len(MESH_VARIANTS)]
+    variants = _present(records)
+    lines = ["| mesh | " + " | ".join(f"{v} fwd / inv" for v in variants) + " |",
+             "|---|" + "---:|" * len(variants)]
     for pdims, row in cells.items():
         lines.append(f"| {harness.fmt_dims(pdims)} | "
-                     + " | ".join(" / ".join(row[v]) for v in MESH_VARIANTS) + " |")
+                     + " | ".join(" / ".join(row[v]) for v in variants) + " |")
     r0 = records[0]
     lines += ["", f"{harness.fmt_dims(r0['shape'])} complex64 on {r0['n_devices']} CPU devices, "
                   f"jax.jit on an Auto mesh: XLA's memory analysis of each compiled direction, "
@@ -291,12 +314,15 @@ def mesh_table(records: Sequence[dict[str, Any]]) -> str:
     """One row per (allocator setting, mesh): median ms of a forward + inverse, and ratios."""
     from benchmarks import harness
 
-    lines = _rows(records, "pdims", MESH_VARIANTS,
-                  [("xla / fftw", lambda ms: ms["pencilfft-xla"] / ms["pencilfft-fftw"]),
-                   ("jaxdecomp / fftw", lambda ms: ms["jaxdecomp"] / ms["pencilfft-fftw"])],
-                  harness.fmt_dims, 0)
+    variants = _present(records)
+    ratios = [(f"{v.removeprefix('pencilfft-')} / fftw",
+               lambda ms, v=v: ms[v] / ms["pencilfft-fftw"])
+              for v in variants if v != "pencilfft-fftw"]
+    lines = _rows(records, "pdims", variants, ratios, harness.fmt_dims, 0)
     r0 = records[0]
-    lines += ["", f"{harness.fmt_dims(r0['shape'])} complex64, forward + inverse, "
+    program = (" in one jit (`pifft3d(pfft3d(x) * 2) / 2`)" if r0.get("program") == "one jit"
+               else "")
+    lines += ["", f"{harness.fmt_dims(r0['shape'])} complex64, forward + inverse{program}, "
                   f"{r0['n_devices']} CPU devices in one process on {r0['cores']} cores, jax.jit "
                   f"on an Auto mesh with nothing in scope; medians of {r0['repeats']} "
                   f"interleaved rounds; load average: {harness.load_range(records)}."]
@@ -309,8 +335,11 @@ def main(argv: list[str] | None = None) -> None:
     sub = p.add_subparsers(dest="what", required=True)
     b = sub.add_parser("block", help="one slab block: kernel vs XLA vs pyFFTW")
     b.add_argument("--repeats", type=int, default=15)
-    m = sub.add_parser("mesh", help="256^3 on CPU devices: pencilfft fftw/xla vs jaxdecomp")
+    m = sub.add_parser("mesh", help="256^3 on CPU devices: pencilfft variants vs jaxdecomp")
     m.add_argument("--repeats", type=int, default=7)
+    m.add_argument("--one-jit", action="store_true",
+                   help="both directions in one jitted function (a spectral solve's shape; "
+                        "default: a jit each, as the issue's target)")
     mem = sub.add_parser("memory", help="per-device memory of the compiled mesh programs")
     for q in (m, mem):
         q.add_argument("--devices", type=int, default=8)

@@ -42,9 +42,9 @@ REFERENCE = harness.BASELINE  # "fftn-1dev"
 FLOOR_FFTS = "3 local FFTs"
 LOCAL_COPY = "local copy"
 FLOOR_LINE = "floor (3 local FFTs + bare exchanges)"
-EXCHANGE_CHOICES = ("alltoall", "pairwise", "auto")
+EXCHANGE_CHOICES = ("alltoall", "pairwise", "local", "auto")
 # Name of each exchange algorithm in the floor rows: "bare all_to_all over x".
-BARE_NAMES = {"alltoall": "all_to_all", "pairwise": "pairwise"}
+BARE_NAMES = {"alltoall": "all_to_all", "pairwise": "pairwise", "local": "local"}
 
 
 @dataclasses.dataclass
@@ -177,6 +177,7 @@ def build_programs(shape: Sequence[int], pdims: Sequence[int], dtype: str, excha
     from jax.sharding import SingleDeviceSharding
 
     import pencilfft
+    from pencilfft import _mpi_exchange
     from pencilfft._plan import plan_forward
 
     mesh = make_mesh(pdims)
@@ -186,7 +187,10 @@ def build_programs(shape: Sequence[int], pdims: Sequence[int], dtype: str, excha
     spec = P(*plan.axes, None)  # any 3-D block: global = blocks concatenated, nothing moves
 
     def per_device(block_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        return jax.shard_map(block_fn, mesh=mesh, in_specs=spec, out_specs=spec)
+        def traced_in_mesh(block):  # our custom-call exchanges find their peers in the mesh
+            with _mpi_exchange.in_mesh(mesh):
+                return block_fn(block)
+        return jax.shard_map(traced_in_mesh, mesh=mesh, in_specs=spec, out_specs=spec)
 
     programs = [
         # A SingleDeviceSharding: a plain device_put(x, device) would keep x's mesh type.
@@ -204,6 +208,8 @@ def build_programs(shape: Sequence[int], pdims: Sequence[int], dtype: str, excha
         if n == 1:
             continue
         for algorithm, bare in BARE_NAMES.items():
+            if algorithm == "local" and "local" not in plan.exchanges:
+                continue  # (it may not run here)
             block = functools.partial(bare_exchange_block, algorithm, name, n)
             programs.append(Program(f"bare {bare} over {name}", "floor", per_device(block), x))
     programs.append(Program(LOCAL_COPY, "floor", per_device(local_copy_block), x))

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from . import _kernel, _memory, _mpi_exchange
+from . import _kernel, _local_exchange, _memory, _mpi_exchange
 from ._decomposition import check_mesh, process_grids, split_problem
 from ._fft import pfft3d, pifft3d
 from ._measure import max_rel_err, median_time
@@ -233,6 +233,8 @@ def run_check(args: argparse.Namespace) -> int:
         f"in {jax.process_count()} process(es), jax {jax.__version__}"
     )
     console.print(f"cross-process exchanges: {_mpi_exchange.status()}", markup=False)
+    console.print(f"exchanges between a process's devices: {_local_exchange.status()}",
+                  markup=False, soft_wrap=True)
     if jax.devices()[0].platform == "cpu":  # the local FFTs' kernel (README, "CPU FFT kernel")
         console.print(f"local FFT kernel: {_kernel.describe()}", markup=False, soft_wrap=True)
     tol = TOLERANCE[args.dtype]

@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from ._chunks import in_place
+from ._stages import Move
 from ._jax_private import is_traced_argument
 
 __all__ = ["MemoryLimitError", "ENV", "Estimate", "transform_estimate", "available", "gib",
@@ -97,7 +98,8 @@ def transform_estimate(plan: Any, forward: bool) -> Estimate:
     (`plan.k_shape`, padded, over the mesh's devices) of `plan.k_dtype`.  Unchunked, every
     exchange holds a send and a receive buffer of k-space size (the data in flight are complex
     spectra), so a mesh of several devices counts 2 buffers and one device 1 (the FFT's output
-    before the reordering): 4 blocks for a c2c transform, the README's figure.
+    before the reordering): 4 blocks for a c2c transform, the README's figure; the local
+    exchange, writing straight from its input, 1 where no move follows (`_one_pass`).
 
     In `plan.chunks` pieces (`_chunks.py`) the buffers are pieces, 1/chunks of a k-space block:
     2 where every stage writes in place (XLA's analysis: exactly 2 + 2/chunks blocks kept,
@@ -111,11 +113,19 @@ def transform_estimate(plan: Any, forward: bool) -> Estimate:
     k = _block_bytes(batch * math.prod(plan.k_shape), devices, plan.k_dtype)
     inp, out = (real, k) if forward else (k, real)
     if plan.chunks == 1:
-        return Estimate(inp, out, k, 2 if devices > 1 else 1)
+        return Estimate(inp, out, k, 2 if devices > 1 and not _one_pass(plan) else 1)
     stages = in_place(plan)
     first, later = (stages[0], stages[1:]) if forward else (stages[2], stages[:2])
     return Estimate(inp, out, -(-k // plan.chunks), 2 if first and all(later) else 3,
                     0 if all(later) else k)
+
+
+def _one_pass(plan: Any) -> bool:
+    """Whether every exchange is the local one (it writes its output straight from its
+    input: no send buffer) and no stage moves axes after it (XLA's analysis: 3 blocks for a
+    c2c transform, against 4 with a move or XLA's collectives)."""
+    return (set(plan.exchanges) == {"local"}
+            and not any(isinstance(s, Move) for s in plan.stages))
 
 
 # ------------------------------------------------------------------------------ the limit

@@ -197,6 +197,14 @@ def status(platform: str | None = None) -> str:
 _mesh: contextvars.ContextVar = contextvars.ContextVar("pencilfft_mpi_mesh", default=None)
 
 
+def traced_mesh():
+    """The mesh of the per-device body being traced (`in_mesh`; concrete or abstract)."""
+    mesh = _mesh.get()
+    if mesh is None:
+        raise ValueError("internal: an exchange of ours was traced outside `_mpi_exchange.in_mesh`")
+    return mesh
+
+
 @contextlib.contextmanager
 def in_mesh(mesh):
     """While the per-device body on concrete `mesh` is traced: the exchanges read their peers
@@ -212,7 +220,7 @@ def exchange(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     """Inside shard_map: the all_to_all of a chunk-major block (n, ...) over mesh axis
     `axis_name` (per-device; chunk j to peer j; the result's chunk j came from peer j)."""
     mesh = _concrete(_mesh.get())
-    return exchange_p.bind(y, _where(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
+    return exchange_p.bind(y, coordinates(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
                            axis_name=axis_name)
 
 
@@ -221,7 +229,7 @@ def shift(y: jax.Array, axis_name: str, n: int, by: int, periodic: bool) -> jax.
     along mesh axis `axis_name` (a ppermute; per-device shapes unchanged).  Along a
     non-periodic axis the devices with nobody `by` positions before them get zeros."""
     mesh = _concrete(_mesh.get())
-    return shift_p.bind(y, _where(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
+    return shift_p.bind(y, coordinates(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
                         axis_name=axis_name, by=by, periodic=periodic)
 
 
@@ -229,11 +237,11 @@ def allreduce(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     """Inside shard_map: the sum of y over mesh axis `axis_name` (a psum; float or complex),
     the same bits on every device."""
     mesh = _concrete(_mesh.get())
-    return allreduce_p.bind(y, _where(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
+    return allreduce_p.bind(y, coordinates(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
                             axis_name=axis_name)
 
 
-def _where(mesh, axis_name: str) -> jax.Array:
+def coordinates(mesh, axis_name: str) -> jax.Array:
     """This device's coordinate along the axis and the index of its group: the handler checks
     that the table puts this process there (a wrong guess of the devices fails, never mixes)."""
     group = 0

@@ -172,7 +172,7 @@ class Transform(LinearOp):
     def primal_on_mesh(self, mesh):
         plan = self.plan if self.plan.mesh is mesh else self.plan.bind(mesh, self.forward)
         body = self.body(plan)
-        if "mpi" in plan.exchanges:  # its exchanges find their peers in the concrete mesh
+        if {"mpi", "local"} & set(plan.exchanges):  # they find their peers in the mesh
             body = with_mesh(body, mesh)
         if self.forward:
             return body, plan.real_spec, plan.k_spec

@@ -14,8 +14,10 @@ axes and [Pad] only where the mesh does not divide the spectrum:
 A slab over X (Pb == 1) replaces the first three stages with one 2-D `Fft` over (Y, Z) and its
 exchange over a; a slab over Y (Pa == 1) is a slab in cost too: Fft(Z), the exchange over b to
 (B, z, X, Y), one 2-D Fft over (X, Y) and one move to the layout (the pencil path would add a
-reordering over the size-1 axis; benchmarks/RESULTS.md "margin").  One device runs one 3-D `Fft`
-(and `Move(1, 3)` in the transposed layout).
+reordering over the size-1 axis; benchmarks/RESULTS.md "margin"); with the local exchange
+(`_local_exchange`, CPU devices of one process), which writes any order in its one pass, the
+exchange writes the layout itself and the 2-D Fft runs on the strided axes there: no move.  One
+device runs one 3-D `Fft` (and `Move(1, 3)` in the transposed layout).
 
 Where to add a transform kind: a per-axis kind is a name in `KINDS` with its 1-D forward and
 inverse in `_one_axis` (or its own module, as `_r2r.py`), and an entry in the public API.
@@ -262,6 +264,15 @@ def forward_stages(plan: Plan) -> tuple[Stage, ...]:
         # same global shape wherever the program ends up)
         stages = _fft(plan, (1, 2, 3), (0, 1, 2)) + _pad(2, yc, plan.yp) + _pad(3, plan.zc, plan.zp)
         return stages + ((Move(1, 3),) if plan.layout == "transposed" else ())
+    if pa == 1 and alg_b == "local":
+        # The local exchange writes any order in its one pass: straight to the layout, (B, Y,
+        # z, X) transposed or (B, X, Y, z) natural, and the 2-D Fft runs there (FFTW takes
+        # strided axes as they are), with no move after it.
+        order, xy = ((0, 2, 3, 1), (1, 3)) if plan.layout == "transposed" else ((0, 1, 2, 3), (1, 2))
+        dims = (1, 0) if plan.layout == "transposed" else (0, 1)
+        return _fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp) + (
+            Exchange(name_b, pb, split=3, gather=2, order=order, algorithm=alg_b),
+        ) + _fft(plan, xy, dims)
     if pa == 1:  # slab over Y
         stages = _fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp) + (
             Exchange(name_b, pb, split=3, gather=2, order=(0, 3, 1, 2), algorithm=alg_b),

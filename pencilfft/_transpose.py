@@ -12,7 +12,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from . import _mpi_exchange
+from . import _local_exchange, _mpi_exchange
 
 
 def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, gather: int,
@@ -32,12 +32,15 @@ def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, ga
     on CPUs and saved no memory; "pairwise", n-1 collective permutes; "mpi", our MPI custom call,
     `_mpi_exchange`) the chunks are made contiguous: the chunk axis is made the leading one before
     the communication, and the received chunks are interleaved back in the same transpose that
-    applies `order`: two local passes over the data, whatever `order` is.
+    applies `order`: two local passes over the data, whatever `order` is.  "local" (the CPU
+    devices of one process, `_local_exchange`) does all of it, `order` included, in one pass.
     """
     if n == 1 or axis_name is None:
         return jnp.transpose(x, order)
     if x.shape[split] % n:
         raise ValueError(f"internal: axis {split} of block {x.shape} does not split into {n}")
+    if algorithm == "local":  # the whole of it in one pass
+        return _local_exchange.exchange(x, axis_name, n, split, gather, order)
     if algorithm == "alltoall" and n <= PLAIN_ALLTOALL_MAX:
         return jnp.transpose(jax.lax.all_to_all(x, axis_name, split, gather, tiled=True), order)
     shape = x.shape
@@ -107,8 +110,16 @@ ALGORITHMS: dict[str, Algorithm] = {
     # times faster than gloo's TCP collectives across processes: benchmarks/RESULTS.md, issue 37).
     "mpi": Algorithm(_mpi_exchange.exchange, _mpi_exchange.unavailable_reason,
                      auto=lambda n, platform, nbytes: _mpi_exchange.auto(platform)),
+    # The devices of one process (our custom call, `_local_exchange`): the split, the exchange,
+    # the concatenation and `order` in one pass over shared memory; "auto" takes it on CPUs in a
+    # one-process job wherever a C++ compiler builds it.  (`transpose_blocks` calls it on the
+    # block as it is: `send` is for callers that have a chunk-major block.)
+    "local": Algorithm(
+        lambda y, axis_name, n: _local_exchange.exchange(y, axis_name, n, 0, 0, tuple(range(y.ndim))),
+        _local_exchange.unavailable_reason,
+        auto=lambda n, platform, nbytes: _local_exchange.auto(platform)),
 }
-AUTO_ORDER = ("mpi", "pairwise", "alltoall")
+AUTO_ORDER = ("mpi", "local", "pairwise", "alltoall")
 EXCHANGES = ("auto",) + tuple(ALGORITHMS)
 
 

@@ -48,7 +48,7 @@ def test_refused_when_the_compiler_picks_the_mesh():
 
 def test_unknown_exchange_names_the_choices():
     with pytest.raises(ValueError, match=r"`exchange` must be one of \('auto', 'alltoall', "
-                                         r"'pairwise', 'mpi'\); got 'gloo'"):
+                                         r"'pairwise', 'mpi', 'local'\); got 'gloo'"):
         pencilfft.pfft3d(jnp.zeros((4, 4, 4), jnp.complex64), exchange="gloo")
 
 
@@ -62,9 +62,11 @@ def test_one_device_needs_no_exchange():
 
 @MPIRUN  # the choices depend on the processes' devices
 def test_autotune_offers_it_only_where_it_runs():
-    from pencilfft import _autotune
+    from pencilfft import _autotune, _local_exchange
 
-    assert _autotune._default_exchanges(jax.devices()) == ("alltoall", "pairwise")
+    local = ("local",) if _local_exchange.unavailable_reason(8, "cpu") is None else ()
+    assert jax.process_count() == 1 or not local  # the local one: one process only
+    assert _autotune._default_exchanges(jax.devices()) == ("alltoall", "pairwise") + local
 
 
 @pytest.mark.parametrize("op", ["exchange", "shift", "allreduce"])

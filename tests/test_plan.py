@@ -1,10 +1,12 @@
 """Static planning: the exchange algorithm "auto" picks, and the padded k-space shapes."""
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
 from conftest import make_mesh
+from pencilfft import _local_exchange
 from pencilfft._plan import PAIRWISE_MIN_BYTES, _exchanges, plan_forward
 
 
@@ -15,8 +17,17 @@ from pencilfft._plan import PAIRWISE_MIN_BYTES, _exchanges, plan_forward
     ((8, 1), PAIRWISE_MIN_BYTES, ("alltoall", "alltoall")),  # 8 peers: all_to_all measured faster
     ((1, 8), PAIRWISE_MIN_BYTES, ("alltoall", "alltoall")),
 ])
-def test_auto_exchange_on_cpu(pdims, block, expected):
+def test_auto_exchange_on_cpu(pdims, block, expected, monkeypatch):
+    """Where the local exchange does not run (several processes, no C++ compiler)."""
+    monkeypatch.setattr(_local_exchange, "auto", lambda platform: False)
     assert _exchanges("auto", make_mesh(pdims), pdims, block) == expected
+
+
+@pytest.mark.parametrize("pdims", [(4, 2), (1, 8)])
+def test_auto_takes_the_local_exchange_in_one_process(pdims):
+    local = jax.process_count() == 1 and _local_exchange.unavailable_reason(8, "cpu") is None
+    got = _exchanges("auto", make_mesh(pdims), pdims, PAIRWISE_MIN_BYTES)
+    assert (got == ("local", "local")) == local
 
 
 @pytest.mark.parametrize("choice", ["alltoall", "pairwise"])

@@ -1,0 +1,175 @@
+"""The pencil transpose between the CPU devices of one process, in one pass (exchange="local").
+
+XLA's all_to_all between devices of one process copies the chunks out, through per-peer
+buffers and back into one block, and the transpose around it (`_transpose`) adds two local
+passes: on 8 CPU devices the exchange was the costliest step of a slab transform
+(benchmarks/RESULTS.md, issue 36).  The devices of one process share its memory, so this
+custom call (`csrc/local.cc`, compiled on first use with the C++ compiler found then,
+`_native.load`) writes every device's transposed block straight from its peers' blocks: the
+split, the exchange, the concatenation and the reordering `order` in one pass.
+
+It is a primitive so that jit, grad, jvp, vmap and scan see a linear map: its jvp is itself,
+its transpose the inverse exchange (split what was gathered, gather what was split, undo
+`order`), and a batch axis rides along in front.  Its CPU lowering is the custom call; on any
+other platform it lowers to the all_to_all and transpose it replaces (it is only chosen on
+CPUs).
+
+"auto" takes it on CPUs when the job is one process (every device of every exchange is then
+in this process) and a C++ compiler is found; a compiler that fails warns once and leaves
+XLA's collectives.  The plain install never needs a compiler.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from . import _mpi_exchange, _native
+
+__all__ = ["auto", "exchange", "status", "unavailable_reason", "TARGET"]
+
+TARGET = "pencilfft_local_exchange"
+INSTANCE_TYPE = "pencilfft_local_instance"  # the FFI state where a call's devices meet
+
+
+def _compiler() -> tuple[str, ...]:
+    """$PENCILFFT_CXX, else $CXX, else c++."""
+    return tuple((os.environ.get("PENCILFFT_CXX") or os.environ.get("CXX") or "c++").split())
+
+
+@functools.cache
+def _library():
+    """The handler's library, built once per machine and environment and registered with
+    XLA; a string (why not) if it could not be built, after one warning."""
+    if shutil.which(_compiler()[0]) is None:
+        return f"no C++ compiler ({_compiler()[0]!r} not found; set PENCILFFT_CXX)"
+    try:
+        lib = _native.load("local", compiler=_compiler())
+        for name in ("pencilfft_local_instance_type_id", "pencilfft_local_instance_type_info"):
+            getattr(lib, name).restype = ctypes.c_void_p
+        jax.ffi.register_ffi_type(INSTANCE_TYPE, {
+            "type_id": jax.ffi.pycapsule(lib.pencilfft_local_instance_type_id()),
+            "type_info": jax.ffi.pycapsule(lib.pencilfft_local_instance_type_info())},
+            platform="cpu")
+        jax.ffi.register_ffi_target(TARGET, {
+            "instantiate": jax.ffi.pycapsule(lib.PencilfftLocalInstantiate),
+            "execute": jax.ffi.pycapsule(lib.PencilfftLocalExchange)}, platform="cpu")
+    except (_native.BuildError, AttributeError, OSError) as e:
+        warnings.warn(f"pencilfft: the local exchange could not be built, exchanges between the "
+                      f"devices of this process use XLA's collectives instead (README "
+                      f"\"Exchanges\"): {e}", RuntimeWarning, stacklevel=4)
+        return f"its handler could not be built ({str(e).splitlines()[0]})"
+    return lib
+
+
+def unavailable_reason(mesh_size: int | None, platform: str) -> str | None:
+    """Why the local exchange cannot run (None: it can).  The same answer on every process."""
+    if platform != "cpu":
+        return f"it runs on CPU devices only (the devices are {platform})"
+    if jax.process_count() != 1:
+        return (f"its devices must all be in one process (this job has {jax.process_count()} "
+                f"processes; exchange='mpi' is the transport between them)")
+    lib = _library()
+    return lib if isinstance(lib, str) else None
+
+
+def auto(platform: str) -> bool:
+    """Whether exchange="auto" takes it: one process on CPUs, with the handler built."""
+    return platform == "cpu" and jax.process_count() == 1 and unavailable_reason(None, platform) is None
+
+
+def status(platform: str | None = None) -> str:
+    """One line for `pencilfft check`: how the devices of this process exchange, and why."""
+    why = unavailable_reason(None, platform or jax.default_backend())
+    if why is None:
+        return "the local exchange (pencilfft's custom call, one pass; exchange='auto' and 'local')"
+    return f"XLA's collectives (the local exchange does not run: {why})"
+
+
+# ----------------------------------------------------------------------------------------------
+# The primitive
+
+
+def exchange(x: jax.Array, axis_name: str, n: int, split: int, gather: int,
+             order: tuple[int, ...]) -> jax.Array:
+    """Inside shard_map: `_transpose.transpose_blocks` of per-device block x over mesh axis
+    `axis_name` of n devices (chunk j of axis `split` to peer j, the chunks received
+    concatenated along `gather` in peer order, then the axes in `order`)."""
+    mesh = _mpi_exchange.traced_mesh()
+    return exchange_p.bind(x, _mpi_exchange.coordinates(mesh, axis_name), n=n, split=split,
+                           gather=gather, order=tuple(order), axis_name=axis_name)
+
+
+exchange_p = Primitive(TARGET)
+
+
+def _out_shape(shape, n, split, gather, order):
+    chunked = list(shape)
+    chunked[split] //= n
+    chunked[gather] *= n
+    return tuple(chunked[ax] for ax in order)
+
+
+def _abstract_eval(x, where, *, n, split, gather, order, axis_name):
+    del where, axis_name
+    return x.update(shape=_out_shape(x.shape, n, split, gather, order))
+
+
+def _inverse(ct, where, *, n, split, gather, order, axis_name):
+    inv = tuple(order.index(i) for i in range(len(order)))
+    return exchange_p.bind(ct, where, n=n, split=order.index(gather), gather=order.index(split),
+                           order=inv, axis_name=axis_name)
+
+
+def _jvp(primals, tangents, **params):
+    (x, where), (dx, _) = primals, tangents
+    out = exchange_p.bind(x, where, **params)
+    if type(dx) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)
+    return out, exchange_p.bind(dx, where, **params)
+
+
+def _transpose_rule(ct, x, where, **params):
+    if type(ct) is ad.Zero:
+        return ad.Zero(x.aval), None
+    return _inverse(ct, where, **params), None
+
+
+def _batch(args, dims, *, n, split, gather, order, axis_name):
+    (x, where), (d, dwhere) = args, dims
+    if dwhere is not None:
+        raise NotImplementedError("internal: the local exchange's coordinates are never batched")
+    x = jnp.moveaxis(x, d, 0)
+    return exchange_p.bind(x, where, n=n, split=split + 1, gather=gather + 1,
+                           order=(0, *(ax + 1 for ax in order)), axis_name=axis_name), 0
+
+
+def _cpu_lowering(ctx, x, where, *, n, split, gather, order, axis_name):
+    del axis_name
+    why = unavailable_reason(None, "cpu")
+    if why is not None:
+        raise ValueError(f"`exchange`='local' cannot run here: {why}")
+    return jax.ffi.ffi_lowering(TARGET)(  # a pure map: XLA may merge or drop it
+        ctx, x, where, n=np.int64(n), split=np.int64(split), gather=np.int64(gather),
+        order=np.asarray(order, np.int64))
+
+
+def _lower_other(x, where, *, n, split, gather, order, axis_name):
+    del where, n  # XLA's collective, on platforms our custom call does not exist on
+    return jnp.transpose(jax.lax.all_to_all(x, axis_name, split, gather, tiled=True), order)
+
+
+exchange_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[exchange_p] = _jvp
+ad.primitive_transposes[exchange_p] = _transpose_rule
+batching.primitive_batchers[exchange_p] = _batch
+mlir.register_lowering(exchange_p, _cpu_lowering, platform="cpu")
+mlir.register_lowering(exchange_p, mlir.lower_fun(_lower_other, multiple_results=False))

@@ -1,0 +1,419 @@
+// pencilfft's exchange between the CPU devices of one process (exchange="local",
+// pencilfft/_local_exchange.py).
+//
+// The devices of one process share its memory, yet XLA's all_to_all between them runs as
+// three passes over the block (the chunks sliced out, exchanged through per-peer buffers,
+// concatenated), and pencilfft adds two local transposes around it (chunks made contiguous,
+// then interleaved in the order the next FFT wants).  Here the whole pencil transpose is one
+// pass: once every device of a group has handed in its block, device i's output is written
+// straight from every peer's input, chunk i of axis `split` of peer p landing at position p of
+// axis `gather`, the axes already in `order`.
+//
+// The rendezvous.  The instantiate stage makes one state per call of the compiled program
+// (XLA's thunk), shared by the devices that run the program; a call's arrivals meet there,
+// per group (the devices with the same coordinates on the other mesh axes), and are matched
+// by the device's coordinate along the axis, round after round (the k-th arrival of a device
+// belongs to round k).  The handler is asynchronous: a device that arrives returns a future at
+// once, so XLA's thread goes on with other ready work, and independent exchanges that devices
+// reach in different orders never wait for each other.  When the last device of a group
+// arrives, the copies (one task per destination device) go to a pool of threads of ours, one
+// per core this process may run on; when all are done the futures are completed, each on a
+// thread of its own (see `Pool`).  No device's input is released before every copy
+// that reads it is done.  A round that does not fill within PENCILFFT_LOCAL_TIMEOUT seconds
+// (default 600) fails with an error naming the devices that never came, instead of hanging.
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The copy: one peer's chunk into one device's output, any rank, any strides (in elements).
+
+constexpr int kMaxRank = 8;
+constexpr int64_t kTile = 16;
+
+template <typename T>
+void Copy(const T* src, T* dst, int rank, const int64_t* dims, const int64_t* ss,
+          const int64_t* ds) {
+  // The innermost axes: A, along which the destination is contiguous (written in order), and
+  // B, along which the source is.  Distinct, they are walked in tiles so that both sides stay
+  // in cache; the other axes are the outer loops.
+  int a = -1, b = -1;
+  for (int k = 0; k < rank; ++k) {
+    if (dims[k] == 1) continue;
+    if (a < 0 || ds[k] < ds[a]) a = k;
+    if (b < 0 || ss[k] < ss[b]) b = k;
+  }
+  if (a < 0) {  // a single element
+    *dst = *src;
+    return;
+  }
+  int outer[kMaxRank], n_outer = 0;
+  for (int k = 0; k < rank; ++k)
+    if (k != a && k != b && dims[k] > 1) outer[n_outer++] = k;
+  int64_t index[kMaxRank] = {0};
+  for (;;) {
+    const T* s = src;
+    T* d = dst;
+    for (int j = 0; j < n_outer; ++j) {
+      s += index[j] * ss[outer[j]];
+      d += index[j] * ds[outer[j]];
+    }
+    if (a == b) {
+      const int64_t len = dims[a], sa = ss[a], da = ds[a];
+      if (sa == 1 && da == 1) {
+        std::memcpy(d, s, len * sizeof(T));
+      } else {
+        for (int64_t i = 0; i < len; ++i) d[i * da] = s[i * sa];
+      }
+    } else {
+      const int64_t na = dims[a], nb = dims[b];
+      const int64_t sa = ss[a], sb = ss[b], da = ds[a], db = ds[b];
+      for (int64_t b0 = 0; b0 < nb; b0 += kTile) {
+        const int64_t b1 = std::min(nb, b0 + kTile);
+        for (int64_t a0 = 0; a0 < na; a0 += kTile) {
+          const int64_t a1 = std::min(na, a0 + kTile);
+          for (int64_t i = b0; i < b1; ++i) {
+            const T* sr = s + i * sb;
+            T* dr = d + i * db;
+            for (int64_t j = a0; j < a1; ++j) dr[j * da] = sr[j * sa];
+          }
+        }
+      }
+    }
+    int j = n_outer - 1;  // the odometer over the outer axes
+    for (; j >= 0; --j) {
+      if (++index[j] < dims[outer[j]]) break;
+      index[j] = 0;
+    }
+    if (j < 0) return;
+  }
+}
+
+struct Bytes16 {
+  uint64_t lo, hi;
+};
+
+void CopyBytes(size_t element, const char* src, char* dst, int rank, const int64_t* dims,
+               const int64_t* ss, const int64_t* ds) {
+  switch (element) {
+    case 1: return Copy(reinterpret_cast<const uint8_t*>(src), reinterpret_cast<uint8_t*>(dst),
+                        rank, dims, ss, ds);
+    case 2: return Copy(reinterpret_cast<const uint16_t*>(src), reinterpret_cast<uint16_t*>(dst),
+                        rank, dims, ss, ds);
+    case 4: return Copy(reinterpret_cast<const uint32_t*>(src), reinterpret_cast<uint32_t*>(dst),
+                        rank, dims, ss, ds);
+    case 8: return Copy(reinterpret_cast<const uint64_t*>(src), reinterpret_cast<uint64_t*>(dst),
+                        rank, dims, ss, ds);
+    default: return Copy(reinterpret_cast<const Bytes16*>(src), reinterpret_cast<Bytes16*>(dst),
+                         rank, dims, ss, ds);
+  }
+}
+
+// What the exchange does to one group, the same for every device of it (from the attributes
+// and the input's shape): the shapes and strides of every peer's chunk on both sides.
+struct Geometry {
+  int rank = 0;
+  int64_t n = 1;
+  size_t element = 0;
+  int64_t dims[kMaxRank];      // one chunk, in input axes
+  int64_t src[kMaxRank];       // input strides, in input axes
+  int64_t dst[kMaxRank];       // output strides, in input axes
+  int64_t src_chunk = 0;       // elements between chunk i and i + 1 of the input's `split`
+  int64_t dst_peer = 0;        // elements between the parts from peer p and p + 1 in the output
+};
+
+// ---------------------------------------------------------------------------------------------
+// The pools of threads of ours: one that runs the copies, one thread per core this process may
+// run on (copies are bound by memory bandwidth, more threads would only contend), and one that
+// completes the futures, with a thread per future in flight: XLA runs the rest of that device's
+// program on the thread that completes its future, and that rest may block (in one of XLA's
+// own collectives, waiting for the other devices), so no future may wait for a busy thread.
+
+class Pool {
+ public:
+  explicit Pool(bool grow) : grow_(grow) {}
+
+  void Run(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      tasks_.push_back(std::move(task));
+      if (grow_ ? tasks_.size() > idle_ : threads_ == 0) {
+        int add = 1;
+        if (!grow_) {  // all at once, one per core
+          cpu_set_t set;
+          if (sched_getaffinity(0, sizeof(set), &set) == 0) add = std::max(1, CPU_COUNT(&set));
+        }
+        threads_ += add;
+        for (int i = 0; i < add; ++i) std::thread([this] { Work(); }).detach();  // process-long
+      }
+    }
+    wake_.notify_one();
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ++idle_;
+        wake_.wait(lock, [this] { return !tasks_.empty(); });
+        --idle_;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  const bool grow_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;
+  size_t idle_ = 0;
+  int threads_ = 0;
+};
+
+Pool& copiers() {
+  static Pool* p = new Pool(false);  // never destroyed: its threads are detached
+  return *p;
+}
+
+Pool& completers() {
+  static Pool* p = new Pool(true);
+  return *p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rendezvous
+
+struct Round {
+  std::vector<const char*> in;
+  std::vector<char*> out;
+  std::vector<ffi::Promise> promises;
+  std::vector<bool> present;
+  int64_t arrived = 0;
+  Geometry geometry;
+  std::chrono::steady_clock::time_point since;
+};
+
+// One call of a compiled program (FFI state made at XLA's instantiate stage, once per thunk).
+struct Instance {
+  static ffi::TypeId id;  // given by XLA when Python registers the type
+  std::mutex mutex;
+  std::map<int64_t, std::deque<Round>> groups;  // group -> rounds not yet full, oldest first
+  Instance();
+  ~Instance();
+};
+ffi::TypeId Instance::id = {};
+
+// Every live instance, for the watchdog.
+std::mutex registry_mutex;
+std::set<Instance*>& registry() {
+  static auto* r = new std::set<Instance*>();
+  return *r;
+}
+
+double Timeout() {
+  const char* text = std::getenv("PENCILFFT_LOCAL_TIMEOUT");
+  const double value = text ? std::atof(text) : 0.0;
+  return value > 0 ? value : 600.0;
+}
+
+void Watch() {
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const auto now = std::chrono::steady_clock::now();
+    const double limit = Timeout();
+    std::vector<Round> expired;
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      for (Instance* instance : registry()) {
+        std::lock_guard<std::mutex> inner(instance->mutex);
+        for (auto& [group, rounds] : instance->groups) {
+          while (!rounds.empty() &&
+                 std::chrono::duration<double>(now - rounds.front().since).count() > limit) {
+            expired.push_back(std::move(rounds.front()));
+            rounds.pop_front();
+          }
+        }
+      }
+    }
+    for (Round& round : expired) {
+      std::string missing;
+      for (size_t i = 0; i < round.present.size(); ++i)
+        if (!round.present[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+      for (size_t i = 0; i < round.present.size(); ++i) {
+        if (!round.present[i]) continue;
+        round.promises[i].SetError(ffi::Error(
+            ffi::ErrorCode::kDeadlineExceeded,
+            "pencilfft local exchange: the devices at coordinate(s) " + missing +
+                " along the mesh axis never reached this exchange within " +
+                std::to_string(static_cast<int>(limit)) +
+                " s (PENCILFFT_LOCAL_TIMEOUT); did their program fail?"));
+      }
+    }
+  }
+}
+
+Instance::Instance() {
+  static std::once_flag started;
+  std::call_once(started, [] { std::thread(Watch).detach(); });
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry().insert(this);
+}
+
+Instance::~Instance() {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry().erase(this);
+}
+
+ffi::ErrorOr<std::unique_ptr<Instance>> Instantiate() { return std::make_unique<Instance>(); }
+
+ffi::Future Failed(std::string message) {
+  ffi::Promise promise;
+  promise.SetError(ffi::Error(ffi::ErrorCode::kInternal, "pencilfft local exchange: " + message));
+  return ffi::Future(promise);
+}
+
+// The copies of a full round, then its futures: all on the pool.
+void Dispatch(std::shared_ptr<Round> round) {
+  const int64_t n = round->geometry.n;
+  auto left = std::make_shared<std::atomic<int64_t>>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    copiers().Run([round, left, i, n] {
+      const Geometry& g = round->geometry;
+      const size_t e = g.element;
+      for (int64_t p = 0; p < n; ++p) {  // chunk i of peer p -> part p of device i's output
+        CopyBytes(e, round->in[p] + i * g.src_chunk * e, round->out[i] + p * g.dst_peer * e,
+                  g.rank, g.dims, g.src, g.dst);
+      }
+      if (left->fetch_sub(1) == 1) {
+        // Every copy is done: every input may go.  A thread per device, so that the devices'
+        // programs go on in parallel on the threads that complete them.
+        for (int64_t j = 0; j < n; ++j) {
+          completers().Run([round, j] { round->promises[j].SetAvailable(); });
+        }
+      }
+    });
+  }
+}
+
+ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
+                     ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t split, int64_t gather,
+                     ffi::Span<const int64_t> order) {
+  const auto shape = x.dimensions();
+  const int rank = static_cast<int>(shape.size());
+  if (rank < 1 || rank > kMaxRank || static_cast<int>(order.size()) != rank || n < 1 ||
+      split < 0 || split >= rank || gather < 0 || gather >= rank ||
+      where.element_count() != 2 || shape[split] % n) {
+    return Failed("inconsistent attributes (internal error)");
+  }
+  const size_t element = ffi::ByteWidth(x.element_type());
+  if (element == 0 || element > 16 || (element & (element - 1)) || y->element_type() != x.element_type() ||
+      y->size_bytes() != x.size_bytes()) {
+    return Failed("unsupported element type or sizes (internal error)");
+  }
+  const int64_t pos = where.typed_data()[0], group = where.typed_data()[1];
+  if (pos < 0 || pos >= n) return Failed("the device's coordinate is out of range (internal error)");
+
+  Geometry g;
+  g.rank = rank;
+  g.n = n;
+  g.element = element;
+  int64_t src_stride[kMaxRank], out_shape[kMaxRank], out_stride[kMaxRank];
+  src_stride[rank - 1] = 1;
+  for (int k = rank - 2; k >= 0; --k) src_stride[k] = src_stride[k + 1] * shape[k + 1];
+  for (int k = 0; k < rank; ++k) {
+    g.dims[k] = shape[k];
+    g.src[k] = src_stride[k];
+  }
+  g.dims[split] = shape[split] / n;
+  for (int k = 0; k < rank; ++k) {
+    const int64_t ax = order[k];
+    if (ax < 0 || ax >= rank) return Failed("inconsistent order (internal error)");
+    out_shape[k] = ax == gather ? g.dims[ax] * n : g.dims[ax];
+  }
+  const auto y_shape = y->dimensions();
+  for (int k = 0; k < rank; ++k)
+    if (y_shape[k] != out_shape[k]) return Failed("inconsistent output shape (internal error)");
+  out_stride[rank - 1] = 1;
+  for (int k = rank - 2; k >= 0; --k) out_stride[k] = out_stride[k + 1] * out_shape[k + 1];
+  for (int k = 0; k < rank; ++k) g.dst[order[k]] = out_stride[k];
+  g.src_chunk = g.dims[split] * src_stride[split];
+  g.dst_peer = g.dims[gather] * g.dst[gather];
+
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  std::shared_ptr<Round> full;
+  {
+    std::lock_guard<std::mutex> lock(instance->mutex);
+    auto& rounds = instance->groups[group];
+    auto it = rounds.begin();
+    while (it != rounds.end() && it->present[pos]) ++it;
+    if (it == rounds.end()) {
+      Round fresh;
+      fresh.in.assign(n, nullptr);
+      fresh.out.assign(n, nullptr);
+      fresh.promises.resize(n);
+      fresh.present.assign(n, false);
+      fresh.geometry = g;
+      fresh.since = std::chrono::steady_clock::now();
+      rounds.push_back(std::move(fresh));
+      it = std::prev(rounds.end());
+    }
+    it->in[pos] = static_cast<const char*>(x.untyped_data());
+    it->out[pos] = static_cast<char*>(y->untyped_data());
+    it->promises[pos] = promise;
+    it->present[pos] = true;
+    if (++it->arrived == n) {  // the first round not yet full: this one, the front
+      full = std::make_shared<Round>(std::move(*it));
+      rounds.erase(it);
+    }
+  }
+  if (full) Dispatch(std::move(full));
+  return future;
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftLocalInstantiate, Instantiate, ffi::Ffi::BindInstantiate());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftLocalExchange, Exchange,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<Instance>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("n")
+                                  .Attr<int64_t>("split")
+                                  .Attr<int64_t>("gather")
+                                  .Attr<ffi::Span<const int64_t>>("order"));
+
+// For registering the state type with XLA (jax.ffi.register_ffi_type).
+static void DeleteInstance(void* instance) { delete static_cast<Instance*>(instance); }
+static XLA_FFI_TypeInfo instance_type_info = {XLA_FFI_TypeInfo_STRUCT_SIZE, nullptr,
+                                              DeleteInstance};
+extern "C" void* pencilfft_local_instance_type_id() { return &Instance::id; }
+extern "C" void* pencilfft_local_instance_type_info() { return &instance_type_info; }

@@ -1,0 +1,133 @@
+"""exchange="local": the pencil transpose between the CPU devices of one process, one pass.
+
+The primitive against the exchange it replaces (XLA's all_to_all and a transpose), bit for bit,
+for every (split, gather, order) the stages use and a few more, dtypes of 4 to 16 bytes, under
+jit, vmap and grad (its transpose is the inverse exchange); "auto" picks it in one process on
+CPUs, and then the programs hold our call and no XLA collective; the rendezvous survives
+independent exchanges in one program and runs queued back to back; the program lowered for GPUs
+is XLA's all_to_all.  The transforms themselves are tested with it everywhere else (it is what
+"auto" runs in the single-process step).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import pencilfft
+from conftest import MULTI_PROCESS, make_mesh, put_global, random_field, reference, tol
+from pencilfft import _local_exchange, _mpi_exchange, _transpose
+
+pytestmark = pytest.mark.skipif(MULTI_PROCESS, reason="one process holds every device")
+
+# (split, gather, order) on a (B, a, b, c) block: the stages' and some that they do not use.
+CASES = [(3, 2, (0, 3, 1, 2)), (3, 2, (0, 2, 3, 1)), (3, 2, (0, 1, 2, 3)), (2, 1, (0, 2, 3, 1)),
+         (3, 1, (0, 3, 2, 1)), (3, 2, (0, 1, 3, 2)), (1, 3, (3, 0, 2, 1)), (2, 2, (0, 1, 2, 3))]
+
+
+def _mapped(mesh, axis, f, spec=P(None, "x", "y")):
+    def body(v):
+        with _mpi_exchange.in_mesh(mesh):
+            return f(v)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return make_mesh((4, 2))
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("dtype", [np.complex64, np.float32, np.complex128])
+def test_equals_the_exchange_it_replaces(mesh, case, dtype):
+    split, gather, order = case
+    x = put_global(random_field((2, 16, 8, 8), dtype), NamedSharding(mesh, P(None, "x", "y")))
+    ref = _mapped(mesh, "x", lambda v: _transpose.transpose_blocks(v, "x", 4, split, gather, order,
+                                                                   algorithm="alltoall"))
+    got = _mapped(mesh, "x", lambda v: _transpose.transpose_blocks(v, "x", 4, split, gather, order,
+                                                                   algorithm="local"))
+    np.testing.assert_array_equal(np.asarray(got(x)), np.asarray(ref(x)))
+    if case == CASES[0] and dtype == np.complex64:
+        text = got.lower(x).compile().as_text()
+        assert _local_exchange.TARGET in text and "all-to-all" not in text
+
+
+def test_linear_under_vmap_and_grad(mesh):
+    """vmap adds a leading axis; the vjp is the inverse exchange (checked against the
+    all_to_all's, whose transpose jax knows)."""
+    split, gather, order = CASES[0]
+    x = put_global(random_field((3, 2, 16, 8, 8), np.float32), NamedSharding(mesh, P(None, None, "x", "y")))
+    w = random_field((3, 2, 8, 8, 16), np.float32)
+
+    def loss(alg):
+        f = lambda v: _transpose.transpose_blocks(v, "x", 4, split, gather, order, algorithm=alg)  # noqa: E731
+        spec = P(None, None, "x", "y")
+
+        def body(v):
+            with _mpi_exchange.in_mesh(mesh):
+                return jax.vmap(f)(v)
+        g = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)
+        return jax.jit(jax.value_and_grad(lambda v: jnp.sum(jnp.sin(g(v)) * w)))
+
+    (v_ref, g_ref), (v_got, g_got) = loss("alltoall")(x), loss("local")(x)
+    np.testing.assert_array_equal(np.asarray(v_got), np.asarray(v_ref))
+    np.testing.assert_array_equal(np.asarray(g_got), np.asarray(g_ref))
+
+
+@pytest.mark.parametrize("pdims", [(1, 8), (4, 2)], ids=str)
+def test_auto_takes_it_and_leaves_no_collective(pdims):
+    mesh = make_mesh(pdims)
+    x = put_global(random_field((16, 16, 16), np.complex64), pencilfft.real_space_sharding(mesh))
+    f = jax.jit(pencilfft.pfft3d)
+    text = f.lower(x).compile().as_text()
+    assert _local_exchange.TARGET in text
+    assert not any(op in text for op in ("all-to-all", "collective-permute", "all-gather"))
+    np.testing.assert_allclose(np.asarray(f(x)), reference(x, "transposed"), rtol=0,
+                               atol=tol(np.complex64) * float(np.abs(x).sum()))
+
+
+def test_independent_exchanges_and_queued_calls():
+    """Two transforms that do not depend on each other in one program (XLA may run their
+    exchanges in different orders on different devices), called 20 times without waiting:
+    nothing waits for anything else and every result is right."""
+    mesh = make_mesh((2, 4))
+    sharding = pencilfft.real_space_sharding(mesh)
+    a, b = (put_global(random_field((16, 16, 8), np.complex64, seed=s), sharding) for s in (1, 2))
+    f = jax.jit(lambda u, v: (pencilfft.pfft3d(u), pencilfft.pfft3d(v, layout="natural")))
+    outs = [f(a, b) for _ in range(20)]
+    ref_a, ref_b = reference(a, "transposed"), reference(b, "natural")
+    for ka, kb in outs:
+        np.testing.assert_allclose(np.asarray(ka), ref_a, rtol=0, atol=1e-3)
+        np.testing.assert_allclose(np.asarray(kb), ref_b, rtol=0, atol=1e-3)
+
+
+def test_other_platforms_lower_to_all_to_all(mesh):
+    """Never chosen off CPUs, and a program lowered for GPUs does not name it."""
+    f = _mapped(mesh, "x", lambda v: _local_exchange.exchange(v, "x", 4, 3, 2, (0, 3, 1, 2)))
+    x = jax.ShapeDtypeStruct((2, 16, 8, 8), np.complex64, sharding=NamedSharding(mesh, P(None, "x", "y")))
+    cuda = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert _local_exchange.TARGET not in cuda and "all_to_all" in cuda
+    assert _transpose.choose("auto", 8, "gpu", (4, 2), 1 << 30) == ("alltoall", "alltoall")
+    with pytest.raises(ValueError, match=r"`exchange`='local' cannot run here: it runs on CPU "
+                                         r"devices only \(the devices are gpu\)"):
+        _transpose.choose("local", 8, "gpu", (4, 2), 0)
+
+
+def test_failed_build_warns_once_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("PENCILFFT_CXX", "false")  # a compiler that fails
+    monkeypatch.setenv("PENCILFFT_CACHE_DIR", str(tmp_path))
+    _local_exchange._library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="use XLA's collectives instead") as record:
+            why = _local_exchange.unavailable_reason(None, "cpu")
+            assert _local_exchange.unavailable_reason(None, "cpu") == why  # decided once
+        assert len(record) == 1 and why.startswith("its handler could not be built")
+        assert _transpose.choose("auto", 8, "cpu", (1, 8), 1 << 30) == ("alltoall", "alltoall")
+        monkeypatch.setenv("PENCILFFT_CXX", str(tmp_path / "no-such-compiler"))
+        _local_exchange._library.cache_clear()
+        assert "no C++ compiler" in _local_exchange.unavailable_reason(None, "cpu")
+    finally:
+        monkeypatch.undo()
+        _local_exchange._library.cache_clear()
