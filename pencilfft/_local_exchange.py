@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import batching, mlir
 
 from . import _mpi_exchange, _native
 
@@ -48,25 +48,33 @@ def _compiler() -> tuple[str, ...]:
 @functools.cache
 def _library():
     """The handler's library, built once per machine and environment and registered with
-    XLA; a string (why not) if it could not be built, after one warning."""
+    XLA; a string (why not) if it could not be had, after one warning if it failed."""
     if shutil.which(_compiler()[0]) is None:
         return f"no C++ compiler ({_compiler()[0]!r} not found; set PENCILFFT_CXX)"
     try:
-        lib = _native.load("local", compiler=_compiler())
-        for name in ("pencilfft_local_instance_type_id", "pencilfft_local_instance_type_info"):
-            getattr(lib, name).restype = ctypes.c_void_p
-        jax.ffi.register_ffi_type(INSTANCE_TYPE, {
-            "type_id": jax.ffi.pycapsule(lib.pencilfft_local_instance_type_id()),
-            "type_info": jax.ffi.pycapsule(lib.pencilfft_local_instance_type_info())},
-            platform="cpu")
-        jax.ffi.register_ffi_target(TARGET, {
-            "instantiate": jax.ffi.pycapsule(lib.PencilfftLocalInstantiate),
-            "execute": jax.ffi.pycapsule(lib.PencilfftLocalExchange)}, platform="cpu")
-    except (_native.BuildError, AttributeError, OSError) as e:
+        return _registered(_native.load("local", compiler=_compiler())._name)
+    except (_native.BuildError, AttributeError, OSError, jax.errors.JaxRuntimeError) as e:
         warnings.warn(f"pencilfft: the local exchange could not be built, exchanges between the "
                       f"devices of this process use XLA's collectives instead (README "
-                      f"\"Exchanges\"): {e}", RuntimeWarning, stacklevel=4)
+                      f"\"Exchanges between the CPU devices of one process\"): {e}",
+                      RuntimeWarning, stacklevel=4)
         return f"its handler could not be built ({str(e).splitlines()[0]})"
+
+
+@functools.cache
+def _registered(path: str) -> ctypes.CDLL:
+    """The library at `path`, its handler and state type registered with XLA: once per
+    process (XLA refuses a type registered twice), however often `_library` is asked again."""
+    lib = ctypes.CDLL(path)
+    for name in ("pencilfft_local_instance_type_id", "pencilfft_local_instance_type_info"):
+        getattr(lib, name).restype = ctypes.c_void_p
+    jax.ffi.register_ffi_type(INSTANCE_TYPE, {
+        "type_id": jax.ffi.pycapsule(lib.pencilfft_local_instance_type_id()),
+        "type_info": jax.ffi.pycapsule(lib.pencilfft_local_instance_type_info())},
+        platform="cpu")
+    jax.ffi.register_ffi_target(TARGET, {
+        "instantiate": jax.ffi.pycapsule(lib.PencilfftLocalInstantiate),
+        "execute": jax.ffi.pycapsule(lib.PencilfftLocalExchange)}, platform="cpu")
     return lib
 
 
@@ -129,25 +137,17 @@ def _inverse(ct, where, *, n, split, gather, order, axis_name):
                            order=inv, axis_name=axis_name)
 
 
-def _jvp(primals, tangents, **params):
-    (x, where), (dx, _) = primals, tangents
-    out = exchange_p.bind(x, where, **params)
-    if type(dx) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)
-    return out, exchange_p.bind(dx, where, **params)
-
-
-def _transpose_rule(ct, x, where, **params):
-    if type(ct) is ad.Zero:
-        return ad.Zero(x.aval), None
-    return _inverse(ct, where, **params), None
-
-
 def _batch(args, dims, *, n, split, gather, order, axis_name):
     (x, where), (d, dwhere) = args, dims
     if dwhere is not None:
         raise NotImplementedError("internal: the local exchange's coordinates are never batched")
     x = jnp.moveaxis(x, d, 0)
+    params = dict(n=n, split=split, gather=gather, order=order, axis_name=axis_name)
+    if order[0] == 0 and 0 not in (split, gather):
+        # Axis 0 stays where it is (the stages' blocks: it is their batch axis): the batch
+        # joins it, a free reshape, and the block keeps its rank however deep the vmaps.
+        y = exchange_p.bind(x.reshape((-1,) + x.shape[2:]), where, **params)
+        return y.reshape(x.shape[:2] + y.shape[1:]), 0
     return exchange_p.bind(x, where, n=n, split=split + 1, gather=gather + 1,
                            order=(0, *(ax + 1 for ax in order)), axis_name=axis_name), 0
 
@@ -168,8 +168,7 @@ def _lower_other(x, where, *, n, split, gather, order, axis_name):
 
 
 exchange_p.def_abstract_eval(_abstract_eval)
-ad.primitive_jvps[exchange_p] = _jvp
-ad.primitive_transposes[exchange_p] = _transpose_rule
+_mpi_exchange.def_linear(exchange_p, _inverse)  # its transpose: the inverse exchange
 batching.primitive_batchers[exchange_p] = _batch
 mlir.register_lowering(exchange_p, _cpu_lowering, platform="cpu")
 mlir.register_lowering(exchange_p, mlir.lower_fun(_lower_other, multiple_results=False))

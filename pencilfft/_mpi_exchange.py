@@ -335,7 +335,7 @@ def _lower_other(y, where, *, groups, n, axis_name):
     return jax.lax.all_to_all(y, axis_name, 0, 0, tiled=True)
 
 
-def _def_linear(prim: Primitive, transpose) -> None:
+def def_linear(prim: Primitive, transpose) -> None:
     """jvp and transpose of a linear primitive of (block, coordinates): the tangent goes through
     the same map, the cotangent through `transpose(ct, where, **params)`."""
     def jvp(primals, tangents, **params):
@@ -363,7 +363,7 @@ def _batch(args, dims, **params):
 
 
 exchange_p.def_abstract_eval(_abstract_eval)
-_def_linear(exchange_p, exchange_p.bind)  # the chunk-major all-to-all is its own transpose
+def_linear(exchange_p, exchange_p.bind)  # the chunk-major all-to-all is its own transpose
 batching.primitive_batchers[exchange_p] = _batch
 mlir.register_lowering(exchange_p, _cpu_lowering(TARGET, "`exchange`='mpi'"), platform="cpu")
 mlir.register_lowering(exchange_p, mlir.lower_fun(_lower_other, multiple_results=False))
@@ -394,7 +394,7 @@ def _batch_whole(prim: Primitive):
 
 
 shift_p.def_abstract_eval(_abstract_eval)
-_def_linear(shift_p, lambda ct, where, by, **params: shift_p.bind(ct, where, by=-by, **params))
+def_linear(shift_p, lambda ct, where, by, **params: shift_p.bind(ct, where, by=-by, **params))
 batching.primitive_batchers[shift_p] = _batch_whole(shift_p)
 mlir.register_lowering(shift_p, _cpu_lowering(
     SHIFT_TARGET, "the MPI halo exchange",
@@ -429,7 +429,7 @@ def _allreduce_abstract_eval(y, where, *, axis_name, **params):
 
 
 allreduce_p.def_abstract_eval(_allreduce_abstract_eval)
-_def_linear(allreduce_p, lambda ct, where, *, axis_name, **params: _varying(ct, axis_name))
+def_linear(allreduce_p, lambda ct, where, *, axis_name, **params: _varying(ct, axis_name))
 batching.primitive_batchers[allreduce_p] = _batch_whole(allreduce_p)
 mlir.register_lowering(allreduce_p, _cpu_lowering(ALLREDUCE_TARGET, "the MPI reduction"),
                        platform="cpu")

@@ -261,6 +261,15 @@ def axis_type(request):
 
 
 @pytest.fixture
+def xla_collectives(monkeypatch):
+    """exchange="auto" as where the local exchange does not run (several processes, no C++
+    compiler): for tests whose numbers are those of XLA's collectives (the memory check's)."""
+    from pencilfft import _local_exchange
+
+    monkeypatch.setattr(_local_exchange, "auto", lambda platform: False)
+
+
+@pytest.fixture
 def shared_dir():
     """One temporary directory for all ranks (pytest's tmp_path differs between processes)."""
     path = tempfile.mkdtemp(prefix="pencilfft-io-") if RANK == 0 else None

@@ -229,6 +229,7 @@ def test_estimate_matches_the_compiled_program(shape, real, chunks):
 # ------------------------------------------------------------------------------ "auto"
 
 
+@pytest.mark.usefixtures("xla_collectives")  # its numbers: 2 exchange buffers
 def test_auto_takes_the_fewest_pieces_that_fit(monkeypatch):
     """64^3 complex64 on 4x2, blocks of 256 KiB, input resident: unchunked needs 768 KiB more,
     4 pieces 2 x 64 + 256 = 384 KiB, 2 pieces 512 KiB; with 400 KiB "auto" takes 4."""

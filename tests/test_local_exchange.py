@@ -5,7 +5,8 @@ for every (split, gather, order) the stages use and a few more, dtypes of 4 to 1
 jit, vmap and grad (its transpose is the inverse exchange); "auto" picks it in one process on
 CPUs, and then the programs hold our call and no XLA collective; the rendezvous survives
 independent exchanges in one program and runs queued back to back; the program lowered for GPUs
-is XLA's all_to_all.  The transforms themselves are tested with it everywhere else (it is what
+is XLA's all_to_all; a device that never comes fails the exchange instead of hanging it.  The
+transforms themselves are tested with it everywhere else (it is what
 "auto" runs in the single-process step).
 """
 from __future__ import annotations
@@ -54,12 +55,14 @@ def test_equals_the_exchange_it_replaces(mesh, case, dtype):
         assert _local_exchange.TARGET in text and "all-to-all" not in text
 
 
-def test_linear_under_vmap_and_grad(mesh):
-    """vmap adds a leading axis; the vjp is the inverse exchange (checked against the
-    all_to_all's, whose transpose jax knows)."""
-    split, gather, order = CASES[0]
+@pytest.mark.parametrize("case", [CASES[0], CASES[6]], ids=["batch joins axis 0", "batch axis added"])
+def test_linear_under_vmap_and_grad(mesh, case):
+    """vmap joins the batch to axis 0 where that axis stays (the stages' blocks) and adds a
+    leading axis otherwise; the vjp is the inverse exchange (checked against the all_to_all's,
+    whose transpose jax knows)."""
+    split, gather, order = case
     x = put_global(random_field((3, 2, 16, 8, 8), np.float32), NamedSharding(mesh, P(None, None, "x", "y")))
-    w = random_field((3, 2, 8, 8, 16), np.float32)
+    w = random_field((3, 2, 8, 8, 16) if case == CASES[0] else (3, 32, 8, 8, 1), np.float32)
 
     def loss(alg):
         f = lambda v: _transpose.transpose_blocks(v, "x", 4, split, gather, order, algorithm=alg)  # noqa: E731
@@ -103,6 +106,19 @@ def test_independent_exchanges_and_queued_calls():
         np.testing.assert_allclose(np.asarray(kb), ref_b, rtol=0, atol=1e-3)
 
 
+def test_a_device_that_never_comes_fails_instead_of_hanging(mesh, monkeypatch):
+    """Devices at x == 0 skip the exchange (a cond on the coordinate): the others' round
+    fails after PENCILFFT_LOCAL_TIMEOUT seconds, naming who never came."""
+    monkeypatch.setenv("PENCILFFT_LOCAL_TIMEOUT", "2")  # read by the watchdog at every scan
+    skip = lambda v: jax.lax.cond(jax.lax.axis_index("x") == 0, lambda u: u,  # noqa: E731
+                                  lambda u: _local_exchange.exchange(u, "x", 4, 1, 1, (0, 1, 2, 3)), v)
+    x = put_global(random_field((2, 16, 8, 8), np.float32), NamedSharding(mesh, P(None, "x", "y")))
+    with pytest.raises(Exception, match=r"DEADLINE_EXCEEDED: pencilfft local exchange: the devices "
+                                        r"at coordinate\(s\) 0 along the mesh axis never reached "
+                                        r"this exchange within 2 s \(PENCILFFT_LOCAL_TIMEOUT\)"):
+        np.asarray(_mapped(mesh, "x", skip)(x))
+
+
 def test_other_platforms_lower_to_all_to_all(mesh):
     """Never chosen off CPUs, and a program lowered for GPUs does not name it."""
     f = _mapped(mesh, "x", lambda v: _local_exchange.exchange(v, "x", 4, 3, 2, (0, 3, 1, 2)))
@@ -131,3 +147,4 @@ def test_failed_build_warns_once_and_says_why(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         _local_exchange._library.cache_clear()
+    assert _local_exchange.unavailable_reason(None, "cpu") is None  # registered once, found again

@@ -17,9 +17,8 @@ from pencilfft._plan import PAIRWISE_MIN_BYTES, _exchanges, plan_forward
     ((8, 1), PAIRWISE_MIN_BYTES, ("alltoall", "alltoall")),  # 8 peers: all_to_all measured faster
     ((1, 8), PAIRWISE_MIN_BYTES, ("alltoall", "alltoall")),
 ])
-def test_auto_exchange_on_cpu(pdims, block, expected, monkeypatch):
-    """Where the local exchange does not run (several processes, no C++ compiler)."""
-    monkeypatch.setattr(_local_exchange, "auto", lambda platform: False)
+@pytest.mark.usefixtures("xla_collectives")  # where the local exchange does not run
+def test_auto_exchange_on_cpu(pdims, block, expected):
     assert _exchanges("auto", make_mesh(pdims), pdims, block) == expected
 
 

@@ -58,6 +58,8 @@ void Copy(const T* src, T* dst, int rank, const int64_t* dims, const int64_t* ss
   // The innermost axes: A, along which the destination is contiguous (written in order), and
   // B, along which the source is.  Distinct, they are walked in tiles so that both sides stay
   // in cache; the other axes are the outer loops.
+  for (int k = 0; k < rank; ++k)
+    if (dims[k] == 0) return;  // nothing to copy
   int a = -1, b = -1;
   for (int k = 0; k < rank; ++k) {
     if (dims[k] == 1) continue;
