@@ -10,7 +10,7 @@ split, the exchange, the concatenation and the reordering `order` in one pass.
 
 It is a primitive so that jit, grad, jvp, vmap and scan see a linear map: its jvp is itself,
 its transpose the inverse exchange (split what was gathered, gather what was split, undo
-`order`), and a batch axis rides along in front.  Its CPU lowering is the custom call; on any
+`order`), and vmap's batch joins the block's axis 0 (or rides along in front).  Its CPU lowering is the custom call; on any
 other platform it lowers to the all_to_all and transpose it replaces (it is only chosen on
 CPUs).
 
