@@ -10,8 +10,8 @@ split, the exchange, the concatenation and the reordering `order` in one pass.
 
 It is a primitive so that jit, grad, jvp, vmap and scan see a linear map: its jvp is itself,
 its transpose the inverse exchange (split what was gathered, gather what was split, undo
-`order`), and vmap's batch joins the block's axis 0 (or rides along in front).  Its CPU lowering is the custom call; on any
-other platform it lowers to the all_to_all and transpose it replaces (it is only chosen on
+`order`), and vmap's batch joins the block's axis 0 (or rides along in front).  Its CPU
+lowering is the custom call; on any other platform it lowers to the all_to_all and transpose it replaces (it is only chosen on
 CPUs).
 
 "auto" takes it on CPUs when the job is one process (every device of every exchange is then
@@ -91,7 +91,8 @@ def unavailable_reason(mesh_size: int | None, platform: str) -> str | None:
 
 def auto(platform: str) -> bool:
     """Whether exchange="auto" takes it: one process on CPUs, with the handler built."""
-    return platform == "cpu" and jax.process_count() == 1 and unavailable_reason(None, platform) is None
+    return (platform == "cpu" and jax.process_count() == 1
+            and unavailable_reason(None, platform) is None)
 
 
 def status(platform: str | None = None) -> str:

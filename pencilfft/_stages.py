@@ -268,8 +268,10 @@ def forward_stages(plan: Plan) -> tuple[Stage, ...]:
         # The local exchange writes any order in its one pass: straight to the layout, (B, Y,
         # z, X) transposed or (B, X, Y, z) natural, and the 2-D Fft runs there (FFTW takes
         # strided axes as they are), with no move after it.
-        order, xy = ((0, 2, 3, 1), (1, 3)) if plan.layout == "transposed" else ((0, 1, 2, 3), (1, 2))
-        dims = (1, 0) if plan.layout == "transposed" else (0, 1)
+        if plan.layout == "transposed":  # (B, Y, z, X): Y (dim 1) at axis 1, X (dim 0) at 3
+            order, xy, dims = (0, 2, 3, 1), (1, 3), (1, 0)
+        else:  # (B, X, Y, z)
+            order, xy, dims = (0, 1, 2, 3), (1, 2), (0, 1)
         return _fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp) + (
             Exchange(name_b, pb, split=3, gather=2, order=order, algorithm=alg_b),
         ) + _fft(plan, xy, dims)

@@ -55,17 +55,20 @@ def test_equals_the_exchange_it_replaces(mesh, case, dtype):
         assert _local_exchange.TARGET in text and "all-to-all" not in text
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[6]], ids=["batch joins axis 0", "batch axis added"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[6]],
+                         ids=["batch joins axis 0", "batch axis added"])
 def test_linear_under_vmap_and_grad(mesh, case):
     """vmap joins the batch to axis 0 where that axis stays (the stages' blocks) and adds a
     leading axis otherwise; the vjp is the inverse exchange (checked against the all_to_all's,
     whose transpose jax knows)."""
     split, gather, order = case
-    x = put_global(random_field((3, 2, 16, 8, 8), np.float32), NamedSharding(mesh, P(None, None, "x", "y")))
+    x = put_global(random_field((3, 2, 16, 8, 8), np.float32),
+                   NamedSharding(mesh, P(None, None, "x", "y")))
     w = random_field((3, 2, 8, 8, 16) if case == CASES[0] else (3, 32, 8, 8, 1), np.float32)
 
     def loss(alg):
-        f = lambda v: _transpose.transpose_blocks(v, "x", 4, split, gather, order, algorithm=alg)  # noqa: E731
+        def f(v):
+            return _transpose.transpose_blocks(v, "x", 4, split, gather, order, algorithm=alg)
         spec = P(None, None, "x", "y")
 
         def body(v):
@@ -110,8 +113,9 @@ def test_a_device_that_never_comes_fails_instead_of_hanging(mesh, monkeypatch):
     """Devices at x == 0 skip the exchange (a cond on the coordinate): the others' round
     fails after PENCILFFT_LOCAL_TIMEOUT seconds, naming who never came."""
     monkeypatch.setenv("PENCILFFT_LOCAL_TIMEOUT", "2")  # read by the watchdog at every scan
-    skip = lambda v: jax.lax.cond(jax.lax.axis_index("x") == 0, lambda u: u,  # noqa: E731
-                                  lambda u: _local_exchange.exchange(u, "x", 4, 1, 1, (0, 1, 2, 3)), v)
+    def skip(v):
+        exchanged = lambda u: _local_exchange.exchange(u, "x", 4, 1, 1, (0, 1, 2, 3))  # noqa: E731
+        return jax.lax.cond(jax.lax.axis_index("x") == 0, lambda u: u, exchanged, v)
     x = put_global(random_field((2, 16, 8, 8), np.float32), NamedSharding(mesh, P(None, "x", "y")))
     with pytest.raises(Exception, match=r"DEADLINE_EXCEEDED: pencilfft local exchange: the devices "
                                         r"at coordinate\(s\) 0 along the mesh axis never reached "
@@ -122,7 +126,8 @@ def test_a_device_that_never_comes_fails_instead_of_hanging(mesh, monkeypatch):
 def test_other_platforms_lower_to_all_to_all(mesh):
     """Never chosen off CPUs, and a program lowered for GPUs does not name it."""
     f = _mapped(mesh, "x", lambda v: _local_exchange.exchange(v, "x", 4, 3, 2, (0, 3, 1, 2)))
-    x = jax.ShapeDtypeStruct((2, 16, 8, 8), np.complex64, sharding=NamedSharding(mesh, P(None, "x", "y")))
+    x = jax.ShapeDtypeStruct((2, 16, 8, 8), np.complex64,
+                             sharding=NamedSharding(mesh, P(None, "x", "y")))
     cuda = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
     assert _local_exchange.TARGET not in cuda and "all_to_all" in cuda
     assert _transpose.choose("auto", 8, "gpu", (4, 2), 1 << 30) == ("alltoall", "alltoall")

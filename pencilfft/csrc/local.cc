@@ -333,12 +333,15 @@ ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32>
     return Failed("inconsistent attributes (internal error)");
   }
   const size_t element = ffi::ByteWidth(x.element_type());
-  if (element == 0 || element > 16 || (element & (element - 1)) || y->element_type() != x.element_type() ||
+  if (element == 0 || element > 16 || (element & (element - 1)) ||
+      y->element_type() != x.element_type() ||
       y->size_bytes() != x.size_bytes()) {
     return Failed("unsupported element type or sizes (internal error)");
   }
   const int64_t pos = where.typed_data()[0], group = where.typed_data()[1];
-  if (pos < 0 || pos >= n) return Failed("the device's coordinate is out of range (internal error)");
+  if (pos < 0 || pos >= n) {
+    return Failed("the device's coordinate is out of range (internal error)");
+  }
 
   Geometry g;
   g.rank = rank;
