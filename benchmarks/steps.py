@@ -177,7 +177,7 @@ def build_programs(shape: Sequence[int], pdims: Sequence[int], dtype: str, excha
     from jax.sharding import SingleDeviceSharding
 
     import pencilfft
-    from pencilfft import _mpi_exchange
+    from pencilfft._partitioned import with_mesh
     from pencilfft._plan import plan_forward
 
     mesh = make_mesh(pdims)
@@ -187,10 +187,8 @@ def build_programs(shape: Sequence[int], pdims: Sequence[int], dtype: str, excha
     spec = P(*plan.axes, None)  # any 3-D block: global = blocks concatenated, nothing moves
 
     def per_device(block_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def traced_in_mesh(block):  # our custom-call exchanges find their peers in the mesh
-            with _mpi_exchange.in_mesh(mesh):
-                return block_fn(block)
-        return jax.shard_map(traced_in_mesh, mesh=mesh, in_specs=spec, out_specs=spec)
+        # (our custom-call exchanges find their peers in the mesh)
+        return jax.shard_map(with_mesh(block_fn, mesh), mesh=mesh, in_specs=spec, out_specs=spec)
 
     programs = [
         # A SingleDeviceSharding: a plain device_put(x, device) would keep x's mesh type.

@@ -91,8 +91,7 @@ def unavailable_reason(mesh_size: int | None, platform: str) -> str | None:
 
 def auto(platform: str) -> bool:
     """Whether exchange="auto" takes it: one process on CPUs, with the handler built."""
-    return (platform == "cpu" and jax.process_count() == 1
-            and unavailable_reason(None, platform) is None)
+    return unavailable_reason(None, platform) is None
 
 
 def status(platform: str | None = None) -> str:

@@ -219,7 +219,7 @@ def in_mesh(mesh):
 def exchange(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     """Inside shard_map: the all_to_all of a chunk-major block (n, ...) over mesh axis
     `axis_name` (per-device; chunk j to peer j; the result's chunk j came from peer j)."""
-    mesh = _concrete(_mesh.get())
+    mesh = _concrete(traced_mesh())
     return exchange_p.bind(y, coordinates(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
                            axis_name=axis_name)
 
@@ -228,7 +228,7 @@ def shift(y: jax.Array, axis_name: str, n: int, by: int, periodic: bool) -> jax.
     """Inside shard_map: every device's block y goes to the device `by` positions further
     along mesh axis `axis_name` (a ppermute; per-device shapes unchanged).  Along a
     non-periodic axis the devices with nobody `by` positions before them get zeros."""
-    mesh = _concrete(_mesh.get())
+    mesh = _concrete(traced_mesh())
     return shift_p.bind(y, coordinates(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
                         axis_name=axis_name, by=by, periodic=periodic)
 
@@ -236,7 +236,7 @@ def shift(y: jax.Array, axis_name: str, n: int, by: int, periodic: bool) -> jax.
 def allreduce(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     """Inside shard_map: the sum of y over mesh axis `axis_name` (a psum; float or complex),
     the same bits on every device."""
-    mesh = _concrete(_mesh.get())
+    mesh = _concrete(traced_mesh())
     return allreduce_p.bind(y, coordinates(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
                             axis_name=axis_name)
 
@@ -265,8 +265,6 @@ def _concrete(mesh):
     concrete mesh; for an abstract one (an Explicit-typed array under jit) the mesh set with
     `jax.set_mesh`, else the devices in `jax.make_mesh`'s order on CPUs (jax.devices(), one
     per process): the handler refuses at run time a table that does not match."""
-    if mesh is None:
-        raise ValueError("internal: the MPI exchange was traced outside `_mpi_exchange.in_mesh`")
     if isinstance(mesh, jax.sharding.Mesh):
         return mesh
     current = concrete_mesh()

@@ -171,9 +171,7 @@ class Transform(LinearOp):
 
     def primal_on_mesh(self, mesh):
         plan = self.plan if self.plan.mesh is mesh else self.plan.bind(mesh, self.forward)
-        body = self.body(plan)
-        if {"mpi", "local"} & set(plan.exchanges):  # they find their peers in the mesh
-            body = with_mesh(body, mesh)
+        body = with_mesh(self.body(plan), mesh)  # our custom-call exchanges find peers there
         if self.forward:
             return body, plan.real_spec, plan.k_spec
         check_k_shape(plan, self.in_shape[-3:])
@@ -187,7 +185,7 @@ class Transform(LinearOp):
 
 
 def with_mesh(f: Callable, mesh) -> Callable:
-    """f, traced with `mesh` as the MPI exchanges' concrete mesh (`_mpi_exchange.in_mesh`)."""
+    """f, traced with `mesh` as the mesh of our custom-call exchanges (`_mpi_exchange.in_mesh`)."""
     def traced_in_mesh(x):
         with _mpi_exchange.in_mesh(mesh):
             return f(x)

@@ -19,7 +19,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
 from conftest import MULTI_PROCESS, make_mesh, put_global, random_field, reference, tol
-from pencilfft import _local_exchange, _mpi_exchange, _transpose
+from pencilfft import _local_exchange, _transpose
+from pencilfft._partitioned import with_mesh
 
 pytestmark = pytest.mark.skipif(MULTI_PROCESS, reason="one process holds every device")
 
@@ -28,11 +29,8 @@ CASES = [(3, 2, (0, 3, 1, 2)), (3, 2, (0, 2, 3, 1)), (3, 2, (0, 1, 2, 3)), (2, 1
          (3, 1, (0, 3, 2, 1)), (3, 2, (0, 1, 3, 2)), (1, 3, (3, 0, 2, 1)), (2, 2, (0, 1, 2, 3))]
 
 
-def _mapped(mesh, axis, f, spec=P(None, "x", "y")):
-    def body(v):
-        with _mpi_exchange.in_mesh(mesh):
-            return f(v)
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+def _mapped(mesh, f, spec=P(None, "x", "y")):
+    return jax.jit(jax.shard_map(with_mesh(f, mesh), mesh=mesh, in_specs=spec, out_specs=spec))
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +43,9 @@ def mesh():
 def test_equals_the_exchange_it_replaces(mesh, case, dtype):
     split, gather, order = case
     x = put_global(random_field((2, 16, 8, 8), dtype), NamedSharding(mesh, P(None, "x", "y")))
-    ref = _mapped(mesh, "x", lambda v: _transpose.transpose_blocks(v, "x", 4, split, gather, order,
+    ref = _mapped(mesh, lambda v: _transpose.transpose_blocks(v, "x", 4, split, gather, order,
                                                                    algorithm="alltoall"))
-    got = _mapped(mesh, "x", lambda v: _transpose.transpose_blocks(v, "x", 4, split, gather, order,
+    got = _mapped(mesh, lambda v: _transpose.transpose_blocks(v, "x", 4, split, gather, order,
                                                                    algorithm="local"))
     np.testing.assert_array_equal(np.asarray(got(x)), np.asarray(ref(x)))
     if case == CASES[0] and dtype == np.complex64:
@@ -69,12 +67,7 @@ def test_linear_under_vmap_and_grad(mesh, case):
     def loss(alg):
         def f(v):
             return _transpose.transpose_blocks(v, "x", 4, split, gather, order, algorithm=alg)
-        spec = P(None, None, "x", "y")
-
-        def body(v):
-            with _mpi_exchange.in_mesh(mesh):
-                return jax.vmap(f)(v)
-        g = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)
+        g = _mapped(mesh, jax.vmap(f), P(None, None, "x", "y"))
         return jax.jit(jax.value_and_grad(lambda v: jnp.sum(jnp.sin(g(v)) * w)))
 
     (v_ref, g_ref), (v_got, g_got) = loss("alltoall")(x), loss("local")(x)
@@ -120,12 +113,12 @@ def test_a_device_that_never_comes_fails_instead_of_hanging(mesh, monkeypatch):
     with pytest.raises(Exception, match=r"DEADLINE_EXCEEDED: pencilfft local exchange: the devices "
                                         r"at coordinate\(s\) 0 along the mesh axis never reached "
                                         r"this exchange within 2 s \(PENCILFFT_LOCAL_TIMEOUT\)"):
-        np.asarray(_mapped(mesh, "x", skip)(x))
+        np.asarray(_mapped(mesh, skip)(x))
 
 
 def test_other_platforms_lower_to_all_to_all(mesh):
     """Never chosen off CPUs, and a program lowered for GPUs does not name it."""
-    f = _mapped(mesh, "x", lambda v: _local_exchange.exchange(v, "x", 4, 3, 2, (0, 3, 1, 2)))
+    f = _mapped(mesh, lambda v: _local_exchange.exchange(v, "x", 4, 3, 2, (0, 3, 1, 2)))
     x = jax.ShapeDtypeStruct((2, 16, 8, 8), np.complex64,
                              sharding=NamedSharding(mesh, P(None, "x", "y")))
     cuda = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()

@@ -347,13 +347,10 @@ ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32>
   g.rank = rank;
   g.n = n;
   g.element = element;
-  int64_t src_stride[kMaxRank], out_shape[kMaxRank], out_stride[kMaxRank];
-  src_stride[rank - 1] = 1;
-  for (int k = rank - 2; k >= 0; --k) src_stride[k] = src_stride[k + 1] * shape[k + 1];
-  for (int k = 0; k < rank; ++k) {
-    g.dims[k] = shape[k];
-    g.src[k] = src_stride[k];
-  }
+  int64_t out_shape[kMaxRank], out_stride[kMaxRank];
+  g.src[rank - 1] = 1;
+  for (int k = rank - 2; k >= 0; --k) g.src[k] = g.src[k + 1] * shape[k + 1];
+  for (int k = 0; k < rank; ++k) g.dims[k] = shape[k];
   g.dims[split] = shape[split] / n;
   for (int k = 0; k < rank; ++k) {
     const int64_t ax = order[k];
@@ -366,7 +363,7 @@ ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32>
   out_stride[rank - 1] = 1;
   for (int k = rank - 2; k >= 0; --k) out_stride[k] = out_stride[k + 1] * out_shape[k + 1];
   for (int k = 0; k < rank; ++k) g.dst[order[k]] = out_stride[k];
-  g.src_chunk = g.dims[split] * src_stride[split];
+  g.src_chunk = g.dims[split] * g.src[split];
   g.dst_peer = g.dims[gather] * g.dst[gather];
 
   ffi::Promise promise;
