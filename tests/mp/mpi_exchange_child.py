@@ -2,7 +2,7 @@
 process.
 
     mpirun -np N python mpi_exchange_child.py PxQ
-    mpirun -np 2 python mpi_exchange_child.py fail
+    mpirun -np 2 python mpi_exchange_child.py fail DIR
 
 
 Runs transforms with exchange="mpi" on a PxQ mesh (P*Q = N) and prints, on rank 0, one line
@@ -262,14 +262,23 @@ def main(pdims: tuple[int, int]) -> None:
         print("REPORT " + json.dumps(report), flush=True)
 
 
-def fail() -> None:
+def fail(marks: str) -> None:
     """Rank 1 fails before its exchange while rank 0 waits in it: the job must end (the abort
-    hook of `pencilfft.initialize`), not hang."""
+    hook of `pencilfft.initialize`), not hang.
+
+    Each rank leaves a file in `marks` once its first exchange ran, and they meet at a barrier
+    before rank 1 fails: a line printed instead could still be in rank 0's pipe, unread, when
+    the abort kills mpirun's forwarder (seen once in CI)."""
+    from pathlib import Path
+
+    from mpi4py import MPI
+
     mesh = jax.make_mesh((2, 1), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
     x = jax.device_put(np.ones((4, 4, 4), np.complex64), pencilfft.real_space_sharding(mesh))
     f = jax.jit(lambda v: pencilfft.pfft3d(v, exchange="mpi"))
     f(x).block_until_ready()
-    print(f"rank {jax.process_index()} ran one exchange", flush=True)
+    (Path(marks) / f"rank{jax.process_index()}").write_text("ran one exchange")
+    MPI.COMM_WORLD.Barrier()
     if jax.process_index() == 1:
         raise RuntimeError("rank 1 fails on purpose")
     f(x).block_until_ready()  # waits for rank 1's chunk, which never comes
@@ -277,7 +286,7 @@ def fail() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "fail":
-        fail()
+        fail(sys.argv[2])
     else:
         p, q = (int(v) for v in sys.argv[1].split("x"))
         main((p, q))

@@ -56,6 +56,11 @@ def abort() -> None:
     _report(rank=rank, installed=installed, once=once, removed=removed,
             reinstalled=bool(getattr(sys.excepthook, "_pencilfft_abort", False)))
     x = _global(new_array((4, 4, 2)))
+    from mpi4py import MPI
+
+    # Both reports written before rank 1 fails: the abort kills mpirun's forwarder, and rank
+    # 0's line must not be the one still in its pipe.
+    MPI.COMM_WORLD.Barrier()
     if rank == 1:
         _report(raising_at=time.time())
         raise RuntimeError("boom on rank 1")
