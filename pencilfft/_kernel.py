@@ -130,9 +130,8 @@ def _library():
     """The built, registered kernel library, or why it cannot be had (a string)."""
     try:
         folder, libs = fftw_libraries()
-        lib = _native.load("fftw", library_dirs=[folder], link=libs)
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.PencilfftFftw),
-                                    platform="cpu")
+        lib = _native.register(_native.load("fftw", library_dirs=[folder], link=libs),
+                               {TARGET: "PencilfftFftw"})
     except (_native.BuildError, AttributeError, OSError) as e:
         return str(e)
     return lib

@@ -20,7 +20,6 @@ XLA's collectives.  The plain install never needs a compiler.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import shutil
@@ -52,30 +51,15 @@ def _library():
     if shutil.which(_compiler()[0]) is None:
         return f"no C++ compiler ({_compiler()[0]!r} not found; set PENCILFFT_CXX)"
     try:
-        return _registered(_native.load("local", compiler=_compiler())._name)
+        lib = _native.load("local", compiler=_compiler())
+        return _native.register(lib, {TARGET: ("PencilfftLocalInstantiate",
+                                               "PencilfftLocalExchange")}, INSTANCE_TYPE)
     except (_native.BuildError, AttributeError, OSError, jax.errors.JaxRuntimeError) as e:
         warnings.warn(f"pencilfft: the local exchange could not be built, exchanges between the "
                       f"devices of this process use XLA's collectives instead (README "
                       f"\"Exchanges between the CPU devices of one process\"): {e}",
                       RuntimeWarning, stacklevel=4)
         return f"its handler could not be built ({str(e).splitlines()[0]})"
-
-
-@functools.cache
-def _registered(path: str) -> ctypes.CDLL:
-    """The library at `path`, its handler and state type registered with XLA: once per
-    process (XLA refuses a type registered twice), however often `_library` is asked again."""
-    lib = ctypes.CDLL(path)
-    for name in ("pencilfft_local_instance_type_id", "pencilfft_local_instance_type_info"):
-        getattr(lib, name).restype = ctypes.c_void_p
-    jax.ffi.register_ffi_type(INSTANCE_TYPE, {
-        "type_id": jax.ffi.pycapsule(lib.pencilfft_local_instance_type_id()),
-        "type_info": jax.ffi.pycapsule(lib.pencilfft_local_instance_type_info())},
-        platform="cpu")
-    jax.ffi.register_ffi_target(TARGET, {
-        "instantiate": jax.ffi.pycapsule(lib.PencilfftLocalInstantiate),
-        "execute": jax.ffi.pycapsule(lib.PencilfftLocalExchange)}, platform="cpu")
-    return lib
 
 
 def unavailable_reason(mesh_size: int | None, platform: str) -> str | None:

@@ -104,19 +104,11 @@ def _library():
                       f"use jax's gloo collectives instead (README \"MPI inside XLA\"): {e}",
                       RuntimeWarning, stacklevel=4)
         return f"its handler could not be built ({str(e).splitlines()[0]})"
-    for name in ("pencilfft_mpi_instance_type_id", "pencilfft_mpi_instance_type_info"):
-        getattr(lib, name).restype = ctypes.c_void_p
-    jax.ffi.register_ffi_type(INSTANCE_TYPE, {
-        "type_id": jax.ffi.pycapsule(lib.pencilfft_mpi_instance_type_id()),
-        "type_info": jax.ffi.pycapsule(lib.pencilfft_mpi_instance_type_info())}, platform="cpu")
-    instantiate = jax.ffi.pycapsule(lib.PencilfftMpiInstantiate)
-    for target, execute in ((TARGET, lib.PencilfftMpiExchange),
-                            (SHIFT_TARGET, lib.PencilfftMpiShift),
-                            (ALLREDUCE_TARGET, lib.PencilfftMpiAllReduce)):
-        jax.ffi.register_ffi_target(target, {"instantiate": instantiate,
-                                             "execute": jax.ffi.pycapsule(execute)},
-                                    platform="cpu")
-    return lib
+    instantiate = "PencilfftMpiInstantiate"
+    return _native.register(lib, {TARGET: (instantiate, "PencilfftMpiExchange"),
+                                  SHIFT_TARGET: (instantiate, "PencilfftMpiShift"),
+                                  ALLREDUCE_TARGET: (instantiate, "PencilfftMpiAllReduce")},
+                            INSTANCE_TYPE)
 
 
 def _load() -> str | None:

@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import hashlib
 import os
 import pathlib
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 
-__all__ = ["BuildError", "cache_dir", "load"]
+__all__ = ["BuildError", "cache_dir", "load", "register"]
 
 SOURCE_DIR = pathlib.Path(__file__).parent / "csrc"
 
@@ -96,3 +97,37 @@ def _build(command: list[str], output: pathlib.Path) -> None:
         raise BuildError(f"{shlex.join(command)} failed ({done.returncode}):\n"
                          f"{done.stderr.strip()[-4000:]}")
     os.replace(tmp, output)  # atomic: a reader never sees half a library
+
+
+def register(lib: ctypes.CDLL, targets: Mapping[str, str | tuple[str, str]],
+             state_type: str | None = None) -> ctypes.CDLL:
+    """`lib` (from `load`) with its handlers registered with XLA for CPUs: once per process and
+    library file, however often a caller asks (XLA refuses a state type registered twice, and
+    a caller whose cache was cleared, after a failed build say, asks again).
+
+    `targets`: each target's name -> the symbol of its handler, or the symbols (instantiate,
+    execute) of one with an instantiate stage; `state_type`: the name of the FFI state type
+    that stage makes, whose id and info the library exports as `<state_type>_type_id` and
+    `<state_type>_type_info`.
+    """
+    return _registered(lib._name, tuple(targets.items()), state_type)
+
+
+@functools.cache
+def _registered(path: str, targets: tuple, state_type: str | None) -> ctypes.CDLL:
+    lib = ctypes.CDLL(path)
+    if state_type is not None:
+        type_id, type_info = (getattr(lib, f"{state_type}_type_{what}") for what in ("id", "info"))
+        type_id.restype = type_info.restype = ctypes.c_void_p
+        jax.ffi.register_ffi_type(state_type, {"type_id": jax.ffi.pycapsule(type_id()),
+                                               "type_info": jax.ffi.pycapsule(type_info())},
+                                  platform="cpu")
+    for target, symbols in targets:
+        if isinstance(symbols, str):
+            handler = jax.ffi.pycapsule(getattr(lib, symbols))
+        else:
+            instantiate, execute = symbols
+            handler = {"instantiate": jax.ffi.pycapsule(getattr(lib, instantiate)),
+                       "execute": jax.ffi.pycapsule(getattr(lib, execute))}
+        jax.ffi.register_ffi_target(target, handler, platform="cpu")
+    return lib
