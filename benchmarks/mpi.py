@@ -136,7 +136,7 @@ def _mpi_call(mesh, name: str, n: int, x) -> Callable:
     import jax
     from jax.sharding import PartitionSpec as P
 
-    from pencilfft import _mpi_exchange
+    from pencilfft._exchange import mpi as _mpi_exchange
 
     def body(b):
         with _mpi_exchange.in_mesh(mesh):

@@ -136,7 +136,7 @@ def bare_exchange_block(algorithm: str, axis_name: str, n: int, x):
     leading and every chunk contiguous, which is what `_transpose._chunk_major` produces at
     the cost of one pass.
     """
-    from pencilfft._transpose import ALGORITHMS
+    from pencilfft._exchange import ALGORITHMS
 
     return ALGORITHMS[algorithm].send(x.reshape(n, -1), axis_name, n).reshape(x.shape)
 

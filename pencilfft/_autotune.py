@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType
 
-from . import _local_exchange, _memory, _mpi_exchange
+from . import _memory
+from ._exchange import local as _local_exchange, mpi as _mpi_exchange
 from ._decomposition import fits, process_grids
 from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
 from ._measure import median_time

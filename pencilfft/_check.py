@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from . import _kernel, _local_exchange, _memory, _mpi_exchange
+from . import _kernel, _memory
+from ._exchange import local as _local_exchange, mpi as _mpi_exchange
 from ._decomposition import check_mesh, process_grids, split_problem
 from ._fft import pfft3d, pifft3d
 from ._measure import max_rel_err, median_time

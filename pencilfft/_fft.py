@@ -22,7 +22,7 @@ import numpy as np
 from ._plan import Plan, _is_tracer, plan_backward, plan_forward
 from ._partitioned import Transform, run
 from ._memory import fit_chunks
-from ._transpose import ALGORITHMS
+from ._exchange import ALGORITHMS
 
 CHUNKS_DEFAULT = "auto"
 

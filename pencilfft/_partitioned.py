@@ -37,7 +37,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import Mesh, NamedSharding
 
-from . import _mpi_exchange
+from . import _exchange
 from ._jax_private import needs_devices_when_lowered
 from ._decomposition import check_batch
 from ._plan import Plan, _is_tracer, check_k_shape, has_explicit_axes
@@ -185,9 +185,9 @@ class Transform(LinearOp):
 
 
 def with_mesh(f: Callable, mesh) -> Callable:
-    """f, traced with `mesh` as the mesh of our custom-call exchanges (`_mpi_exchange.in_mesh`)."""
+    """f, traced with `mesh` as the mesh of our custom-call exchanges (`_exchange.in_mesh`)."""
     def traced_in_mesh(x):
-        with _mpi_exchange.in_mesh(mesh):
+        with _exchange.in_mesh(mesh):
             return f(x)
     return traced_in_mesh
 

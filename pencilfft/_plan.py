@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from . import _transpose
+from . import _exchange
 from ._decomposition import (batch_axes, check_batch, check_mesh, check_split, mesh_axes,
                              round_up, split_problem)
 from ._jax_private import legacy_mesh
@@ -32,7 +32,7 @@ from ._chunks import check_chunks, chunked_stages
 from ._stages import FFT_KINDS, KINDS, Stage, forward_stages
 
 NORMS = ("backward", "ortho", "forward")
-EXCHANGES, PAIRWISE_MIN_BYTES = _transpose.EXCHANGES, _transpose.PAIRWISE_MIN_BYTES
+EXCHANGES, PAIRWISE_MIN_BYTES = _exchange.EXCHANGES, _exchange.PAIRWISE_MIN_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,9 +308,9 @@ def _check_array(x, argname: str) -> tuple[int, ...]:
 
 
 def _exchanges(exchange: str, mesh, pdims, block_bytes: int) -> tuple[str, str]:
-    """The exchange algorithm for each mesh axis (`_transpose.ALGORITHMS`, whose table says what
+    """The exchange algorithm for each mesh axis (`_exchange.ALGORITHMS`, whose table says what
     "auto" picks): all_to_all, except pairwise on CPU axes of 2-4 devices with large blocks."""
-    return _transpose.choose(exchange, mesh.size if mesh is not None else None,
+    return _exchange.choose(exchange, mesh.size if mesh is not None else None,
                              _platform(mesh), pdims, block_bytes)
 
 

@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ._decomposition import batch_axes, mesh_axes
 from ._fft import prfft3d
 from ._freq import _wavenumbers
-from . import _mpi_exchange
+from ._exchange import mpi as _mpi_exchange
 from ._partitioned import LinearOp, _tile, run, with_mesh
 from ._plan import _is_tracer, plan_forward
 

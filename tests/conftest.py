@@ -262,11 +262,12 @@ def axis_type(request):
 
 @pytest.fixture
 def xla_collectives(monkeypatch):
-    """exchange="auto" as where the local exchange does not run (several processes, no C++
+    """exchange="auto" as where neither the local nor the mixed exchange runs (no C++
     compiler): for tests whose numbers are those of XLA's collectives (the memory check's)."""
-    from pencilfft import _local_exchange
+    from pencilfft._exchange import local, mixed
 
-    monkeypatch.setattr(_local_exchange, "auto", lambda platform: False)
+    monkeypatch.setattr(local, "auto", lambda platform: False)
+    monkeypatch.setattr(mixed, "auto", lambda platform: False)
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
 from conftest import MULTI_PROCESS, make_mesh, put_global, random_field, reference, tol
-from pencilfft import _local_exchange, _transpose
+from pencilfft import _exchange, _transpose
+from pencilfft._exchange import local as _local_exchange
 from pencilfft._partitioned import with_mesh
 
 pytestmark = pytest.mark.skipif(MULTI_PROCESS, reason="one process holds every device")
@@ -123,10 +124,10 @@ def test_other_platforms_lower_to_all_to_all(mesh):
                              sharding=NamedSharding(mesh, P(None, "x", "y")))
     cuda = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
     assert _local_exchange.TARGET not in cuda and "all_to_all" in cuda
-    assert _transpose.choose("auto", 8, "gpu", (4, 2), 1 << 30) == ("alltoall", "alltoall")
+    assert _exchange.choose("auto", 8, "gpu", (4, 2), 1 << 30) == ("alltoall", "alltoall")
     with pytest.raises(ValueError, match=r"`exchange`='local' cannot run here: it runs on CPU "
                                          r"devices only \(the devices are gpu\)"):
-        _transpose.choose("local", 8, "gpu", (4, 2), 0)
+        _exchange.choose("local", 8, "gpu", (4, 2), 0)
 
 
 def test_failed_build_warns_once_and_says_why(monkeypatch, tmp_path):
@@ -138,7 +139,7 @@ def test_failed_build_warns_once_and_says_why(monkeypatch, tmp_path):
             why = _local_exchange.unavailable_reason(None, "cpu")
             assert _local_exchange.unavailable_reason(None, "cpu") == why  # decided once
         assert len(record) == 1 and why.startswith("its handler could not be built")
-        assert _transpose.choose("auto", 8, "cpu", (1, 8), 1 << 30) == ("alltoall", "alltoall")
+        assert _exchange.choose("auto", 8, "cpu", (1, 8), 1 << 30) == ("alltoall", "alltoall")
         monkeypatch.setenv("PENCILFFT_CXX", str(tmp_path / "no-such-compiler"))
         _local_exchange._library.cache_clear()
         assert "no C++ compiler" in _local_exchange.unavailable_reason(None, "cpu")

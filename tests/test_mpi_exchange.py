@@ -48,7 +48,7 @@ def test_refused_when_the_compiler_picks_the_mesh():
 
 def test_unknown_exchange_names_the_choices():
     with pytest.raises(ValueError, match=r"`exchange` must be one of \('auto', 'alltoall', "
-                                         r"'pairwise', 'mpi', 'local'\); got 'gloo'"):
+                                         r"'pairwise', 'mpi', 'local', 'mixed'\); got 'gloo'"):
         pencilfft.pfft3d(jnp.zeros((4, 4, 4), jnp.complex64), exchange="gloo")
 
 
@@ -62,7 +62,8 @@ def test_one_device_needs_no_exchange():
 
 @MPIRUN  # the choices depend on the processes' devices
 def test_autotune_offers_it_only_where_it_runs():
-    from pencilfft import _autotune, _local_exchange
+    from pencilfft import _autotune
+    from pencilfft._exchange import local as _local_exchange
 
     local = ("local",) if _local_exchange.unavailable_reason(8, "cpu") is None else ()
     assert jax.process_count() == 1 or not local  # the local one: one process only
@@ -75,7 +76,8 @@ def test_other_platforms_lower_to_xla_collectives(op):
     lowered for GPUs must not name it): there the exchange is XLA's all_to_all, the shift a
     collective_permute, the sum an all_reduce.  On CPUs the call is there, and nothing else
     moves."""
-    from pencilfft import _mpi_exchange
+    from pencilfft import _exchange
+    from pencilfft._exchange import mpi as _mpi_exchange
 
     mesh = make_mesh((4, 2))
     calls = {"exchange": (lambda y: _mpi_exchange.exchange(y, "x", 4), _mpi_exchange.TARGET,
@@ -87,7 +89,7 @@ def test_other_platforms_lower_to_xla_collectives(op):
     call, target, collective, out_spec = calls[op]
 
     def body(y):
-        with _mpi_exchange.in_mesh(mesh):
+        with _exchange.in_mesh(mesh):
             return call(y)
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=out_spec))
@@ -100,7 +102,7 @@ def test_other_platforms_lower_to_xla_collectives(op):
 
 
 def test_failed_build_warns_once_and_says_why(monkeypatch, tmp_path):
-    from pencilfft import _mpi_exchange
+    from pencilfft._exchange import mpi as _mpi_exchange
 
     monkeypatch.setenv("PENCILFFT_MPICXX", str(tmp_path / "no-such-mpicxx"))
     monkeypatch.setenv("PENCILFFT_CACHE_DIR", str(tmp_path))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import make_mesh
-from pencilfft import _local_exchange
+from pencilfft._exchange import local as _local_exchange
 from pencilfft._plan import PAIRWISE_MIN_BYTES, _exchanges, plan_forward
 
 

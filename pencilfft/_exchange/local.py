@@ -21,8 +21,6 @@ XLA's collectives.  The plain install never needs a compiler.
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 import warnings
 
 import jax
@@ -31,51 +29,52 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from . import _mpi_exchange, _native
+from .. import _native
+from ._common import coordinates, def_linear, traced_mesh, within_processes
 
-__all__ = ["auto", "exchange", "status", "unavailable_reason", "TARGET"]
+__all__ = ["auto", "build_failure", "exchange", "status", "unavailable_reason", "TARGET"]
 
 TARGET = "pencilfft_local_exchange"
 INSTANCE_TYPE = "pencilfft_local_instance"  # the FFI state where a call's devices meet
-
-
-def _compiler() -> tuple[str, ...]:
-    """$PENCILFFT_CXX, else $CXX, else c++."""
-    return tuple((os.environ.get("PENCILFFT_CXX") or os.environ.get("CXX") or "c++").split())
 
 
 @functools.cache
 def _library():
     """The handler's library, built once per machine and environment and registered with
     XLA; a string (why not) if it could not be had, after one warning if it failed."""
-    if shutil.which(_compiler()[0]) is None:
-        return f"no C++ compiler ({_compiler()[0]!r} not found; set PENCILFFT_CXX)"
+    missing = _native.missing_compiler()
+    if missing is not None:
+        return missing
     try:
-        lib = _native.load("local", compiler=_compiler())
+        lib = _native.load("local")
         return _native.register(lib, {TARGET: ("PencilfftLocalInstantiate",
                                                "PencilfftLocalExchange")}, INSTANCE_TYPE)
     except (_native.BuildError, AttributeError, OSError, jax.errors.JaxRuntimeError) as e:
-        warnings.warn(f"pencilfft: the local exchange could not be built, exchanges between the "
-                      f"devices of this process use XLA's collectives instead (README "
-                      f"\"Exchanges between the CPU devices of one process\"): {e}",
-                      RuntimeWarning, stacklevel=4)
-        return f"its handler could not be built ({str(e).splitlines()[0]})"
+        warnings.warn(f"pencilfft: the local exchange could not be built or loaded, exchanges "
+                      f"between the devices of this process use XLA's collectives instead (docs: "
+                      f"CPU performance): {e}", RuntimeWarning, stacklevel=4)
+        return f"its handler could not be built or loaded ({str(e).splitlines()[0]})"
 
 
-def unavailable_reason(mesh_size: int | None, platform: str) -> str | None:
-    """Why the local exchange cannot run (None: it can).  The same answer on every process."""
-    if platform != "cpu":
-        return f"it runs on CPU devices only (the devices are {platform})"
-    if jax.process_count() != 1:
-        return (f"its devices must all be in one process (this job has {jax.process_count()} "
-                f"processes; exchange='mpi' is the transport between them)")
+def build_failure() -> str | None:
+    """Why the handler cannot be had (no compiler, a failed build), or None: it is built."""
     lib = _library()
     return lib if isinstance(lib, str) else None
 
 
+def unavailable_reason(mesh_size: int | None, platform: str) -> str | None:
+    """Why the local exchange cannot run (None: it can).  The same answer on every process.
+    In a job of several processes it runs only along mesh axes whose devices are all in one
+    process (checked where the body is traced, `exchange`)."""
+    if platform != "cpu":
+        return f"it runs on CPU devices only (the devices are {platform})"
+    return build_failure()
+
+
 def auto(platform: str) -> bool:
-    """Whether exchange="auto" takes it: one process on CPUs, with the handler built."""
-    return unavailable_reason(None, platform) is None
+    """Whether exchange="auto" takes it: one process on CPUs, with the handler built (several
+    processes of several devices take "mixed", which uses it along axes inside processes)."""
+    return jax.process_count() == 1 and unavailable_reason(None, platform) is None
 
 
 def status(platform: str | None = None) -> str:
@@ -95,8 +94,12 @@ def exchange(x: jax.Array, axis_name: str, n: int, split: int, gather: int,
     """Inside shard_map: `_transpose.transpose_blocks` of per-device block x over mesh axis
     `axis_name` of n devices (chunk j of axis `split` to peer j, the chunks received
     concatenated along `gather` in peer order, then the axes in `order`)."""
-    mesh = _mpi_exchange.traced_mesh()
-    return exchange_p.bind(x, _mpi_exchange.coordinates(mesh, axis_name), n=n, split=split,
+    mesh = traced_mesh()
+    if jax.process_count() > 1 and not within_processes(mesh, axis_name):
+        raise ValueError(f"`exchange`='local' cannot run along mesh axis {axis_name!r}: its "
+                         f"devices are in several processes (exchange='mixed' or 'auto' sends "
+                         f"those through MPI)")
+    return exchange_p.bind(x, coordinates(mesh, axis_name), n=n, split=split,
                            gather=gather, order=tuple(order), axis_name=axis_name)
 
 
@@ -152,7 +155,7 @@ def _lower_other(x, where, *, n, split, gather, order, axis_name):
 
 
 exchange_p.def_abstract_eval(_abstract_eval)
-_mpi_exchange.def_linear(exchange_p, _inverse)  # its transpose: the inverse exchange
+def_linear(exchange_p, _inverse)  # its transpose: the inverse exchange
 batching.primitive_batchers[exchange_p] = _batch
 mlir.register_lowering(exchange_p, _cpu_lowering, platform="cpu")
 mlir.register_lowering(exchange_p, mlir.lower_fun(_lower_other, multiple_results=False))
