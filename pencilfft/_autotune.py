@@ -17,7 +17,7 @@ import numpy as np
 from jax.sharding import AxisType
 
 from . import _memory
-from ._exchange import local as _local_exchange, mpi as _mpi_exchange
+from ._exchange import local as _local_exchange, mixed as _mixed_exchange, mpi as _mpi_exchange
 from ._decomposition import fits, process_grids
 from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
 from ._measure import median_time
@@ -192,9 +192,10 @@ def _candidates(shape, n_devices, pdims) -> list[tuple[int, int]]:
 
 
 def _default_exchanges(devices: Sequence[jax.Device]) -> tuple[str, ...]:
-    mpi = _mpi_exchange.available(len(devices), devices[0].platform)
-    local = _local_exchange.unavailable_reason(len(devices), devices[0].platform) is None
-    return ("alltoall", "pairwise") + (("mpi",) if mpi else ()) + (("local",) if local else ())
+    platform = devices[0].platform
+    offered = {"mpi": _mpi_exchange.available(len(devices), platform),
+               "local": _local_exchange.auto(platform), "mixed": _mixed_exchange.auto(platform)}
+    return ("alltoall", "pairwise") + tuple(name for name, ok in offered.items() if ok)
 
 
 def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transposed",
@@ -210,9 +211,9 @@ def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transpo
       pdims: candidate (P, Q) pairs with P * Q = len(devices); default every factorisation of
         the device count.  Those the grid does not fit (X % P or Y % Q) are skipped.
       exchanges: candidate exchange algorithms (a non-empty sequence of names); default
-        ("alltoall", "pairwise"), "mpi" where it can run (CPU processes with one device
-        each under mpirun, `devices` all of them) and "local" where it can (CPU devices of
-        one process).
+        ("alltoall", "pairwise"), "mpi" where it can run (CPU processes under mpirun,
+        `devices` all of them), "local" where "auto" takes it (CPU devices of one process) and
+        "mixed" where "auto" takes it (several processes of several CPU devices each).
       repeats: timed forward + inverse pairs per candidate (after one warm-up).
       batch: sizes of batch mesh axes that split the leading axes of `shape` (an ensemble of
         fields), kept as given: the pencil axes P x Q = len(devices) / prod(batch) are tuned.

@@ -79,3 +79,12 @@ def invariant_over(aval: Any, axis_name: str) -> Any:
         return aval
     return aval.update(manual_axis_type=mat.update(
         varying=frozenset(a for a in mat.varying if a != axis_name)))
+
+
+def distributed_client() -> Any:
+    """jax.distributed's client (its key-value store), None in a one-process job."""
+    try:
+        from jax._src import distributed
+    except ImportError:
+        return None
+    return getattr(distributed.global_state, "client", None)

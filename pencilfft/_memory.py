@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import _agree
 from ._chunks import in_place
 from ._stages import Move
 from ._jax_private import is_traced_argument
@@ -229,12 +230,32 @@ def available(devices: Sequence[jax.Device]) -> Available | None:
     """Free bytes per device for `devices` (this process's), None if unknown.
 
     Accelerators report their allocator's limit and use; CPU devices share the host's memory.
+    A detected amount is the least over the job's processes (`_agree`): every process then
+    decides the same chunk count and compiles the same program.
     """
     limit = setting()
     if limit == "off":
         return None
     if limit is not None:
         return Available(int(limit), f"{ENV}={os.environ[ENV].strip()}")
+    free = _detected(devices)
+    if jax.process_count() == 1:
+        return free
+    least = _agree.least(free.per_device if free is not None else _UNKNOWN,
+                         "free memory per device")
+    if least == _UNKNOWN:
+        return None
+    source = free.source if free is not None else "another process's devices"
+    return Available(least, f"{source}; the least over the {jax.process_count()} processes")
+
+
+# What a process that cannot tell its free memory says when the processes agree on it: the
+# least, so that one process that cannot tell leaves the check off everywhere, as it does there.
+_UNKNOWN = -1
+
+
+def _detected(devices: Sequence[jax.Device]) -> Available | None:
+    """This process's own reading (`available` without the setting or the agreement)."""
     if not devices:
         return None
     if devices[0].platform == "cpu":

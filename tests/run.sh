@@ -2,7 +2,8 @@
 # The whole test suite: once in one process with 8 simulated CPU devices, then under
 # mpirun -np 2 (4 devices per process) and -np 4 (2 per process): 8 devices in every run.
 # Every test runs in the single-process step; under mpirun only those marked `mpirun`, what can
-# differ when a mesh spans processes (tests/conftest.py says what and why).
+# differ when a mesh spans processes, and under -np 4 only those of them that a 2-D grid of
+# processes changes (tests/conftest.py, PROCESS_GRID_FILES, says what and why).
 #
 # Every step has a timeout, and every test a hard one (PENCILFFT_TEST_TIMEOUT, default 300 s,
 # tests/mp/pencilfft_mpi_plugin.py), so a stuck rank fails the run instead of hanging it.

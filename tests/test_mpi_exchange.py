@@ -22,24 +22,39 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import MPIRUN, clean_env, make_mesh, put_global, random_field, tol
+from conftest import MPIRUN, clean_env, make_mesh, put_global, random_field, to_numpy, tol
 
 CHILD = Path(__file__).parent / "mp" / "mpi_exchange_child.py"
 
 
-@MPIRUN  # under mpirun -np 2 and 4 every process holds several devices too
-def test_refused_with_several_devices_per_process():
+@MPIRUN  # under mpirun -np 2 and 4 every process holds several devices: "mpi" runs there
+@pytest.mark.parametrize("exchange", ["mpi", "mixed", "local"])
+def test_runs_where_it_can_and_says_why_where_it_cannot(exchange):
+    """One process: "mpi" and "mixed" are refused (no MPI, one process).  Several processes of
+    several devices each: "mpi" sends everything through MPI (a process's own devices too),
+    "mixed" uses the local exchange along the axis inside processes, and "local" is refused
+    along the axis that spans processes; the results are numpy's."""
     mesh = make_mesh((4, 2))
-    x = put_global(random_field((8, 8, 8), np.complex64), pencilfft.real_space_sharding(mesh))
-    with pytest.raises(ValueError, match=r"`exchange`='mpi' cannot run here: "):
-        pencilfft.pfft3d(x, exchange="mpi")
-    with pytest.raises(ValueError, match=r"`exchange`='mpi' cannot run here: "):
-        jax.jit(lambda v: pencilfft.pifft3d(v, exchange="mpi"))(pencilfft.pfft3d(x))
+    data = random_field((8, 8, 8), np.complex64)
+    x = put_global(data, pencilfft.real_space_sharding(mesh))
+    runs = jax.process_count() > 1 if exchange != "local" else jax.process_count() == 1
+    if not runs:
+        why = {"mpi": "MPI is not running", "mixed": "the job is one process",
+               "local": "its devices are in several processes"}[exchange]
+        with pytest.raises(ValueError, match=rf"`exchange`='{exchange}' cannot run.*{why}"):
+            pencilfft.pfft3d(x, exchange=exchange)
+        return
+    k = jax.jit(lambda v: pencilfft.pfft3d(v, exchange=exchange))(x)
+    want = np.fft.fftn(data.astype(np.complex128)).transpose(1, 2, 0)
+    got = to_numpy(k)
+    assert np.abs(got - want).max() / np.abs(want).max() < tol(np.complex64)
+    back = to_numpy(jax.jit(lambda v: pencilfft.pifft3d(v, exchange=exchange))(k))
+    assert np.abs(back - data).max() < 1e-4
 
 
 def test_refused_when_the_compiler_picks_the_mesh():
-    """The compiler-partitioned transform takes it where it runs; here it does not (several
-    devices per process, or no MPI): refused at the call, not from inside XLA's partitioner."""
+    """The compiler-partitioned transform takes it where it runs; here it does not (no MPI):
+    refused at the call, not from inside XLA's partitioner."""
     mesh = make_mesh((4, 2), "auto")
     x = put_global(random_field((8, 8, 8), np.complex64), NamedSharding(mesh, P("x", "y")))
     with pytest.raises(ValueError, match=r"`exchange`='mpi' cannot run here: "):
@@ -65,9 +80,12 @@ def test_autotune_offers_it_only_where_it_runs():
     from pencilfft import _autotune
     from pencilfft._exchange import local as _local_exchange
 
-    local = ("local",) if _local_exchange.unavailable_reason(8, "cpu") is None else ()
-    assert jax.process_count() == 1 or not local  # the local one: one process only
-    assert _autotune._default_exchanges(jax.devices()) == ("alltoall", "pairwise") + local
+    built = _local_exchange.unavailable_reason(8, "cpu") is None
+    offered = _autotune._default_exchanges(jax.devices())
+    if jax.process_count() == 1:
+        assert offered == ("alltoall", "pairwise") + (("local",) if built else ())
+    else:  # several processes of several devices: every device through MPI, or mixed
+        assert offered == ("alltoall", "pairwise", "mpi") + (("mixed",) if built else ())
 
 
 @pytest.mark.parametrize("op", ["exchange", "shift", "allreduce"])

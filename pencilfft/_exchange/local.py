@@ -79,10 +79,18 @@ def auto(platform: str) -> bool:
 
 def status(platform: str | None = None) -> str:
     """One line for `pencilfft check`: how the devices of this process exchange, and why."""
-    why = unavailable_reason(None, platform or jax.default_backend())
-    if why is None:
+    platform = platform or jax.default_backend()
+    why = unavailable_reason(None, platform)
+    if why is not None:
+        return f"XLA's collectives (the local exchange does not run: {why})"
+    if jax.process_count() == 1:
         return "the local exchange (pencilfft's custom call, one pass; exchange='auto' and 'local')"
-    return f"XLA's collectives (the local exchange does not run: {why})"
+    from . import mixed  # (mixed imports this module)
+
+    if mixed.auto(platform):
+        return ("the local exchange, along the mesh axes whose devices are all in this process "
+                "(exchange='auto' takes 'mixed')")
+    return "XLA's collectives (exchange='auto' takes 'mixed' only with several devices per process)"
 
 
 # ----------------------------------------------------------------------------------------------
