@@ -183,3 +183,33 @@ def test_under_mpirun_one_device_per_process(np_, pdims):
     assert len(report) == 41
     bad = {k: v for k, v in report.items() if not v < 5 * tol(np.complex64)}
     assert not bad, bad
+
+
+@MPIRUN  # several processes of several devices each: "auto" takes "mixed" there
+@pytest.mark.parametrize("pdims", [(4, 2), (2, 4)])
+def test_auto_leaves_no_xla_collective_and_gives_their_values_and_gradients(pdims):
+    """What "auto" compiles holds none of XLA's collectives under mpirun (the local exchange
+    inside processes, MPI between them), and gives the values and gradients of XLA's
+    all_to_all; two independent transforms in one program (two calls, two tags) too."""
+    mesh = make_mesh(pdims)
+    data = random_field((8, 16, 8), np.complex64, seed=3)
+    x = put_global(data, pencilfft.real_space_sharding(mesh))
+    y = put_global(random_field((8, 16, 8), np.complex64, seed=4),
+                   pencilfft.real_space_sharding(mesh))
+
+    def program(exchange):
+        def loss(a, b):
+            ka = pencilfft.pfft3d(a, exchange=exchange)
+            kb = pencilfft.pfft3d(b, exchange=exchange)  # independent of ka
+            return jnp.sum(jnp.abs(ka * jnp.conj(kb)) ** 2).real
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+    text = program("auto").lower(x, y).compile().as_text()
+    if jax.process_count() > 1:
+        assert not [c for c in ("all-to-all", "collective-permute", "all-gather") if c in text]
+        assert "pencilfft_mpi_exchange" in text
+    got, want = program("auto")(x, y), program("alltoall")(x, y)
+    assert np.allclose(float(got[0]), float(want[0]), rtol=1e-5)
+    for g, w in zip(got[1], want[1]):
+        g, w = to_numpy(g), to_numpy(w)
+        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
