@@ -226,12 +226,14 @@ def local_devices(mesh: Any) -> list[jax.Device]:
     return jax.local_devices()[:max(1, min(mesh.size, jax.local_device_count()))]
 
 
-def available(devices: Sequence[jax.Device]) -> Available | None:
+def available(devices: Sequence[jax.Device], agree: bool = True) -> Available | None:
     """Free bytes per device for `devices` (this process's), None if unknown.
 
     Accelerators report their allocator's limit and use; CPU devices share the host's memory.
     A detected amount is the least over the job's processes (`_agree`): every process then
-    decides the same chunk count and compiles the same program.
+    decides the same chunk count and compiles the same program.  `agree=False` for a caller
+    that agrees on its outcome itself (the loaders pass every process's error to all): there
+    the processes may not all get this far.
     """
     limit = setting()
     if limit == "off":
@@ -239,7 +241,7 @@ def available(devices: Sequence[jax.Device]) -> Available | None:
     if limit is not None:
         return Available(int(limit), f"{ENV}={os.environ[ENV].strip()}")
     free = _detected(devices)
-    if jax.process_count() == 1:
+    if jax.process_count() == 1 or not agree:
         return free
     least = _agree.least(free.per_device if free is not None else _UNKNOWN,
                          "free memory per device")
@@ -425,7 +427,7 @@ def check_load(what: str, shape: Sequence[int], dtype: Any, mesh: Any) -> None:
     so it counts twice.
     """
     devices = local_devices(mesh)
-    free = available(devices)
+    free = available(devices, agree=False)  # the loaders agree on the error (`_io._session`)
     if free is None:
         return
     n = int(np.prod(mesh.devices.shape))
