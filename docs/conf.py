@@ -34,6 +34,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "pencilfft_api",
     "pencilfft_figures",
+    "pencilfft_errors",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"

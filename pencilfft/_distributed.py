@@ -101,6 +101,20 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
         `initialization_timeout`).  Without a launcher, jax is started only when a
         coordinator is given (`coordinator_address=` or JAX_COORDINATOR_ADDRESS; set
         `num_processes` and `process_id` too): a hand-made multi-process set-up.
+
+    Raises:
+      TypeError: a keyword that `jax.distributed.initialize` does not take (also in a single
+        process).
+      ValueError: a node-local rank or size in the launcher's environment that is not a number.
+      RuntimeError: jax's backend already started, or `mpirun` and mpi4py from different MPI
+        libraries (the message says which).
+
+    Example:
+      The first lines of a script run by ``mpirun -np 2 python script.py``:
+
+      >>> import jax, pencilfft
+      >>> pencilfft.initialize()            # a no-op in a plain process
+      >>> mesh = jax.make_mesh((2, 4), ("x", "y"))   # the devices of every process
     """
     _check_overrides(overrides)
     abort_on_error = _switch(abort_on_error, "abort_on_error", _ABORT_ENV)

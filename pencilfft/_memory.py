@@ -49,7 +49,17 @@ _HOW_TO_SET = (f"{ENV}=<bytes per device> (e.g. 8GiB) sets the limit, {ENV}=off 
 class MemoryLimitError(MemoryError):
     """A transform or a load needs more memory per device than a device has (an estimate made
     before anything is allocated; the message names the grid, the mesh, both numbers and the
-    ways out)."""
+    ways out).
+
+    A `MemoryError`: code that handles running out of memory catches it too.
+    `PENCILFFT_MEMORY_LIMIT` sets the limit per device (`8GiB`, `off`).
+
+    Example:
+      >>> try:
+      ...     k = pencilfft.pfft3d(x, chunks=1)
+      ... except pencilfft.MemoryLimitError as e:   # doctest: +SKIP
+      ...     print(e)      # names the grid, the mesh, both numbers and the ways out
+    """
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,7 +48,7 @@ def _entry(modname: str, name: str, obj: Any) -> str:
     else:
         doc = inspect.getdoc(type(obj)) or ""
     body = "\n".join("   " + line if line else "" for line in doc.splitlines())
-    return f".. py:data:: {full}\n\n{body}\n"
+    return f".. py:data:: {name}\n   :module: {modname}\n\n{body}\n"
 
 
 def api_rst(modname: str) -> str:

@@ -5,14 +5,16 @@ P(a, b, -) over the mesh's pencil axes (a, b) (its last two; axes before them sp
 batch axis), whole along d2.  Each transpose is one exchange over one mesh axis.  With
 `config.transpose_axis_contiguous` True (the default) the whole axis also moves last:
 
-| transpose | input spec   | output spec  | global result (contiguous) |
-|-----------|--------------|--------------|----------------------------|
-| XtoY      | (a, b, -)    | (b, a, -)    | x.transpose(2, 0, 1)       |
-| YtoZ      | (b, a, -)    | (a, b, -)    | x.transpose(2, 0, 1)       |
-| ZtoY      | (a, b, -)    | (b, a, -)    | x.transpose(1, 2, 0)       |
-| YtoX      | (b, a, -)    | (a, b, -)    | x.transpose(1, 2, 0)       |
-| XtoZ      | (a, b, -)    | (b, a, -)    | x.transpose(1, 2, 0)       |
-| ZtoX      | (b, a, -)    | (a, b, -)    | x.transpose(2, 0, 1)       |
+=========  ==========  ===========  ==========================
+transpose  input spec  output spec  global result (contiguous)
+=========  ==========  ===========  ==========================
+XtoY       (a, b, -)   (b, a, -)    x.transpose(2, 0, 1)
+YtoZ       (b, a, -)   (a, b, -)    x.transpose(2, 0, 1)
+ZtoY       (a, b, -)   (b, a, -)    x.transpose(1, 2, 0)
+YtoX       (b, a, -)   (a, b, -)    x.transpose(1, 2, 0)
+XtoZ       (a, b, -)   (b, a, -)    x.transpose(1, 2, 0)
+ZtoX       (b, a, -)   (a, b, -)    x.transpose(2, 0, 1)
+=========  ==========  ===========  ==========================
 
 With it False the global array keeps its order and only its split moves: XtoY (a, b, -) ->
 (a, -, b), YtoZ -> (-, a, b), ZtoY -> (a, -, b), YtoX -> (a, b, -), XtoZ (a, b, -) -> (-, b, a),
