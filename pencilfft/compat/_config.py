@@ -56,7 +56,15 @@ _ENUMS = {"halo_comm_backend": HaloCommBackend, "transpose_comm_backend": Transp
 
 @dataclasses.dataclass
 class Config:
-    """The settings of `pencilfft.compat`, as `jaxdecomp.config` (see the module docstring)."""
+    """The settings of `pencilfft.compat`, as `jaxdecomp.config` (see the module docstring).
+
+    Example:
+      >>> import pencilfft.compat as jaxdecomp
+      >>> jaxdecomp.config.update("transpose_axis_contiguous", False)   # natural layout (X, Y, Z)
+      >>> jaxdecomp.config.transpose_axis_contiguous
+      False
+      >>> jaxdecomp.config.update("transpose_axis_contiguous", True)    # back to (Y, Z, X)
+    """
 
     halo_comm_backend: Any = HaloCommBackend.HALO_COMM_NCCL
     transpose_comm_backend: Any = TransposeCommBackend.TRANSPOSE_COMM_NCCL

@@ -157,8 +157,25 @@ def _public(name: str, kind: str, doc: str):
         return _transpose(x, kind, backend)
 
     transpose.__name__ = transpose.__qualname__ = name
-    transpose.__doc__ = doc
+    shape = (4, 16, 8) if "(2, 0, 1)" in doc else (8, 4, 16)
+    transpose.__doc__ = doc + _EXAMPLE.format(name=name, shape=shape)
     return transpose
+
+
+# Each transpose's docstring ends with this (the global shapes of a (16, 8, 4) input on 4x2).
+_EXAMPLE = """
+
+Takes the global array `x` (d0, d1, d2) in any sharding (resharded to the table's input spec
+first) and returns the transposed global array in the output spec; a ValueError names the
+axis the mesh does not divide.
+
+Example:
+  >>> import pencilfft.compat as jaxdecomp
+  >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+  >>> x = jax.device_put(np.ones((16, 8, 4), np.float32), pencilfft.real_space_sharding(mesh))
+  >>> jaxdecomp.{name}(x).shape
+  {shape}
+"""
 
 
 # name: (exchange, what it does).  X pencil: (a, b, -); Y pencil: (b, a, -); Z pencil: (a, b, -).
