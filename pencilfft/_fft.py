@@ -117,7 +117,7 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
       exchange: "auto" (default), "alltoall", "pairwise" or "mpi": how blocks move between
         devices (same result; `_transpose.ALGORITHMS` says what "auto" picks).  "mpi" sends
         them with mpi4py from the host: CPU processes under mpirun with one device each, the
-        mesh known when traced (README "Several processes").
+        mesh known when traced (docs/howto/clusters.md).
       %s
       %s
 
@@ -282,7 +282,7 @@ def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
 _CHUNKS_DOC = """chunks: an int >= 1 or "auto" (default): each stage (FFT, exchange, local moves)
         runs in this many pieces, each written back in place, so that a device holds about
         1 + 2/chunks blocks (donated input) or 2 + 2/chunks (input kept) instead of 3-4
-        (`_chunks.py`; README "chunks": the time it costs or saves).  The same values.
+        (`_chunks.py`; docs/howto/memory.md: the time it costs or saves).  The same values.
         "auto" is 1 unless the memory check finds that the unchunked transform does not fit
         (then the fewest pieces of 2, 4, ..., 64 that fit, under jax.jit even if the input
         is not donated); 1 under jax.jit with no mesh in scope."""

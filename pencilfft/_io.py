@@ -322,7 +322,7 @@ def load(path: str | os.PathLike, mesh: Mesh, *, comm: Any = None) -> jax.Array:
     Y by the second, and a bool, integer, float or complex dtype.  `mesh` must be the same on
     every process.  64-bit data becomes 32-bit, with a warning, without `jax_enable_x64`.
     Blocks that cannot fit in the devices' memory are refused before any is read
-    (`MemoryLimitError`, a MemoryError; see README "Memory").
+    (`MemoryLimitError`, a MemoryError; see docs/howto/memory.md).
 
     Returns:
       The global array, shape as in the file, sharded as `real_space_sharding(mesh, ndim)`.

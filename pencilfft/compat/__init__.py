@@ -14,7 +14,7 @@ After `install()`, `import jaxdecomp`, `import jaxdecomp.fft` (also `.halo`, `.t
 positionally too; `backend` ("jax" or "cudecomp", any case) is accepted and ignored: pencilfft
 is pure JAX.  `config.update("transpose_axis_contiguous", False)` switches to the natural
 k-space layout, as in jaxdecomp; the cuDecomp transport settings are accepted and ignored.
-What differs (the README's migration table): on a (P, 1) mesh the spectrum is split along Y
+What differs (the migration table in docs/howto/particle-mesh.md): on a (P, 1) mesh the spectrum is split along Y
 where jaxdecomp's is split along Z (same values); `fftfreq3d`'s vectors are sharded like the
 spectrum; the gradient of `halo_exchange` is its adjoint; the real transforms work.
 jaxdecomp's internals (cuDecomp's autotuning and grid descriptors) are not provided:
