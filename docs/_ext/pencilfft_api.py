@@ -45,8 +45,11 @@ def _entry(modname: str, name: str, obj: Any) -> str:
     if isinstance(obj, Enum):
         doc = (f"`{type(obj).__name__}.{obj.name}` (value {obj.value!r}): "
                f"the constant of that name in jaxdecomp.  See `{type(obj).__name__}`.")
-    else:
-        doc = inspect.getdoc(type(obj)) or ""
+    else:  # its class's docstring, Google style as the functions' (napoleon turns it into reST)
+        from sphinx.ext.napoleon import Config
+        from sphinx.ext.napoleon.docstring import GoogleDocstring
+
+        doc = str(GoogleDocstring(inspect.getdoc(type(obj)) or "", Config()))
     body = "\n".join("   " + line if line else "" for line in doc.splitlines())
     return f".. py:data:: {name}\n   :module: {modname}\n\n{body}\n"
 
