@@ -27,7 +27,7 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> str
 def test_poisson(tmp_path):
     out = _run([sys.executable, str(EXAMPLES / "poisson.py"), "--n", "16"], clean_env(8),
                tmp_path, 300)
-    for name in ("c2c", "r2c"):
+    for name in ("c2c", "r2c", "dirichlet"):
         assert f"{name}: phi (16, 16, 16) sharded P('x', 'y', None), error vs numpy" in out, out
 
 
