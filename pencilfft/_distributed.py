@@ -104,10 +104,13 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
 
     Raises:
       TypeError: a keyword that `jax.distributed.initialize` does not take (also in a single
-        process).
-      ValueError: a node-local rank or size in the launcher's environment that is not a number.
-      RuntimeError: jax's backend already started, or `mpirun` and mpi4py from different MPI
-        libraries (the message says which).
+        process), or a switch that is not True, False or None.
+      ValueError: an environment variable (PENCILFFT_BIND_CPUS and the others, or the
+        launcher's node-local rank and size) that is not what it must be; the message names it.
+      ImportError: started by an MPI launcher, but mpi4py cannot be imported.
+      RuntimeError: `mpirun` and mpi4py belong to different MPI libraries (the launcher started
+        several processes, MPI.COMM_WORLD has one); jax's own RuntimeError when its backend
+        started before this call.
 
     Example:
       The first lines of a script run by ``mpirun -np 2 python script.py``:
