@@ -138,3 +138,35 @@ def test_troubleshooting_lists_every_module_that_raises(site):
     text = (site / "troubleshooting.html").read_text()
     for module in ("_plan.py", "_io.py", "_memory.py", "_distributed.py", "compat/_config.py"):
         assert f"pencilfft/{module}" in text, module
+
+
+# Runs every public name's doctests in one fresh process with 8 simulated CPU devices (the
+# examples assume a 4x2 mesh and jax's default 32-bit types).
+DOCTESTS = """
+import doctest, sys
+import jax, jax.numpy as jnp, numpy as np
+import pencilfft, pencilfft.compat
+failed = tried = 0
+for module in (pencilfft, pencilfft.compat):
+    for name in module.__all__:
+        globs = dict(jax=jax, jnp=jnp, np=np, pencilfft=pencilfft)
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        for test in doctest.DocTestFinder(recurse=False).find(getattr(module, name),
+                                                              f"{module.__name__}.{name}",
+                                                              globs=globs):
+            runner.run(test)
+        failed += runner.failures
+        tried += runner.tries
+print(f"doctests: {tried} examples, {failed} failed")
+sys.exit(1 if failed or not tried else 0)
+"""
+
+
+def test_docstring_examples_run(tmp_path):
+    """The API pages' examples (the docstrings' `>>>` lines) give what they show."""
+    from conftest import clean_env
+
+    proc = subprocess.run([sys.executable, "-c", DOCTESTS], capture_output=True, text=True,
+                          timeout=600, env=clean_env(8), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-20000:] + proc.stderr[-5000:]
+    assert " 0 failed" in proc.stdout, proc.stdout
