@@ -13,6 +13,20 @@ the fastest, and the bar charts show them all.
 * weak_<points per device>ppd_<dtype>.png: time and efficiency t0 / t vs number of devices at a
   fixed number of points per device (needs at least two grid sizes), ideal flat;
 * bars_<grid>_<dtype>.png: every mesh of a grid side by side (the one-machine view).
+
+`python -m benchmarks.plot --stored --outdir DIR` draws instead the documentation's figures from
+the results committed in benchmarks/data/ (docs/benchmarks.md shows them; the docs build calls
+`stored_figures`):
+
+* stored_cpu8_bars_<grid>.png: 8 simulated CPU devices, every mesh, pencilfft beside jaxdecomp
+  and `jnp.fft.fftn` on the sharded array (ci-cpu8.jsonl);
+* stored_cpu8_grid.png: time against grid size on those 8 devices, fastest mesh of each;
+* stored_gpu_h100.png: one H100, time against grid size, pencilfft, jnp.fft, jaxdecomp
+  (gpu-h100.json, written by benchmarks/gpu.py);
+* stored_mpi.png: one CPU device per process under mpirun, pencilfft beside mpi4py-fft
+  (mpi-np2-xla.jsonl, mpi-np4-xla.jsonl);
+* stored_memory.png: XLA's peak memory per device in blocks of the grid's 1/P, every mesh, with
+  each exchange, kept and donated input (memory-256*.jsonl, memory-local.jsonl).
 """
 from __future__ import annotations
 
@@ -253,6 +267,142 @@ def plot_bars(records: Sequence[Record], outdir: Path) -> list[Path]:
     return written
 
 
+# ----------------------------------------------------------------------------------------------
+# The documentation's figures, from the stored results in benchmarks/data/
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _jsonl(name: str) -> list[Record]:
+    import json
+
+    with open(DATA / name) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _stored_cpu8(outdir: Path) -> list[Path]:
+    """ci-cpu8.jsonl: bars per mesh (the existing bar chart) and time against grid size."""
+    keep = ("pencilfft", "pencilfft-r2c", "jaxdecomp", "fftn-sharded")
+    recs = [r for r in _jsonl("ci-cpu8.jsonl")
+            if r.get("status") == "ok" and r.get("median_s") and r["impl"] in keep]
+    written = []
+    for path in plot_bars(recs, outdir):
+        written.append(path.rename(outdir / f"stored_cpu8_{path.name}"))
+    fig, axes = _figure(2)
+    for j, d in enumerate(DIRECTIONS[:2]):
+        ax = axes[0, j]
+        by: dict[str, dict[int, float]] = defaultdict(dict)
+        for r in recs:
+            if r["direction"] == d:
+                n, label = r["shape"][0], series_label(r)
+                by[label][n] = min(by[label].get(n, math.inf), r["median_s"] * 1e3)
+        for label in sorted(by, key=_series_order):
+            ns = sorted(by[label])
+            ax.plot(ns, [by[label][n] for n in ns], "o-", label=label, color=series_color(label))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(sorted({n for pts in by.values() for n in pts}))
+        ax.set_xticklabels([f"{n}^3" for n in sorted({n for pts in by.values() for n in pts})])
+        ax.set_xlabel("grid")
+        ax.set_ylabel("median time [ms] (fastest mesh)")
+        ax.set_title(f"8 simulated CPU devices, complex64, {d}")
+        ax.grid(True, which="both", alpha=0.3)
+        _legend(ax, j == 1)
+    written.append(_save(fig, outdir / "stored_cpu8_grid.png"))
+    return written
+
+
+def _stored_gpu(outdir: Path) -> list[Path]:
+    """gpu-h100.json: time against grid size on one H100, complex64 and float32."""
+    import json
+
+    data = json.loads((DATA / "gpu-h100.json").read_text())
+    rows = data["rows"]
+    dtypes = sorted({r["dtype"] for r in rows})
+    fig, axes = _figure(len(dtypes))
+    for j, dtype in enumerate(dtypes):
+        ax = axes[0, j]
+        for impl, color in (("pencilfft", "C0"), ("jnp.fft", "C1"), ("jaxdecomp", "C2")):
+            pts = sorted((r["n"], r["fwd_inv_one_jit_ms"]) for r in rows
+                         if r["impl"] == impl and r["dtype"] == dtype)
+            if pts:  # (jaxdecomp has no real transforms: no float32 line)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=impl, color=color)
+        ns = sorted({r["n"] for r in rows})
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(ns)
+        ax.set_xticklabels([f"{n}^3" for n in ns])
+        ax.set_xlabel("grid")
+        ax.set_ylabel("forward + inverse in one jit [ms]")
+        ax.set_title(f"{data['info']['device_kind']}, {dtype}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")  # each panel: their implementations differ
+    return [_save(fig, outdir / "stored_gpu_h100.png")]
+
+
+def _stored_mpi(outdir: Path) -> list[Path]:
+    """mpi-np*-xla.jsonl: one CPU device per process, pencilfft's transports and mpi4py-fft."""
+    import numpy as np
+
+    recs = _jsonl("mpi-np2-xla.jsonl") + _jsonl("mpi-np4-xla.jsonl")
+    rows = ["pencilfft/auto", "pencilfft/alltoall", "mpi4py-fft"]
+    cases = sorted({(r["shape"][0], r["processes"], tuple(r["pdims"])) for r in recs})
+    fig, axes = _figure(1)
+    fig.set_size_inches(9, 4.2)
+    ax = axes[0, 0]
+    width = 0.8 / len(rows)
+    for i, row in enumerate(rows):
+        vals = [next((r["median_ms"] for r in recs if r["row"] == row and
+                      (r["shape"][0], r["processes"], tuple(r["pdims"])) == c), np.nan)
+                for c in cases]
+        ax.bar(np.arange(len(cases)) + (i - (len(rows) - 1) / 2) * width, vals, width, label=row)
+    ax.set_xticks(np.arange(len(cases)))
+    ax.set_xticklabels([f"{n}^3\n{p} proc. {fmt_dims(m)}" for n, p, m in cases], fontsize=8)
+    ax.set_ylabel("forward + inverse [ms]")
+    ax.set_yscale("log")
+    ax.set_title("mpirun, one CPU device per process (2-core VM)")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    _legend(ax, True)
+    return [_save(fig, outdir / "stored_mpi.png")]
+
+
+def _stored_memory(outdir: Path) -> list[Path]:
+    """memory-*.jsonl: XLA's peak per device, in blocks, forward c2c, transposed layout."""
+    import numpy as np
+
+    sets = {"auto (pairwise on CPUs)": "memory-256.jsonl", "alltoall (GPUs' auto)":
+            "memory-256-alltoall.jsonl", "local (one CPU process)": "memory-local.jsonl"}
+    meshes = [(1, 8), (2, 4), (4, 2), (8, 1)]
+    fig, axes = _figure(2)
+    for j, donate in enumerate((False, True)):
+        ax = axes[0, j]
+        width = 0.8 / len(sets)
+        for i, (label, name) in enumerate(sets.items()):
+            recs = [r for r in _jsonl(name) if r["transform"] == "c2c" and r["layout"] ==
+                    "transposed" and r["direction"] == "forward" and r["donate"] == donate]
+            vals = [next((r["peak_blocks"] for r in recs if tuple(r["pdims"]) == m), np.nan)
+                    for m in meshes]
+            ax.bar(np.arange(len(meshes)) + (i - (len(sets) - 1) / 2) * width, vals, width,
+                   label=label)
+        ax.set_xticks(np.arange(len(meshes)))
+        ax.set_xticklabels([fmt_dims(m) for m in meshes])
+        ax.set_xlabel("mesh (pdims)")
+        ax.set_ylabel("peak memory per device [blocks]")
+        ax.set_title("pfft3d 256^3 complex64, " + ("input donated" if donate else "input kept"))
+        ax.grid(True, axis="y", alpha=0.3)
+        _legend(ax, j == 1)
+    return [_save(fig, outdir / "stored_memory.png")]
+
+
+def stored_figures(outdir: Path) -> list[Path]:
+    """Every figure of docs/benchmarks.md, from benchmarks/data/ (no jax needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    outdir.mkdir(parents=True, exist_ok=True)
+    return _stored_cpu8(outdir) + _stored_gpu(outdir) + _stored_mpi(outdir) + _stored_memory(outdir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.plot",
@@ -261,7 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 2)[2] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("files", nargs="+", type=Path, help="JSON-lines results (benchmarks.fft --out)")
+    p.add_argument("files", nargs="*", type=Path, help="JSON-lines results (benchmarks.fft --out)")
+    p.add_argument("--stored", action="store_true",
+                   help="draw the documentation's figures from benchmarks/data/ instead")
     p.add_argument("--outdir", type=Path, default=Path("plots"), help="where the PNGs go (default: plots/)")
     p.add_argument("--impls", nargs="+", default=None, metavar="IMPL", help="only these implementations")
     p.add_argument("--dtypes", nargs="+", default=None, metavar="DTYPE", help="only these dtypes")
@@ -272,7 +424,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.stored:
+        for path in stored_figures(args.outdir):
+            print(path)
+        return 0
+    if not args.files:
+        parser.error("give result files, or --stored")
     import matplotlib
 
     matplotlib.use("Agg")  # files only: works on login and compute nodes without a display

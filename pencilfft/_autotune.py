@@ -34,6 +34,11 @@ class Tuning:
     `mesh` is ready to use (axes ("x", "y"), after the batch axes ("batch",) or ("batch0",
     "batch1", ...) when `batch` was given; Explicit); pass `exchange` to the transforms.
     `timings` maps (pdims, exchange) to the median seconds of one forward + inverse pair.
+
+    Example:
+      >>> tuning = pencilfft.autotune((32, 32, 32), repeats=1)
+      >>> tuning.mesh.size, tuning.exchange in ("alltoall", "pairwise", "local", "mpi")
+      (8, True)
     """
 
     pdims: tuple[int, int]
@@ -220,6 +225,17 @@ def autotune(shape: Sequence[int], *, dtype=np.complex64, layout: str = "transpo
     Returns a `Tuning`; every process gets the same answer (process 0's timings decide).
     A grid that cannot fit in the devices' memory (input, spectrum, output and the exchange
     buffers per device) is refused with a `MemoryLimitError` before anything is allocated.
+
+    Raises:
+      TypeError: an argument of the wrong type (the message names it).
+      ValueError: an argument out of its range (the message names it).
+      MemoryLimitError: the grid cannot fit in the devices' memory.
+
+    Example:
+      >>> tuning = pencilfft.autotune((64, 64, 64), repeats=1)
+      >>> sorted(tuning.timings)[:2]                         # doctest: +SKIP
+      [((1, 8), 'alltoall'), ((1, 8), 'local')]
+      >>> k = pencilfft.pfft3d(x, mesh=tuning.mesh, exchange=tuning.exchange)  # doctest: +SKIP
     """
     shape = _check_shape(shape)
     dtype = _check_dtype(dtype)

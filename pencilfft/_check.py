@@ -4,7 +4,7 @@ For each case: the error of pfft3d against jnp.fft.fftn of the same array, again
 jaxdecomp.pfft3d (transposed layout, when jaxdecomp is installed and the grid needs no
 padding), the round-trip error of pifft3d(pfft3d(x), s=shape), the median forward time, and its
 speedup over jnp.fft.fftn on the sharded array (which all-gathers the grid onto every device).
-A spectrum the mesh pads (README "Grids the mesh does not divide") is sliced back to the exact
+A spectrum the mesh pads (docs/concepts.md, "Grids the mesh does not divide") is sliced back to the exact
 spectrum before the comparison, and its padding must be zero.  Only process 0 prints.
 
 Exit status of `run_check`: 0 every case passed, 1 a case failed or no mesh could be checked,
@@ -84,7 +84,7 @@ def real_space_problem(shape, mesh_shape) -> str | None:
 
 def padding(shape, mesh_shape) -> str:
     """The k-space axes a mesh pads, e.g. "Y 32->33" ("" for none): Y to a multiple of the
-    axis that splits X in real space, Z to one of the axis that splits Y (the README's rule)."""
+    axis that splits X in real space, Z to one of the axis that splits Y (docs/concepts.md's rule)."""
     xy = xy_pdims(mesh_shape)
     pa, pb = xy[0], (xy[1] if len(xy) > 1 else 1)
     out = []
@@ -113,7 +113,7 @@ def _jaxdecomp_error(x_np, mesh_shape, exact) -> tuple[float | None, str]:
 
 def _exact_spectrum(k, exact_shape, replicated):
     """(the exact spectrum, max |padding|): `k` replicated, then sliced (JAX cannot slice a
-    sharded axis to a length the mesh does not divide; the README's recipe)."""
+    sharded axis to a length the mesh does not divide; the recipe of docs/concepts.md)."""
 
     @jax.jit
     def cut(k):
@@ -236,7 +236,7 @@ def run_check(args: argparse.Namespace) -> int:
     console.print(f"cross-process exchanges: {_mpi_exchange.status()}", markup=False)
     console.print(f"exchanges between a process's devices: {_local_exchange.status()}",
                   markup=False, soft_wrap=True)
-    if jax.devices()[0].platform == "cpu":  # the local FFTs' kernel (README, "CPU FFT kernel")
+    if jax.devices()[0].platform == "cpu":  # the local FFTs' kernel (docs/howto/cpu-performance.md)
         console.print(f"local FFT kernel: {_kernel.describe()}", markup=False, soft_wrap=True)
     tol = TOLERANCE[args.dtype]
     table = Table(title="pfft3d / pifft3d vs jnp.fft.fftn")

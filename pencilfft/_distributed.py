@@ -101,6 +101,23 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
         `initialization_timeout`).  Without a launcher, jax is started only when a
         coordinator is given (`coordinator_address=` or JAX_COORDINATOR_ADDRESS; set
         `num_processes` and `process_id` too): a hand-made multi-process set-up.
+
+    Raises:
+      TypeError: a keyword that `jax.distributed.initialize` does not take (also in a single
+        process), or a switch that is not True, False or None.
+      ValueError: an environment variable (PENCILFFT_BIND_CPUS and the others, or the
+        launcher's node-local rank and size) that is not what it must be; the message names it.
+      ImportError: started by an MPI launcher, but mpi4py cannot be imported.
+      RuntimeError: `mpirun` and mpi4py belong to different MPI libraries (the launcher started
+        several processes, MPI.COMM_WORLD has one); jax's own RuntimeError when its backend
+        started before this call.
+
+    Example:
+      The first lines of a script run by ``mpirun -np 2 python script.py``:
+
+      >>> import jax, pencilfft
+      >>> pencilfft.initialize()            # a no-op in a plain process
+      >>> mesh = jax.make_mesh((2, 4), ("x", "y"))   # the devices of every process
     """
     _check_overrides(overrides)
     abort_on_error = _switch(abort_on_error, "abort_on_error", _ABORT_ENV)

@@ -117,7 +117,7 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
       exchange: "auto" (default), "alltoall", "pairwise" or "mpi": how blocks move between
         devices (same result; `_transpose.ALGORITHMS` says what "auto" picks).  "mpi" sends
         them with mpi4py from the host: CPU processes under mpirun with one device each, the
-        mesh known when traced (README "Several processes").
+        mesh known when traced (docs/howto/clusters.md).
       %s
       %s
 
@@ -125,6 +125,27 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
       The k-space array, global shape (..., Y', Z', X) or (..., X, Y', Z') where Y' = Y and
       Z' = Z unless the mesh does not divide them: then they are zero-padded at their end to
       the next multiple of Pa (Y) and Pb (Z), and slicing them back gives exactly `fftn(x)`.
+
+    Raises:
+      ValueError: a grid the mesh cannot split in real space (X by Pa, Y by Pb), a bad `norm`,
+        `layout`, `padding` or `chunks`, an `exchange` that cannot run here; each names the
+        argument and what was expected.
+      TypeError: `x` is not an array (a `jax.ShapeDtypeStruct` too: use `jax.eval_shape`).
+      MemoryLimitError: the transform cannot fit in the devices' memory.
+
+    Example:
+      On a 4x2 mesh a (64, 64, 64) grid is held as (16, 32, 64) blocks; its spectrum, in the
+      transposed layout, as (16, 32, 64) blocks of the global (Y, Z, X) array:
+
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> with jax.set_mesh(mesh):
+      ...     x = jax.random.normal(jax.random.key(0), (64, 64, 64),
+      ...                           out_sharding=pencilfft.real_space_sharding(mesh))
+      >>> k = pencilfft.pfft3d(x)
+      >>> k.shape, k.sharding.spec, k.addressable_shards[0].data.shape
+      ((64, 64, 64), P('x', 'y', None), (16, 32, 64))
+      >>> bool(np.allclose(k, np.fft.fftn(np.asarray(x)).transpose(1, 2, 0), atol=1e-3))
+      True
     """
     return _forward(x, None, norm, padding, layout, mesh, exchange, chunks)
 
@@ -136,6 +157,15 @@ def prfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mes
     As `pfft3d`, for real `x`; the halved Z axis has length Z//2+1, zero-padded at its end to a
     multiple of Pb where needed.  Slicing it to Z//2+1 gives exactly `jnp.fft.rfftn(x)`
     (transposed to (..., Y, Z//2+1, X) in the transposed layout).  `chunks` as in `pfft3d`.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> x = jax.device_put(np.ones((32, 32, 32), np.float32), pencilfft.real_space_sharding(mesh))
+      >>> k = pencilfft.prfft3d(x)     # Z//2+1 = 17 padded to 18, a multiple of Pb = 2
+      >>> k.shape, k.dtype
+      ((32, 18, 32), dtype('complex64'))
+      >>> pencilfft.pirfft3d(k, s=(32, 32, 32)).shape
+      (32, 32, 32)
     """
     return _forward(x, ("fft", "fft", "rfft"), norm, padding, layout, mesh, exchange, chunks)
 
@@ -152,6 +182,17 @@ def pifft3d(k, norm: str | None = "backward", *, s=None, layout: str = "transpos
       padding: as in `pfft3d`: the output is the padded grid, padding x `s` points.
       chunks: as in `pfft3d`.
     Returns a complex array of global shape (..., X, Y, Z) split P(a, b) over (X, Y).
+
+    Raises:
+      ValueError: `k`'s shape fits neither the exact nor the padded spectrum of `s` on this mesh,
+        or an argument as in `pfft3d`.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> x = jax.device_put(np.ones((32, 32, 32), np.complex64), pencilfft.real_space_sharding(mesh))
+      >>> y = pencilfft.pifft3d(pencilfft.pfft3d(x))
+      >>> y.shape, y.sharding.spec, bool(jnp.allclose(y, x))
+      ((32, 32, 32), P('x', 'y', None), True)
     """
     return _backward(k, None, s, norm, padding, layout, mesh, exchange, chunks, "pifft3d")
 
@@ -163,6 +204,16 @@ def pirfft3d(k, s, norm: str | None = "backward", *, layout: str = "transposed",
     `s` (required) is the real-space shape (X, Y, Z): Z cannot be recovered from Z//2+1.
     Padded entries of `k` are ignored.  With `padding`, the output is padding x `s` points;
     `chunks` as in `pfft3d`.
+
+    Raises:
+      ValueError: `s` missing or not fitting `k`'s shape on this mesh.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> x = jax.device_put(np.ones((32, 32, 30), np.float32), pencilfft.real_space_sharding(mesh))
+      >>> y = pencilfft.pirfft3d(pencilfft.prfft3d(x), s=x.shape)   # Z = 30 even: 16 planes
+      >>> y.shape, y.dtype, bool(jnp.allclose(y, x))
+      ((32, 32, 30), dtype('float32'), True)
     """
     return _backward(k, ("fft", "fft", "rfft"), s, norm, padding, layout, mesh, exchange, chunks,
                      "pirfft3d")
@@ -185,6 +236,23 @@ def ptransform3d(x, kinds, norm: str | None = "backward", *, padding=1,
     Returns:
       The spectrum in the layouts, shardings and mesh padding of `pfft3d`.  Real input stays
       real when every kind is a DCT or DST; with an "fft" the input is taken as complex.
+
+    Raises:
+      ValueError: a kind that is not in the list, "rfft" along X or Y, `padding` on a cosine or
+        sine axis, an axis too short for its kind, or an argument as in `pfft3d`.
+      TypeError: `kinds` not a sequence of 3 strings; complex input to "rfft".
+
+    Example:
+      A channel with walls along X (DCT-II) and periodic Y, Z; real input stays real only when
+      every kind is a DCT or DST:
+
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> x = jax.device_put(np.ones((32, 32, 32), np.float32), pencilfft.real_space_sharding(mesh))
+      >>> k = pencilfft.ptransform3d(x, ("dct2", "fft", "fft"))
+      >>> k.shape, k.dtype
+      ((32, 32, 32), dtype('complex64'))
+      >>> pencilfft.ptransform3d(x, ("dst1",) * 3).dtype
+      dtype('float32')
     """
     return _forward(x, kinds, norm, padding, layout, mesh, exchange, chunks)
 
@@ -198,6 +266,14 @@ def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
     is zero-padded for the mesh.  With `padding` the output is padding x `s` points.  This is
     the inverse, not the adjoint (they differ for unnormalized DCTs and DSTs; `jax.grad` uses
     the adjoint).  `layout`, `mesh`, `exchange`, `chunks`: as in `pfft3d`.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> x = jax.device_put(np.ones((32, 32, 32), np.float32), pencilfft.real_space_sharding(mesh))
+      >>> kinds = ("dct2", "dct2", "dct2")
+      >>> y = pencilfft.pitransform3d(pencilfft.ptransform3d(x, kinds), kinds)
+      >>> y.shape, bool(jnp.allclose(y, x, atol=1e-5))
+      ((32, 32, 32), True)
     """
     return _backward(k, kinds, s, norm, padding, layout, mesh, exchange, chunks,
                      "pitransform3d")
@@ -206,7 +282,7 @@ def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
 _CHUNKS_DOC = """chunks: an int >= 1 or "auto" (default): each stage (FFT, exchange, local moves)
         runs in this many pieces, each written back in place, so that a device holds about
         1 + 2/chunks blocks (donated input) or 2 + 2/chunks (input kept) instead of 3-4
-        (`_chunks.py`; README "chunks": the time it costs or saves).  The same values.
+        (`_chunks.py`; docs/howto/memory.md: the time it costs or saves).  The same values.
         "auto" is 1 unless the memory check finds that the unchunked transform does not fit
         (then the fewest pieces of 2, 4, ..., 64 that fit, under jax.jit even if the input
         is not donated); 1 under jax.jit with no mesh in scope."""

@@ -104,6 +104,15 @@ def wavenumbers3d(k, kinds, d=1.0, *, s=None, layout: str = "transposed", mesh=N
     pi*m/((n-1)*d) for dct1, pi*(m+1)/((n+1)*d) for dst1, pi*(m+1)/(n*d) for dst2 and
     pi*(m+1/2)/(n*d) for dct3, dct4, dst3 and dst4.  `s` (the real-space shape) is required
     with "rfft" or when `k` is padded for the mesh.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> kinds = ("dct2", "fft", "fft")
+      >>> k = pencilfft.ptransform3d(jax.device_put(np.ones((32, 32, 32), np.float32),
+      ...                                           pencilfft.real_space_sharding(mesh)), kinds)
+      >>> kx, ky, kz = pencilfft.wavenumbers3d(k, kinds)
+      >>> kx.shape, float(kx[0, 0, 1])        # DCT-II: pi * m / n
+      ((1, 1, 32), 0.09817477315664291)
     """
     return _vectors(k, d, s, layout, mesh, kinds, caller="wavenumbers3d")
 
@@ -119,6 +128,19 @@ def fftfreq3d(k, d=1.0, *, s=None, layout: str = "transposed", mesh=None):
     Returns three float arrays (float32 for complex64 k), each of 3 dimensions with length 1 on
     two of them so they broadcast against `k`; for "transposed" kx is (1, 1, X), ky (Y, 1, 1) and
     kz (1, Z, 1), as `jaxdecomp.fftfreq3d`.  Each is split like the axis of `k` it spans.
+
+    Raises:
+      ValueError: `d` not finite and non-zero; `s` not fitting `k`; a bad `layout`.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> k = pencilfft.pfft3d(jax.device_put(np.ones((32, 16, 8), np.complex64),
+      ...                                     pencilfft.real_space_sharding(mesh)))
+      >>> kx, ky, kz = pencilfft.fftfreq3d(k)     # k is (Y, Z, X) = (16, 8, 32)
+      >>> kx.shape, ky.shape, kz.shape
+      ((1, 1, 32), (16, 1, 1), (1, 8, 1))
+      >>> (kx**2 + ky**2 + kz**2).shape           # broadcasts against k, sharded like it
+      (16, 8, 32)
     """
     return _vectors(k, d, s, layout, mesh, ("fft",) * 3, caller="fftfreq3d")
 
@@ -127,5 +149,13 @@ def rfftfreq3d(k, d=1.0, *, s, layout: str = "transposed", mesh=None):
     """As `fftfreq3d` for the half spectrum of `prfft3d`: kz = 2*pi*rfftfreq(Z, d), padded.
 
     `s`, the real-space shape (X, Y, Z), is required.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> k = pencilfft.prfft3d(jax.device_put(np.ones((32, 32, 32), np.float32),
+      ...                                      pencilfft.real_space_sharding(mesh)))
+      >>> kx, ky, kz = pencilfft.rfftfreq3d(k, s=(32, 32, 32))
+      >>> kz.shape, np.asarray(kz)[0, 15:, 0]   # Z//2+1 = 17 (the last pi), one padded plane: 0
+      ((1, 18, 1), array([2.9452431, 3.1415927, 0.       ], dtype=float32))
     """
     return _vectors(k, d, s, layout, mesh, ("fft", "fft", "rfft"), caller="rfftfreq3d")

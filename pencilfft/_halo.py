@@ -301,6 +301,24 @@ def halo_exchange(x, halo_extents, halo_periods=(True, True), *, mesh=None) -> j
       An array like `x` (same global shape, dtype and sharding) whose halo cells hold the
       neighbouring blocks' edge cells, corners included.  A mesh axis of size 1 wraps
       within the block (periodic) or leaves those halos alone.
+
+    Raises:
+      ValueError: extents too large for the blocks, fewer than 3 dimensions, an array not split
+        P(a, b) (the message names the argument).
+      TypeError: an argument of the wrong type.
+
+    Example:
+      Blocks of (8, 16, 16) cells on a 4x2 mesh, each padded by 1 cell on both sides of X and Y
+      ((10, 18, 16)), then filled from the neighbours:
+
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> spec = jax.sharding.PartitionSpec("x", "y")
+      >>> pad = jax.shard_map(lambda b: jnp.pad(b, ((1, 1), (1, 1), (0, 0))), mesh=mesh,
+      ...                     in_specs=spec, out_specs=spec)
+      >>> x = jax.device_put(np.ones((32, 32, 16), np.float32), pencilfft.real_space_sharding(mesh))
+      >>> y = pencilfft.halo_exchange(pad(x), (1, 1))
+      >>> y.shape, y.addressable_shards[0].data.shape, float(y.min())
+      ((40, 36, 16), (10, 18, 16), 1.0)
     """
     return exchange_halos(x, halo_extents, halo_periods, mesh, like_jaxdecomp=False)
 

@@ -88,6 +88,18 @@ def scatter(data: np.ndarray | None, mesh: Mesh, *, root: int = 0, comm: Any = N
       Each process receives exactly the blocks of its own devices (one message stream per
       distinct block); only `root` ever holds the whole array.  64-bit data becomes 32-bit,
       with a warning, when jax runs without `jax_enable_x64`.
+
+    Raises:
+      ValueError, TypeError: on every process at once (checked collectively before any data
+        moves): a shape the mesh does not divide, a dtype it cannot carry, `data` on a non-root
+        rank, arguments that differ between processes; MemoryLimitError: blocks too big.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> data = np.arange(16 * 8 * 4, dtype=np.float32).reshape(16, 8, 4)
+      >>> x = pencilfft.scatter(data if jax.process_index() == 0 else None, mesh)
+      >>> x.shape, x.sharding.spec, x.addressable_shards[0].data.shape
+      ((16, 8, 4), P('x', 'y', None), (4, 4, 4))
     """
     with _session(comm, root) as s:
         is_root = s.rank == s.root
@@ -181,6 +193,16 @@ def gather(x: jax.Array, *, root: int = 0, comm: Any = None) -> np.ndarray | Non
 
     Returns:
       On `root` the whole array (global shape `x.shape`, dtype `x.dtype`); None elsewhere.
+
+    Raises:
+      ValueError, TypeError: on every process at once, e.g. arrays that differ between processes.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> data = np.arange(16 * 8 * 4, dtype=np.float32).reshape(16, 8, 4)
+      >>> back = pencilfft.gather(pencilfft.scatter(data, mesh))   # numpy on rank 0
+      >>> bool((back == data).all())
+      True
     """
     with _session(comm, root) as s:
         is_root = s.rank == s.root
@@ -226,6 +248,18 @@ def save(path: str | os.PathLike, x: jax.Array, *, comm: Any = None) -> None:
     All processes must see the same file system (local disk for one node; a parallel file
     system such as Lustre or GPFS for several).  The file holds the global array, shape
     `x.shape`, in C order; read it with `numpy.load` or `pencilfft.load`.
+
+    Raises:
+      OSError: the same error (errno kept: ENOSPC, EFBIG ...) on every process; `path` untouched.
+      TypeError: bfloat16 and other types a .npy file cannot describe (convert them first).
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> k = pencilfft.pfft3d(jax.device_put(np.ones((16, 8, 4), np.complex64),
+      ...                                     pencilfft.real_space_sharding(mesh)))
+      >>> pencilfft.save("spectrum.npy", k)     # doctest: +SKIP
+      >>> np.load("spectrum.npy").shape          # doctest: +SKIP
+      (8, 4, 16)
     """
     with _session(comm, 0) as s:
         error, info = None, None
@@ -288,10 +322,24 @@ def load(path: str | os.PathLike, mesh: Mesh, *, comm: Any = None) -> jax.Array:
     Y by the second, and a bool, integer, float or complex dtype.  `mesh` must be the same on
     every process.  64-bit data becomes 32-bit, with a warning, without `jax_enable_x64`.
     Blocks that cannot fit in the devices' memory are refused before any is read
-    (`MemoryLimitError`, a MemoryError; see README "Memory").
+    (`MemoryLimitError`, a MemoryError; see docs/howto/memory.md).
 
     Returns:
       The global array, shape as in the file, sharded as `real_space_sharding(mesh, ndim)`.
+
+    Raises:
+      OSError: a missing or unreadable file (FileNotFoundError, PermissionError ...), raised
+        on every process at once.
+      ValueError: not a .npy file, a corrupt header, a shape the mesh does not divide (on every
+        process at once).
+      TypeError: a dtype that is not bool, integer, float or complex.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> np.save("field.npy", np.ones((16, 8, 4), np.float32))   # doctest: +SKIP
+      >>> x = pencilfft.load("field.npy", mesh)                    # doctest: +SKIP
+      >>> x.shape, x.sharding.spec                                 # doctest: +SKIP
+      ((16, 8, 4), P('x', 'y', None))
     """
     with _session(comm, 0) as s:
         error, info, mm = None, None, None

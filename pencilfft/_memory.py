@@ -12,7 +12,7 @@ job (SIGABRT) minutes later.  Here the per-device working set is estimated from 
   shared by this process's devices of the mesh.
 
 `PENCILFFT_MEMORY_LIMIT` overrides the detected amount (bytes per device, e.g. `2GiB`) or turns
-the check off (`off`).  The estimate (see `transform_estimate`) is what the README's "Memory"
+the check off (`off`).  The estimate (see `transform_estimate`) is what docs/howto/memory.md's
 paragraph states: about 4 local blocks per device; XLA's memory analysis gives 3.75-4.9
 (benchmarks/RESULTS.md), so the check refuses what clearly cannot fit, not what is close.
 Every shape here is a per-device block unless it says global.
@@ -50,7 +50,17 @@ _HOW_TO_SET = (f"{ENV}=<bytes per device> (e.g. 8GiB) sets the limit, {ENV}=off 
 class MemoryLimitError(MemoryError):
     """A transform or a load needs more memory per device than a device has (an estimate made
     before anything is allocated; the message names the grid, the mesh, both numbers and the
-    ways out)."""
+    ways out).
+
+    A `MemoryError`: code that handles running out of memory catches it too.
+    `PENCILFFT_MEMORY_LIMIT` sets the limit per device (`8GiB`, `off`).
+
+    Example:
+      >>> try:
+      ...     k = pencilfft.pfft3d(x, chunks=1)
+      ... except pencilfft.MemoryLimitError as e:   # doctest: +SKIP
+      ...     print(e)      # names the grid, the mesh, both numbers and the ways out
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +109,7 @@ def transform_estimate(plan: Any, forward: bool) -> Estimate:
     (`plan.k_shape`, padded, over the mesh's devices) of `plan.k_dtype`.  Unchunked, every
     exchange holds a send and a receive buffer of k-space size (the data in flight are complex
     spectra), so a mesh of several devices counts 2 buffers and one device 1 (the FFT's output
-    before the reordering): 4 blocks for a c2c transform, the README's figure; the local
+    before the reordering): 4 blocks for a c2c transform, the docs' figure; the local
     exchange, writing straight from its input, 1 where no move follows (`_one_pass`).
 
     In `plan.chunks` pieces (`_chunks.py`) the buffers are pieces, 1/chunks of a k-space block:

@@ -379,20 +379,36 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
         estimator (nbodykit, pypower).  JaxPM returns the modulus of the complex per-bin sum
         instead; they differ where the binned imaginary part is not zero (odd multipoles).
       box_shape: the box's physical size (Lx, Ly, Lz); None: the grid shape (unit cells).
-      kedges: bin edges in |k|: None (width dk = 2 * 2 pi / min(box)), an int n (n edges below
+      kedges: bin edges in `|k|`: None (width dk = 2 * 2 pi / min(box)), an int n (n edges below
         the Nyquist wavenumber kmax = pi * min(shape / box): dk = kmax / (n + 1)), a float (dk),
         each giving edges arange(dk, kmax, dk) + dk / 2; or an increasing array of edges.
-        Bin i holds edges[i-1] <= |k| < edges[i] (len(edges) - 1 bins); a mode on an edge
-        (|k|^2 within 16 float eps of edge^2, the field's precision) is in the upper bin.
+        Bin i holds `edges[i-1] <= |k| < edges[i]` (len(edges) - 1 bins); a mode on an edge
+        (`|k|^2` within 16 float eps of edge^2, the field's precision) is in the upper bin.
       multipoles: a Legendre order or a sequence of them (each >= 0).
       los: the line of sight (X, Y, Z), normalised; used unless multipoles is 0.
 
     Returns:
-      (k, pk): k (n_bins,) the mean |k| of the modes in each bin; pk (..., n_bins) for an int
+      `(k, pk)`: k (n_bins,) the mean `|k|` of the modes in each bin; pk (..., n_bins) for an int
       `multipoles`, (..., len(multipoles), n_bins) for a sequence: the mean over the bin's
-      modes of (2 ell + 1) L_ell(mu) |F_ortho|^2 times the cell volume prod(box / shape), as
+      modes of `(2 ell + 1) L_ell(mu) |F_ortho|^2` times the cell volume prod(box / shape), as
       JaxPM's (an empty bin is NaN).  k is replicated on every device, pk too except along
       batch axes split by the mesh, which keep their split.
+
+    Raises:
+      TypeError: a complex field.
+      ValueError: fields of different shapes or shardings; bad `kedges`, `multipoles` or `los`.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> with jax.set_mesh(mesh):
+      ...     delta = jax.random.normal(jax.random.key(0), (32, 32, 32),
+      ...                               out_sharding=pencilfft.real_space_sharding(mesh))
+      >>> k, pk = pencilfft.power_spectrum(delta, box_shape=(100.0, 100.0, 100.0))
+      >>> k.shape, pk.shape
+      ((6,), (6,))
+      >>> k, pl = pencilfft.power_spectrum(delta, multipoles=(0, 2, 4))
+      >>> pl.shape[0]
+      3
     """
     shape = _field_shape(field, "field")
     if np.dtype(field.dtype).kind == "c":

@@ -90,13 +90,41 @@ def k_space_spec(mesh, layout: str = "transposed", ndim: int | None = None) -> P
 
 
 def real_space_sharding(mesh: Mesh, ndim: int | None = None) -> NamedSharding:
-    """NamedSharding of a real-space array (global shape (..., X, Y, Z)) on `mesh`."""
+    """NamedSharding of a real-space array (global shape (..., X, Y, Z)) on `mesh`.
+
+    `ndim` (default: 3 plus one per batch axis of the mesh) is the global number of dimensions:
+    X is split by the mesh's pencil axis a, Y by b, Z is whole, and the leading axes by the batch
+    axes in order.
+
+    Raises:
+      ValueError, TypeError: `ndim` below 3, or too small for the mesh's batch axes.
+
+    Example:
+      >>> pencilfft.real_space_sharding(jax.make_mesh((4, 2), ("x", "y"))).spec
+      P('x', 'y', None)
+      >>> pencilfft.real_space_sharding(jax.make_mesh((2, 2, 2), ("c", "x", "y"))).spec
+      P('c', 'x', 'y', None)
+    """
     return NamedSharding(mesh, real_space_spec(mesh, ndim))
 
 
 def k_space_sharding(mesh: Mesh, layout: str = "transposed",
                      ndim: int | None = None) -> NamedSharding:
-    """NamedSharding of the k-space array that pfft3d returns on `mesh` in `layout`."""
+    """NamedSharding of the k-space array that pfft3d returns on `mesh` in `layout`.
+
+    Y is split by the mesh's pencil axis a and Z by b, in both layouts: `(..., Y, Z, X)`
+    transposed, `(..., X, Y, Z)` natural; leading axes as in `real_space_sharding`.
+
+    Raises:
+      ValueError: a bad `layout`, or `ndim` as in `real_space_sharding`.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> pencilfft.k_space_sharding(mesh).spec
+      P('x', 'y', None)
+      >>> pencilfft.k_space_sharding(mesh, "natural").spec
+      P(None, 'x', 'y')
+    """
     return NamedSharding(mesh, k_space_spec(mesh, layout, ndim))
 
 
@@ -114,6 +142,16 @@ def get_fft_output_sharding(fft_sharding, *, layout: str = "transposed",
         mesh's batch axes (those before its last two) in order.
     Returns the k-space NamedSharding: Y split by a and Z by b, X whole.  On a (P, 1) mesh
     jaxdecomp's splits Z instead.
+
+    Raises:
+      TypeError: `fft_sharding` is not a NamedSharding.
+      ValueError: a bad `layout` or `ndim`.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> pencilfft.get_fft_output_sharding(pencilfft.real_space_sharding(mesh),
+      ...                                   layout="natural").spec
+      P(None, 'x', 'y')
     """
     if not isinstance(fft_sharding, NamedSharding):
         raise TypeError(

@@ -1,4 +1,7 @@
-"""The README's Poisson example runs as written (on a smaller grid) and gives numpy's answer."""
+"""The README stays short and true: its Poisson example runs as written (on a smaller grid) and
+gives numpy's answer, its other Python blocks run, its links lead to files that exist; and the
+tables that moved from it to the docs (the package's layout, the API at a glance) match the
+package."""
 from __future__ import annotations
 
 import os
@@ -8,7 +11,11 @@ import sys
 from pathlib import Path
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DEVELOPMENT = ROOT / "docs" / "development.md"  # the package's layout table
+API_INDEX = ROOT / "docs" / "api" / "index.md"  # the API at a glance
+MAX_LINES = 200  # a README that fits on a screen or two; the rest is in docs/
 
 CHECK = """
 import numpy as np
@@ -39,8 +46,46 @@ def test_readme_poisson_example(tmp_path):
     assert "README example ok" in proc.stdout
 
 
+def test_readme_is_short():
+    lines = len(README.read_text().splitlines())
+    assert lines <= MAX_LINES, f"README.md has {lines} lines (at most {MAX_LINES}): move text to docs/"
+
+
+def test_readme_other_python_blocks_run(tmp_path):
+    """Every Python block of the README but the example (run above) runs, in a fresh process."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    example = re.search(r"## Example.*?```python\n(.*?)```", README.read_text(), re.S).group(1)
+    others = [b for b in blocks if b != example]
+    assert others, "the README's jaxdecomp lines are Python blocks"
+    script = tmp_path / "blocks.py"
+    script.write_text("\n".join(others) + "\nimport sys\nassert sys.modules['jaxdecomp'] is jaxdecomp\n"
+                      "print('README blocks ok')\n")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "README blocks ok" in proc.stdout
+
+
+def test_readme_links_exist():
+    """Every relative link of the README names a file of the checkout (the docs pages above all),
+    and every #anchor one of its headings."""
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)#]*)(#[^)]*)?\)", text)
+    assert links
+    for target, anchor in links:
+        if target.startswith(("http://", "https://")):
+            continue
+        path = ROOT / target if target else README
+        assert path.exists(), f"README links to {target}, which does not exist"
+        if anchor:
+            slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                     for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}
+            assert anchor[1:] in slugs, f"README links to {target}{anchor}: no such heading"
+
+
 def _layout_rows() -> set[str]:
-    section = README.read_text().split("## Layout of the package", 1)[1].split("\n## ", 1)[0]
+    section = DEVELOPMENT.read_text().split("## Layout of the package", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"`(pencilfft/[\w/.]+\.py)`", section))
     # "`pencilfft/compat/fft.py`, `halo.py`": a bare file name continues the folder before it
     for line in section.splitlines():
@@ -51,8 +96,9 @@ def _layout_rows() -> set[str]:
 
 
 def test_layout_table_matches_the_package():
-    """Every module of the package has a row, and every row names a module that exists."""
-    root = README.parent
+    """Every module of the package has a row in docs/development.md's table, and every row names
+    a module that exists."""
+    root = ROOT
     modules = {str(p.relative_to(root)) for p in (root / "pencilfft").rglob("*.py")
                if p.name not in ("__init__.py", "__main__.py") or p.parent.name != "pencilfft"}
     assert _layout_rows() == modules
@@ -61,7 +107,7 @@ def test_layout_table_matches_the_package():
 def test_api_table_lists_the_public_api():
     import pencilfft
 
-    table = README.read_text().split("## API", 1)[1].split("\n## ", 1)[0]
+    table = API_INDEX.read_text().split("## At a glance", 1)[1].split("\n## ", 1)[0]
     missing = [name for name in pencilfft.__all__
                if f"`{name}(" not in table and f"`{name}`" not in table]
-    assert not missing, f"README's API table lacks {missing}"
+    assert not missing, f"docs/api/index.md's table (At a glance) lacks {missing}"

@@ -14,7 +14,7 @@ After `install()`, `import jaxdecomp`, `import jaxdecomp.fft` (also `.halo`, `.t
 positionally too; `backend` ("jax" or "cudecomp", any case) is accepted and ignored: pencilfft
 is pure JAX.  `config.update("transpose_axis_contiguous", False)` switches to the natural
 k-space layout, as in jaxdecomp; the cuDecomp transport settings are accepted and ignored.
-What differs (the README's migration table): on a (P, 1) mesh the spectrum is split along Y
+What differs (the migration table in docs/howto/particle-mesh.md): on a (P, 1) mesh the spectrum is split along Y
 where jaxdecomp's is split along Z (same values); `fftfreq3d`'s vectors are sharded like the
 spectrum; the gradient of `halo_exchange` is its adjoint; the real transforms work.
 jaxdecomp's internals (cuDecomp's autotuning and grid descriptors) are not provided:
@@ -78,16 +78,33 @@ globals().update({m.name: m for m in (*HaloCommBackend, *TransposeCommBackend)})
 
 def get_fft_output_sharding(fft_sharding, *, layout: str | None = None, ndim: int | None = None):
     """jaxdecomp.get_fft_output_sharding: the sharding `pfft3d` gives an input in
-    `fft_sharding`; the layout follows `config` (see `pencilfft.get_fft_output_sharding`)."""
+    `fft_sharding`; the layout follows `config` (see `pencilfft.get_fft_output_sharding`).
+
+    Example:
+      >>> import pencilfft.compat as jaxdecomp
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> jaxdecomp.get_fft_output_sharding(pencilfft.real_space_sharding(mesh)).spec
+      P('x', 'y', None)
+    """
     return _native_output_sharding(fft_sharding, layout=layout or _current_layout(), ndim=ndim)
 
 
 def init() -> None:
-    """jaxdecomp.init: nothing to set up (cuDecomp's handles); kept so that clients run."""
+    """jaxdecomp.init: nothing to set up (cuDecomp's handles); kept so that clients run.
+
+    Example:
+      >>> import pencilfft.compat as jaxdecomp
+      >>> jaxdecomp.init()
+    """
 
 
 def finalize() -> None:
-    """jaxdecomp.finalize: nothing to release; kept so that clients run."""
+    """jaxdecomp.finalize: nothing to release; kept so that clients run.
+
+    Example:
+      >>> import pencilfft.compat as jaxdecomp
+      >>> jaxdecomp.finalize()
+    """
 
 
 # What `install()` registers under jaxdecomp's names: the public modules, and the two modules of
@@ -114,6 +131,14 @@ def install() -> ModuleType:
 
     Raises RuntimeError when another jaxdecomp has already been imported: modules that hold it
     would keep using it.
+
+    Example:
+      At the top of a program that uses JaxPM (which imports jaxdecomp):
+
+      >>> import pencilfft.compat; pencilfft.compat.install()   # doctest: +SKIP
+      >>> import jaxdecomp, jaxpm                                 # doctest: +SKIP
+      >>> jaxdecomp is pencilfft.compat                           # doctest: +SKIP
+      True
     """
     mods = _modules()
     for name, mine in mods.items():

@@ -56,7 +56,21 @@ _ENUMS = {"halo_comm_backend": HaloCommBackend, "transpose_comm_backend": Transp
 
 @dataclasses.dataclass
 class Config:
-    """The settings of `pencilfft.compat`, as `jaxdecomp.config` (see the module docstring)."""
+    """The settings of `pencilfft.compat`, as `jaxdecomp.config`.
+
+    `transpose_axis_contiguous`: True (default) gives the transposed k-space layout (Y, Z, X),
+    False the natural one (X, Y, Z); read when a compat function is traced, so set it before
+    `jax.jit` compiles the code.  `halo_comm_backend`, `transpose_comm_backend` (cuDecomp's
+    transports) are accepted, stored and ignored.  `update` with another key is a ValueError,
+    with a value of the wrong kind a ValueError or TypeError, as in jaxdecomp.
+
+    Example:
+      >>> import pencilfft.compat as jaxdecomp
+      >>> jaxdecomp.config.update("transpose_axis_contiguous", False)   # natural layout (X, Y, Z)
+      >>> jaxdecomp.config.transpose_axis_contiguous
+      False
+      >>> jaxdecomp.config.update("transpose_axis_contiguous", True)    # back to (Y, Z, X)
+    """
 
     halo_comm_backend: Any = HaloCommBackend.HALO_COMM_NCCL
     transpose_comm_backend: Any = TransposeCommBackend.TRANSPOSE_COMM_NCCL

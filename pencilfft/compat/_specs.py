@@ -34,6 +34,12 @@ def get_output_specs(fft_type, *args, mesh=None, backend: str = "JAX") -> tuple:
     Both of jaxdecomp's signatures: `get_output_specs(fft_type, pencil_type, spec, backend)`
     (jaxdecomp 0.3) and `get_output_specs(fft_type, spec, mesh, backend)` (earlier releases, also
     called with `mesh=`).  Forward (FFT, RFFT): real space -> k space; inverse: k -> real.
+
+    Example:
+      >>> import pencilfft.compat as jaxdecomp
+      >>> from jax.sharding import PartitionSpec as P
+      >>> jaxdecomp.get_output_specs(jaxdecomp.FftType.FFT, jaxdecomp.PENCILS, P("x", "y"), "jax")
+      ('x', 'y', None)
     """
     del backend  # pencilfft has one
     if fft_type not in set(FftType):
@@ -61,6 +67,15 @@ def validate_spec_matches_mesh(spec: Any, mesh) -> None:
     the mesh has no axis i.
 
     The messages are jaxdecomp 0.3.1's, word for word (code and tests match on them).
+
+    Example:
+      >>> import pencilfft.compat as jaxdecomp
+      >>> from jax.sharding import PartitionSpec as P
+      >>> jaxdecomp.validate_spec_matches_mesh(P("x", "y"), jax.make_mesh((4, 2), ("x", "y")))
+      >>> jaxdecomp.validate_spec_matches_mesh(P("y", "x"), jax.make_mesh((4, 2), ("x", "y")))
+      Traceback (most recent call last):
+      ...
+      ValueError: ...
     """
     if isinstance(spec, list):  # jaxdecomp takes a PartitionSpec or a tuple; a list as a tuple
         spec = tuple(spec)

@@ -14,6 +14,22 @@ __all__ = ["halo_exchange"]
 
 def halo_exchange(x, halo_extents, halo_periods=(True, True), backend: str = "jax"):
     """jaxdecomp.halo_exchange: fill the halos of every padded device block (see
-    `pencilfft.halo_exchange`)."""
+    `pencilfft.halo_exchange`).
+
+    Takes and returns the global array `x` (..., X, Y, Z), split P(a, b), whose every device
+    block is already padded by `halo_extents` = (hx, hy) cells on both sides of X and Y.  Raises
+    ValueError/TypeError naming the argument (extents too large for the blocks, a bad spec).
+
+    Example:
+      >>> import pencilfft.compat as jaxdecomp
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> spec = jax.sharding.PartitionSpec("x", "y")
+      >>> pad = jax.shard_map(lambda b: jnp.pad(b, ((1, 1), (1, 1), (0, 0))), mesh=mesh,
+      ...                     in_specs=spec, out_specs=spec)
+      >>> x = jax.device_put(np.ones((32, 32, 16), np.float32), pencilfft.real_space_sharding(mesh))
+      >>> y = jaxdecomp.halo_exchange(pad(x), halo_extents=(1, 1), halo_periods=(True, True))
+      >>> y.shape, float(y.min())
+      ((40, 36, 16), 1.0)
+    """
     check_backend(backend)
     return exchange_halos(x, halo_extents, halo_periods, None, like_jaxdecomp=True)

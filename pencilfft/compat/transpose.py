@@ -5,14 +5,16 @@ P(a, b, -) over the mesh's pencil axes (a, b) (its last two; axes before them sp
 batch axis), whole along d2.  Each transpose is one exchange over one mesh axis.  With
 `config.transpose_axis_contiguous` True (the default) the whole axis also moves last:
 
-| transpose | input spec   | output spec  | global result (contiguous) |
-|-----------|--------------|--------------|----------------------------|
-| XtoY      | (a, b, -)    | (b, a, -)    | x.transpose(2, 0, 1)       |
-| YtoZ      | (b, a, -)    | (a, b, -)    | x.transpose(2, 0, 1)       |
-| ZtoY      | (a, b, -)    | (b, a, -)    | x.transpose(1, 2, 0)       |
-| YtoX      | (b, a, -)    | (a, b, -)    | x.transpose(1, 2, 0)       |
-| XtoZ      | (a, b, -)    | (b, a, -)    | x.transpose(1, 2, 0)       |
-| ZtoX      | (b, a, -)    | (a, b, -)    | x.transpose(2, 0, 1)       |
+=========  ==========  ===========  ==========================
+transpose  input spec  output spec  global result (contiguous)
+=========  ==========  ===========  ==========================
+XtoY       (a, b, -)   (b, a, -)    x.transpose(2, 0, 1)
+YtoZ       (b, a, -)   (a, b, -)    x.transpose(2, 0, 1)
+ZtoY       (a, b, -)   (b, a, -)    x.transpose(1, 2, 0)
+YtoX       (b, a, -)   (a, b, -)    x.transpose(1, 2, 0)
+XtoZ       (a, b, -)   (b, a, -)    x.transpose(1, 2, 0)
+ZtoX       (b, a, -)   (a, b, -)    x.transpose(2, 0, 1)
+=========  ==========  ===========  ==========================
 
 With it False the global array keeps its order and only its split moves: XtoY (a, b, -) ->
 (a, -, b), YtoZ -> (-, a, b), ZtoY -> (a, -, b), YtoX -> (a, b, -), XtoZ (a, b, -) -> (-, b, a),
@@ -155,8 +157,25 @@ def _public(name: str, kind: str, doc: str):
         return _transpose(x, kind, backend)
 
     transpose.__name__ = transpose.__qualname__ = name
-    transpose.__doc__ = doc
+    shape = (4, 16, 8) if "(2, 0, 1)" in doc else (8, 4, 16)
+    transpose.__doc__ = doc + _EXAMPLE.format(name=name, shape=shape)
     return transpose
+
+
+# Each transpose's docstring ends with this (the global shapes of a (16, 8, 4) input on 4x2).
+_EXAMPLE = """
+
+Takes the global array `x` (d0, d1, d2) in any sharding (resharded to the table's input spec
+first) and returns the transposed global array in the output spec; a ValueError names the
+axis the mesh does not divide.
+
+Example:
+  >>> import pencilfft.compat as jaxdecomp
+  >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+  >>> x = jax.device_put(np.ones((16, 8, 4), np.float32), pencilfft.real_space_sharding(mesh))
+  >>> jaxdecomp.{name}(x).shape
+  {shape}
+"""
 
 
 # name: (exchange, what it does).  X pencil: (a, b, -); Y pencil: (b, a, -); Z pencil: (a, b, -).
