@@ -114,10 +114,12 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
       layout: "transposed" (default): global k-space order (..., Y, Z, X), as jaxdecomp;
         "natural": (..., X, Y, Z).  Either way Y is split by a and Z by b.
       mesh: the mesh; by default x's sharding, x's type under jit, then the ambient mesh.
-      exchange: "auto" (default), "alltoall", "pairwise" or "mpi": how blocks move between
-        devices (same result; `_transpose.ALGORITHMS` says what "auto" picks).  "mpi" sends
-        them with mpi4py from the host: CPU processes under mpirun with one device each, the
-        mesh known when traced (docs/howto/clusters.md).
+      exchange: "auto" (default), "alltoall", "pairwise", "mpi", "local" or "mixed": how
+        blocks move between devices (same result; `_exchange.ALGORITHMS` says what "auto"
+        picks).  "mpi": MPI inside XLA, CPU processes under mpirun or srun; "local": the CPU
+        devices of one process, through shared memory; "mixed": several processes of several
+        CPU devices each, "local" inside processes and "mpi" between them (docs: Choosing a
+        CPU layout).
       %s
       %s
 

@@ -502,7 +502,7 @@ def _session(comm: Any, root: Any) -> Iterator[_Session]:
             raise ImportError(
                 f"jax runs {n_proc} processes; moving arrays between them needs mpi4py ({e}): "
                 f"pip install 'pencilfft[mpi]', or on a cluster mpi4py built for its MPI "
-                f"(README, \"MPI\")"
+                f"(docs: howto/clusters)"
             ) from e
         world = MPI.COMM_WORLD
         if world.Get_size() == n_proc:

@@ -74,7 +74,7 @@ def _library():
         lib = _native.load("mpi", mpi=True)
     except _native.BuildError as e:
         warnings.warn(f"pencilfft: the MPI exchange could not be built, cross-process exchanges "
-                      f"use jax's gloo collectives instead (README \"MPI inside XLA\"): {e}",
+                      f"use jax's gloo collectives instead (docs: howto/cpu-layouts): {e}",
                       RuntimeWarning, stacklevel=4)
         return f"its handler could not be built ({str(e).splitlines()[0]})"
     instantiate = "PencilfftMpiInstantiate"
