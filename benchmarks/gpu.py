@@ -2,7 +2,8 @@
 
 Run on a machine with one CUDA GPU (JAX_PLATFORMS unset or "cuda"):
 
-    python benchmarks/gpu.py --out gpu.json
+    python benchmarks/gpu.py --out gpu.jsonl
+    python -m benchmarks.gpu table benchmarks/data/gpu-h100.jsonl      # the RESULTS.md table
 
 First the checks, each asserting (a failure stops the run with exit status 1): the complex and
 real transforms, both layouts, on no mesh, an Auto and an Explicit 1x1 mesh, eager and under
@@ -163,7 +164,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="128,256,512,1024")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--out", default=None, help="JSON file for the whole report")
+    parser.add_argument("--out", default=None,
+                        help="JSON-lines file: one record per row, with the run's info")
     parser.add_argument("--skip-checks", action="store_true")
     args = parser.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
@@ -187,10 +189,17 @@ def main(argv=None) -> int:
         print(f"{r['n']:>5} {r['dtype']:>9} {r['impl']:>10} {r['forward_ms']:>8.3f} "
               f"{r['inverse_ms']:>8.3f} {r['fwd_inv_one_jit_ms']:>9.3f} {temp:>10.2f}")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"info": info, "checks": checks, "rows": rows}, f, indent=1)
+        with open(args.out, "a") as f:
+            for r in rows:
+                f.write(json.dumps({**r, "info": info, "checks": len(checks)}) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == ["table"]:
+        from benchmarks import results
+
+        print(results.gpu_table([json.loads(line) for p in sys.argv[2:] for line in open(p)
+                                 if line.strip()]))
+    else:
+        sys.exit(main())

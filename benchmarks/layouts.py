@@ -118,8 +118,8 @@ def run(argv=None) -> list[dict[str, Any]]:
     return records
 
 
-def table(paths) -> str:
-    rows = [json.loads(line) for p in paths for line in open(p) if line.strip()]
+def table_of(rows) -> str:
+    """The RESULTS.md table of `--out`'s records: every layout beside 1 process x 8 devices."""
     base = {(r["shape"], r["pdims"]): r["ms"] for r in rows
             if r["processes"] == 1 and r["exchange"] == "auto"}
     out = ["| layout (processes x devices) | grid | mesh | exchange | ms (fwd+inv) | "
@@ -136,6 +136,7 @@ def table(paths) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "table":
-        print(table(sys.argv[2:]))
+        print(table_of([json.loads(line) for p in sys.argv[2:] for line in open(p)
+                        if line.strip()]))
     else:
         run(sys.argv[1:])

@@ -136,10 +136,11 @@ def _mpi_call(mesh, name: str, n: int, x) -> Callable:
     import jax
     from jax.sharding import PartitionSpec as P
 
+    from pencilfft import _exchange
     from pencilfft._exchange import mpi as _mpi_exchange
 
     def body(b):
-        with _mpi_exchange.in_mesh(mesh):
+        with _exchange.in_mesh(mesh):
             return _mpi_exchange.exchange(b.reshape((n, -1)), name, n).reshape(b.shape)
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y")))

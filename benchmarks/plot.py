@@ -22,7 +22,7 @@ the results committed in benchmarks/data/ (docs/benchmarks.md shows them; the do
   and `jnp.fft.fftn` on the sharded array (ci-cpu8.jsonl);
 * stored_cpu8_grid.png: time against grid size on those 8 devices, fastest mesh of each;
 * stored_gpu_h100.png: one H100, time against grid size, pencilfft, jnp.fft, jaxdecomp
-  (gpu-h100.json, written by benchmarks/gpu.py);
+  (gpu-h100.jsonl, written by benchmarks/gpu.py);
 * stored_mpi.png: one CPU device per process under mpirun, pencilfft beside mpi4py-fft
   (mpi-np2-xla.jsonl, mpi-np4-xla.jsonl);
 * stored_memory.png: XLA's peak memory per device in blocks of the grid's 1/P, every mesh, with
@@ -313,11 +313,12 @@ def _stored_cpu8(outdir: Path) -> list[Path]:
 
 
 def _stored_gpu(outdir: Path) -> list[Path]:
-    """gpu-h100.json: time against grid size on one H100, complex64 and float32."""
+    """gpu-h100.jsonl: time against grid size on one H100, complex64 and float32."""
     import json
 
-    data = json.loads((DATA / "gpu-h100.json").read_text())
-    rows = data["rows"]
+    rows = [json.loads(line) for line in (DATA / "gpu-h100.jsonl").read_text().splitlines()
+            if line.strip()]
+    data = {"info": rows[0]["info"]}
     dtypes = sorted({r["dtype"] for r in rows})
     fig, axes = _figure(len(dtypes))
     for j, dtype in enumerate(dtypes):

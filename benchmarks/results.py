@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import (batch, chunks, harness, kernel, kinds, margin, memory, mpi, pm, power,
-                        report, steps)
+from benchmarks import (batch, chunks, harness, kernel, kinds, layouts, margin, memory,
+                        mpi, pm, power, report, steps)
 
 Records = list[dict[str, Any]]
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,6 +164,23 @@ def memory_table(records: Records) -> str:
     return "\n".join(lines)
 
 
+def gpu_table(records: Records) -> str:
+    """One GPU (`benchmarks/gpu.py --out`): each implementation's times and temporaries."""
+    lines = ["| N^3 | dtype | implementation | forward ms | inverse ms | fwd+inv in one jit, ms "
+             "| XLA temp per device (fwd+inv), blocks |",
+             "|---:|---|---|---:|---:|---:|---:|"]
+    for r in records:
+        temp = r["memory_fwd_inv"].get("temp_bytes", float("nan")) / r["block_bytes"]
+        lines.append(f"| {r['n']} | {r['dtype']} | {r['impl']} | {r['forward_ms']:.2f} | "
+                     f"{r['inverse_ms']:.2f} | {r['fwd_inv_one_jit_ms']:.2f} | {temp:.2f} |")
+    info = records[0]["info"] if records else {}
+    checks = records[0]["checks"] if records else 0
+    lines += ["", f"{info.get('device_kind', '?')}, jax {info.get('jax', '?')}, jaxdecomp "
+                  f"{info.get('jaxdecomp', 'not installed')}; {checks} correctness checks passed "
+                  "before timing."]
+    return "\n".join(lines)
+
+
 # KIND -> (the table from the records of each PATH, how many PATHs it takes)
 TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "fft": (report.markdown_table, 1),
@@ -183,6 +200,8 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "kernel-block": (kernel.block_table, 1),
     "kernel-mesh": (kernel.mesh_table, 1),
     "kernel-memory": (kernel.memory_table, 1),
+    "gpu": (gpu_table, 1),
+    "layouts": (layouts.table_of, 1),
 }
 
 

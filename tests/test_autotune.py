@@ -55,8 +55,9 @@ def test_autotune_skips_meshes_the_grid_does_not_fit():
     (dict(shape=(8, 8, 8), repeats=0), r"`repeats` must be at least 1"),
     (dict(shape=(0, 8, 8)), r"`shape` must hold positive sizes; got \(0, 8, 8\)"),
     (dict(shape=(-8, 8, 8)), r"`shape` must hold positive sizes; got \(-8, 8, 8\)"),
-    (dict(shape=(8, 8, 8), exchanges=()), r"`exchanges` must name at least one of \('auto', "
-                                          r"'alltoall', 'pairwise', 'mpi', 'local'\); got \(\)"),
+    (dict(shape=(8, 8, 8), exchanges=()),
+     r"`exchanges` must name at least one of \('auto', 'alltoall', 'pairwise', 'mpi', 'local', "
+     r"'mixed'\); got \(\)"),
     (dict(shape=(8, 8, 8), exchanges=("alltoall", "fast")),
      r"`exchanges` entries must be in .*; got 'fast'"),
     (dict(shape=(8, 8, 8), devices=[]), r"`devices` must hold at least one jax device; got an "

@@ -157,11 +157,11 @@ def test_batch_meshes(shape):
     assert rel_err(to_numpy(pencilfft.pirfft3d(k, (16, 16, 16), chunks=2)), data) < 1e-12
 
 
-@MPIRUN  # the exchanges of the pieces across processes, "mpi" (MPI inside XLA) too
-@pytest.mark.parametrize("exchange", ["alltoall", "mpi"])
+@MPIRUN  # the exchanges of the pieces across processes, "mpi" and "mixed" (MPI inside XLA) too
+@pytest.mark.parametrize("exchange", ["alltoall", "mpi", "mixed"])
 def test_across_processes(exchange):
-    if exchange == "mpi" and jax.process_count() != len(jax.devices()):
-        pytest.skip('"mpi" runs with one device per process')
+    if exchange != "alltoall" and jax.process_count() == 1:
+        pytest.skip(f'"{exchange}" runs across processes (MPI inside XLA)')
     pdims = (jax.device_count() // 2, 2) if jax.device_count() > 1 else (1, 1)
     mesh = make_mesh(pdims)
     data, x = _field((16, 16, 12), False, mesh)
