@@ -22,6 +22,7 @@ which also differentiates to any order).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -204,20 +205,29 @@ paint_p = Primitive("pencilfft_paint_block")
 read_p = Primitive("pencilfft_read_block")
 
 
-def _vma(*avals):
-    out = frozenset()
-    for a in avals:
-        out = out | getattr(a, "vma", frozenset())
-    return out
+def _out_aval(shape, dtype, a, b):
+    """The output's abstract value: varying (in shard_map) over the axes either input varies
+    over, on the inputs' mesh with no split of its own (it only runs per device)."""
+    types = [x.manual_axis_type for x in (a, b)]
+    mat = types[0]
+    varying = types[0].varying | types[1].varying
+    if varying != mat.varying:
+        mat = dataclasses.replace(mat, varying=varying) if dataclasses.is_dataclass(mat) \
+            else mat._replace(varying=varying)
+    sharding = a.sharding
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is not None:
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.core.ShapedArray(shape, dtype, sharding=sharding, manual_axis_type=mat)
 
 
 def _paint_abstract(dx, v, *, offset, shape, window, deriv):
-    return jax.core.ShapedArray((v.shape[0],) + tuple(shape), v.dtype, vma=_vma(dx, v))
+    return _out_aval((v.shape[0],) + tuple(shape), v.dtype, v, dx)
 
 
 def _read_abstract(g, dx, *, offset, window, deriv):
     shape = (g.shape[0],) + tuple(dx.shape[:3]) + ((3,) if deriv else ())
-    return jax.core.ShapedArray(shape, g.dtype, vma=_vma(g, dx))
+    return _out_aval(shape, g.dtype, g, dx)
 
 
 def _paint_impl(dx, v, **params):
@@ -233,10 +243,6 @@ def _no_second(deriv: bool, what: str) -> None:
         raise NotImplementedError(
             f"pencilfft: second derivatives of {what} with respect to the positions are not "
             "implemented by the paint kernel; set PENCILFFT_PAINT_KERNEL=xla for plain JAX")
-
-
-def _instantiate(t, like):
-    return ad.instantiate_zeros(t) if type(t) is not ad.Zero else jnp.zeros(like.shape, like.dtype)
 
 
 def _paint_jvp(primals, tangents, *, offset, shape, window, deriv):
