@@ -22,7 +22,6 @@ which also differentiates to any order).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -212,8 +211,7 @@ def _out_aval(shape, dtype, a, b):
     mat = types[0]
     varying = types[0].varying | types[1].varying
     if varying != mat.varying:
-        mat = dataclasses.replace(mat, varying=varying) if dataclasses.is_dataclass(mat) \
-            else mat._replace(varying=varying)
+        mat = mat.update(varying=varying)
     sharding = a.sharding
     mesh = getattr(sharding, "mesh", None)
     if mesh is not None:
@@ -301,8 +299,8 @@ def _read_transpose(ct, g, dx, *, offset, window, deriv):
 
 def _batch(prim, args, dims, **params):
     """vmap: one call per batch element (lax.map); the kernel takes no extra leading axis."""
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
-    args = [jnp.broadcast_to(a, (size,) + a.shape) if d is batching.not_mapped
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    args = [jnp.broadcast_to(a, (size,) + a.shape) if d is None
             else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
     return jax.lax.map(lambda xs: prim.bind(*xs, **params), tuple(args)), 0
 
