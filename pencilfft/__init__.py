@@ -7,6 +7,7 @@ from ._memory import MemoryLimitError
 from ._freq import fftfreq3d, rfftfreq3d, wavenumbers3d
 from ._halo import halo_exchange
 from ._paint import paint, readout
+from ._window import compensation as window_compensation
 from ._power import power_spectrum
 from ._sharding import get_fft_output_sharding, k_space_sharding, real_space_sharding
 from . import compat  # noqa: E402,F401 - `pencilfft.compat` after `import pencilfft`, as before
@@ -38,4 +39,5 @@ __all__ = [
     "scatter",
     "Tuning",
     "wavenumbers3d",
+    "window_compensation",
 ]
