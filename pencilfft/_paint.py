@@ -243,7 +243,8 @@ def _run(body, args, in_specs, out_spec, mesh, p: PaintPlan):
     if mesh is None:
         return body(*args)
     # Explicit or concrete inputs split otherwise are resharded (shard_map refuses them).
-    args = [a if (_is_tracer(a) and not has_explicit_axes(mesh)) else
+    args = [a if (np.ndim(a) == 0 or (_is_tracer(a) and not has_explicit_axes(mesh))
+                  or (not _is_tracer(a) and not isinstance(mesh, jax.sharding.Mesh))) else
             place(a, NamedSharding(mesh, spec)) for a, spec in zip(args, in_specs)]
     if p.mpi:
         body = with_mesh(lambda a: body(*a), mesh)
@@ -257,7 +258,7 @@ def _run(body, args, in_specs, out_spec, mesh, p: PaintPlan):
 
 
 def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | None = None,
-          mesh=None) -> jax.Array:
+          mesh=None, shape=None, capacity: int | None = None) -> jax.Array:
     """Paint the particles of a displaced lattice onto the grid (JaxPM's `cic_paint_dx`).
 
     Args:
@@ -275,10 +276,18 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
       mesh: the mesh; by default dx's sharding, its type under jit, the ambient mesh, else one
         device (under jit with an Auto mesh: the mesh in dx's type).
 
+    Catalogs: `dx` of shape (N, 3) holds absolute positions (grid units, periodic), split over
+    all the mesh's devices along N in any order, `weights` a scalar or (N,) split alike, and
+    `shape` = (X, Y, Z) the grid's.  Particles travel to the devices owning their cells and
+    back in fixed-size buckets of `capacity` per pair of devices (see `_catalog` for the
+    policy when one overflows: ValueError eagerly, NaN under jit).
+
     Returns:
       The painted field, global shape (X, Y, Z), dx's dtype, split like dx (X, Y).  With unit
       weights and one particle per cell its mean is 1.
     """
+    if getattr(dx, "ndim", None) == 2:
+        return _catalog_call(dx, weights, window, shape, capacity, mesh)
     shape = _check_dx(dx)
     mesh = _mesh_for(dx, mesh)
     p = plan(shape, mesh, window, max_displacement, _mpi_exchange.auto(jax.default_backend()))
@@ -298,7 +307,7 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
 
 
 def readout(field, dx, window: str = "cic", *, max_displacement: float | None = None,
-            mesh=None) -> jax.Array:
+            mesh=None, capacity: int | None = None) -> jax.Array:
     """The field's values at the particles of a displaced lattice (JaxPM's `cic_read_dx`).
 
     Args:
@@ -311,7 +320,11 @@ def readout(field, dx, window: str = "cic", *, max_displacement: float | None = 
       The interpolated values, global shape (..., X, Y, Z) (one per particle, at its lattice
       site), the field's dtype, split like dx.  readout is the transpose of paint: for a
       scalar s(field) = sum(readout(field, dx) * w), d s / d field = paint(dx, w).
+
+    Catalogs: `dx` of shape (N, 3) holds absolute positions, as in `paint`; returns (..., N).
     """
+    if getattr(dx, "ndim", None) == 2:
+        return _catalog_read(field, dx, window, capacity, mesh)
     shape = _check_dx(dx)
     if not (hasattr(field, "shape") and hasattr(field, "dtype")):
         raise TypeError(f"`field` must be an array (..., X, Y, Z); got {type(field).__name__}")
@@ -327,3 +340,51 @@ def readout(field, dx, window: str = "cic", *, max_displacement: float | None = 
     out = _run(functools.partial(_read_body, p=p), (f, dx.astype(f.dtype)),
                (P(None, *p.spec), P(*p.spec, None)), P(None, *p.spec), mesh, p)
     return out.reshape(lead + shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# Catalogs (`_catalog.py`)
+
+
+def _check_positions(pos) -> None:
+    if np.dtype(pos.dtype) not in (np.float32, np.float64):
+        raise TypeError(f"`positions` must be float32 or float64; got {np.dtype(pos.dtype)}")
+    if pos.shape[-1] != 3:
+        raise ValueError(f"`positions` of a catalog must have shape (N, 3); got shape "
+                         f"{tuple(pos.shape)}")
+
+
+def _catalog_call(pos, weights, window, shape, capacity, mesh) -> jax.Array:
+    from ._catalog import paint_catalog
+
+    _check_positions(pos)
+    if shape is None:
+        raise ValueError("`shape` (X, Y, Z) is required to paint a catalog (positions (N, 3))")
+    w = weights
+    if not (hasattr(w, "shape") and hasattr(w, "dtype")):
+        if not isinstance(w, numbers.Real) or isinstance(w, bool):
+            raise TypeError(f"`weights` must be a number or an array (N,); got "
+                            f"{type(weights).__name__}")
+        w = jnp.asarray(w, pos.dtype)
+    elif tuple(w.shape) not in ((), pos.shape[:1]):
+        raise ValueError(f"`weights` must be a scalar or have shape (N,) = {pos.shape[:1]}; got "
+                         f"shape {tuple(w.shape)}")
+    mesh = _mesh_for(pos, mesh)
+    return paint_catalog(pos, w, window, shape, capacity, mesh,
+                         _mpi_exchange.auto(jax.default_backend()), _run)
+
+
+def _catalog_read(field, pos, window, capacity, mesh) -> jax.Array:
+    from ._catalog import read_catalog
+
+    _check_positions(pos)
+    if not (hasattr(field, "shape") and hasattr(field, "dtype")) or len(field.shape) < 3:
+        raise ValueError(f"`field` must be an array (..., X, Y, Z); got "
+                         f"{getattr(field, 'shape', type(field).__name__)}")
+    mesh = _mesh_for(pos, mesh)
+    lead = tuple(field.shape[:-3])
+    field = jnp.asarray(field).astype(jnp.result_type(field.dtype, pos.dtype))
+    f = field.reshape((math.prod(lead),) + tuple(field.shape[-3:]))
+    out = read_catalog(f, pos.astype(f.dtype), window, capacity, mesh,
+                       _mpi_exchange.auto(jax.default_backend()), _run)
+    return out.reshape(lead + pos.shape[:1])

@@ -124,11 +124,13 @@ def _axis_cells(dx_d, site, off: int, n: int, window: str, deriv: bool):
     return idx, weights(u, window), (derivatives(u, window) if deriv else None)
 
 
-def _corners(dx, offset, shape, window: str, deriv: bool):
+def _corners(dx, offset, shape, window: str, deriv: bool, absolute: bool = False):
     """For each of the s^3 cells a particle touches: its flat index in g (shape) and its
-    weight (deriv: the 3 components of the weight's gradient)."""
+    weight (deriv: the 3 components of the weight's gradient).  `absolute`: every particle's
+    site is (0, 0, 0) (catalogs: dx is the position)."""
     bx, by, bz = dx.shape[:3]
-    sites = [jnp.arange(b, dtype=jnp.int32).reshape([-1 if a == d else 1 for a in range(3)])
+    sites = [jnp.zeros((), jnp.int32) if absolute else
+             jnp.arange(b, dtype=jnp.int32).reshape([-1 if a == d else 1 for a in range(3)])
              for d, b in enumerate((bx, by, bz))]
     axes = [_axis_cells(dx[..., d], sites[d], (offset + (0,))[d], shape[d], window, deriv)
             for d in range(3)]
@@ -148,10 +150,10 @@ def _corners(dx, offset, shape, window: str, deriv: bool):
     return out
 
 
-def paint_block_xla(dx, v, *, offset, shape, window, deriv):
+def paint_block_xla(dx, v, *, offset, shape, window, deriv, absolute=False):
     """g (C, *shape) from v (C, bx, by, Z) (deriv: (C, bx, by, Z, 3)): XLA's scatter-add."""
     C = v.shape[0]
-    corners = _corners(dx, offset, shape, window, deriv)
+    corners = _corners(dx, offset, shape, window, deriv, absolute)
     flat = jnp.stack([f for f, _ in corners]).reshape(-1)
     if deriv:
         vals = jnp.stack([sum(v[..., d] * w[d] for d in range(3)) for _, w in corners], axis=1)
@@ -167,12 +169,12 @@ def paint_block_xla(dx, v, *, offset, shape, window, deriv):
     return g.reshape((C,) + tuple(shape))
 
 
-def read_block_xla(g, dx, *, offset, window, deriv):
+def read_block_xla(g, dx, *, offset, window, deriv, absolute=False):
     """(C, bx, by, Z) (deriv: (C, bx, by, Z, 3)) values of g (C, nx, ny, nz) at the particles."""
     C = g.shape[0]
     flat_g = g.reshape(C, -1)
     out = 0
-    for flat, w in _corners(dx, offset, g.shape[1:], window, deriv):
+    for flat, w in _corners(dx, offset, g.shape[1:], window, deriv, absolute):
         vals = flat_g[:, flat]
         out = out + (jnp.stack([vals * wd for wd in w], axis=-1) if deriv else vals * w)
     return out.astype(g.dtype)
@@ -182,18 +184,21 @@ def read_block_xla(g, dx, *, offset, window, deriv):
 # What _paint calls
 
 
-def paint_block(dx, v, *, offset, shape, window: str, deriv: bool = False):
+def paint_block(dx, v, *, offset, shape, window: str, deriv: bool = False,
+                absolute: bool = False):
     if _setting() == "xla":
         return paint_block_xla(dx, v, offset=offset, shape=tuple(shape), window=window,
-                               deriv=deriv)
+                               deriv=deriv, absolute=absolute)
     return paint_p.bind(dx, v, offset=tuple(offset), shape=tuple(shape), window=window,
-                        deriv=deriv)
+                        deriv=deriv, absolute=absolute)
 
 
-def read_block(g, dx, *, offset, window: str, deriv: bool = False):
+def read_block(g, dx, *, offset, window: str, deriv: bool = False, absolute: bool = False):
     if _setting() == "xla":
-        return read_block_xla(g, dx, offset=offset, window=window, deriv=deriv)
-    return read_p.bind(g, dx, offset=tuple(offset), window=window, deriv=deriv)
+        return read_block_xla(g, dx, offset=offset, window=window, deriv=deriv,
+                              absolute=absolute)
+    return read_p.bind(g, dx, offset=tuple(offset), window=window, deriv=deriv,
+                       absolute=absolute)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,11 +224,11 @@ def _out_aval(shape, dtype, a, b):
     return jax.core.ShapedArray(shape, dtype, sharding=sharding, manual_axis_type=mat)
 
 
-def _paint_abstract(dx, v, *, offset, shape, window, deriv):
+def _paint_abstract(dx, v, *, offset, shape, window, deriv, absolute):
     return _out_aval((v.shape[0],) + tuple(shape), v.dtype, v, dx)
 
 
-def _read_abstract(g, dx, *, offset, window, deriv):
+def _read_abstract(g, dx, *, offset, window, deriv, absolute):
     shape = (g.shape[0],) + tuple(dx.shape[:3]) + ((3,) if deriv else ())
     return _out_aval(shape, g.dtype, g, dx)
 
@@ -243,10 +248,10 @@ def _no_second(deriv: bool, what: str) -> None:
             "implemented by the paint kernel; set PENCILFFT_PAINT_KERNEL=xla for plain JAX")
 
 
-def _paint_jvp(primals, tangents, *, offset, shape, window, deriv):
+def _paint_jvp(primals, tangents, *, offset, shape, window, deriv, absolute):
     dx, v = primals
     tdx, tv = tangents
-    params = dict(offset=offset, shape=shape, window=window)
+    params = dict(offset=offset, shape=shape, window=window, absolute=absolute)
     y = paint_p.bind(dx, v, deriv=deriv, **params)
     out = None
     if type(tv) is not ad.Zero:
@@ -261,18 +266,19 @@ def _paint_jvp(primals, tangents, *, offset, shape, window, deriv):
     return y, out
 
 
-def _paint_transpose(ct, dx, v, *, offset, shape, window, deriv):
+def _paint_transpose(ct, dx, v, *, offset, shape, window, deriv, absolute):
     if ad.is_undefined_primal(dx):
         raise ValueError("pencilfft: paint is not linear in the positions")
     if type(ct) is ad.Zero:
         return None, ad.Zero(v.aval)
-    return None, read_p.bind(ct, dx, offset=offset, window=window, deriv=deriv)
+    return None, read_p.bind(ct, dx, offset=offset, window=window, deriv=deriv,
+                             absolute=absolute)
 
 
-def _read_jvp(primals, tangents, *, offset, window, deriv):
+def _read_jvp(primals, tangents, *, offset, window, deriv, absolute):
     g, dx = primals
     tg, tdx = tangents
-    params = dict(offset=offset, window=window)
+    params = dict(offset=offset, window=window, absolute=absolute)
     y = read_p.bind(g, dx, deriv=deriv, **params)
     out = None
     if type(tg) is not ad.Zero:
@@ -287,14 +293,14 @@ def _read_jvp(primals, tangents, *, offset, window, deriv):
     return y, out
 
 
-def _read_transpose(ct, g, dx, *, offset, window, deriv):
+def _read_transpose(ct, g, dx, *, offset, window, deriv, absolute):
     if ad.is_undefined_primal(dx):
         raise ValueError("pencilfft: readout is not linear in the positions")
     if type(ct) is ad.Zero:
         return ad.Zero(g.aval), None
     shape = g.aval.shape[1:]
     return paint_p.bind(dx, ct, offset=offset, shape=tuple(shape), window=window,
-                        deriv=deriv), None
+                        deriv=deriv, absolute=absolute), None
 
 
 def _batch(prim, args, dims, **params):
@@ -319,22 +325,24 @@ def _usable(*avals) -> bool:
             and all(0 not in a.shape for a in avals) and kernel() == "native")
 
 
-def _paint_cpu_lowering(ctx, dx, v, *, offset, shape, window, deriv):
-    params = dict(offset=offset, shape=shape, window=window, deriv=deriv)
+def _paint_cpu_lowering(ctx, dx, v, *, offset, shape, window, deriv, absolute):
+    params = dict(offset=offset, shape=shape, window=window, deriv=deriv, absolute=absolute)
     if not _usable(*ctx.avals_in):
         return _paint_xla_lowering(ctx, dx, v, **params)
     return jax.ffi.ffi_lowering(TARGETS[0])(
         ctx, dx, v, window=np.int32(_WINDOW_CODE[window]), deriv=bool(deriv),
-        offset=np.asarray(offset, np.int64), threads=np.int64(_threads_per_device()))
+        offset=np.asarray(offset, np.int64), threads=np.int64(_threads_per_device()),
+        absolute=bool(absolute))
 
 
-def _read_cpu_lowering(ctx, g, dx, *, offset, window, deriv):
-    params = dict(offset=offset, window=window, deriv=deriv)
+def _read_cpu_lowering(ctx, g, dx, *, offset, window, deriv, absolute):
+    params = dict(offset=offset, window=window, deriv=deriv, absolute=absolute)
     if not _usable(*ctx.avals_in):
         return _read_xla_lowering(ctx, g, dx, **params)
     return jax.ffi.ffi_lowering(TARGETS[1])(
         ctx, g, dx, window=np.int32(_WINDOW_CODE[window]), deriv=bool(deriv),
-        offset=np.asarray(offset, np.int64), threads=np.int64(_threads_per_device()))
+        offset=np.asarray(offset, np.int64), threads=np.int64(_threads_per_device()),
+        absolute=bool(absolute))
 
 
 paint_p.def_abstract_eval(_paint_abstract)

@@ -231,7 +231,7 @@ def test_kernel_threads_and_xla():
     rng = np.random.default_rng(13)
     dx = jnp.asarray(rng.normal(size=(12, 6, 10, 3)) * 2)
     v = jnp.asarray(rng.normal(size=(2, 12, 6, 10)))
-    kw = dict(offset=(2, 0), shape=(16, 6, 10), window="pcs", deriv=False)
+    kw = dict(offset=(2, 0), shape=(16, 6, 10), window="pcs", deriv=False, absolute=False)
     outs = {}
     for t in ("1", "2", "3"):
         os.environ["PENCILFFT_THREADS"] = t
@@ -245,7 +245,7 @@ def test_kernel_threads_and_xla():
     np.testing.assert_allclose(outs["2"], ref, atol=1e-12)
     for deriv in (False, True):
         g = jnp.asarray(rng.normal(size=(2, 16, 6, 10)))
-        kr = dict(offset=(2, 0), window="tsc", deriv=deriv)
+        kr = dict(offset=(2, 0), window="tsc", deriv=deriv, absolute=False)
         got = jax.jit(lambda g, d: _paint_kernel.read_p.bind(g, d, **kr))(g, dx)
         np.testing.assert_allclose(got, _paint_kernel.read_block_xla(g, dx, **kr), atol=1e-12)
 

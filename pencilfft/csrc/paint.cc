@@ -2,7 +2,7 @@
 //
 // A block of particles on a lattice (bx, by, Z): particle p = site (i, j, k) sits at
 // (i + ox, j + oy, k) + dx[i, j, k, :] in the cells of a grid g (C, nx, ny, nz), every index
-// taken modulo the grid's shape.  A window of support S (1 NGP, 2 CIC, 3 TSC, 4 PCS) gives the
+// taken modulo the grid's shape; with `absolute` (catalogs) at (ox, oy, 0) + dx[i, j, k, :].  A window of support S (1 NGP, 2 CIC, 3 TSC, 4 PCS) gives the
 // cells base .. base + S - 1 along each axis, base = floor(x + 1 - S/2), with weights that are
 // polynomials in u = x + 1 - S/2 - base (the same formulas as pencilfft/_window.py).
 //
@@ -64,6 +64,7 @@ inline void Axis(R d, int64_t site, int64_t n, int64_t* idx, R* w, R* g) {
 
 struct Geom {
   int64_t C, bx, by, bz, nx, ny, nz, ox, oy;
+  bool absolute;  // catalogs: every particle's site is (0, 0, 0), dx its position
   int64_t M() const { return bx * by * bz; }
   int64_t N() const { return nx * ny * nz; }
 };
@@ -74,6 +75,7 @@ struct Particle {
   int64_t ix[S], iy[S], iz[S];
   R wx[S], wy[S], wz[S], gx[S], gy[S], gz[S];
   void Set(const Geom& G, const R* dx, int64_t i, int64_t j, int64_t k) {
+    if (G.absolute) i = j = k = 0;
     Axis<S, R>(dx[0], i + G.ox, G.nx, ix, wx, gx);
     Axis<S, R>(dx[1], j + G.oy, G.ny, iy, wy, gy);
     Axis<S, R>(dx[2], k, G.nz, iz, wz, gz);
@@ -145,7 +147,9 @@ void Paint(const Geom& G, const R* dx, const R* v, R* g, int64_t threads) {
     for (int64_t i = lo; i < hi; ++i)
       for (int64_t p = i * G.by * G.bz; p < (i + 1) * G.by * G.bz; ++p) {
         R t = dx[3 * p] + R(1.0 - S / 2.0);
-        first[p] = static_cast<int32_t>(Mod(i + G.ox + static_cast<int64_t>(std::floor(t)), G.nx));
+        const int64_t site = G.absolute ? 0 : i;
+        first[p] = static_cast<int32_t>(
+            Mod(site + G.ox + static_cast<int64_t>(std::floor(t)), G.nx));
       }
   });
   std::vector<int64_t> start(G.nx + 1, 0);
@@ -259,13 +263,13 @@ ffi::Error Check(ffi::AnyBuffer a, ffi::AnyBuffer b, bool* dbl) {
 
 ffi::Error PaintImpl(ffi::AnyBuffer dx, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> g,
                      int32_t window, bool deriv, ffi::Span<const int64_t> offset,
-                     int64_t threads) {
+                     int64_t threads, bool absolute) {
   bool dbl;
   if (auto e = Check(dx, v, &dbl); e.failure()) return e;
   auto d = dx.dimensions(), o = g->dimensions();
   if (d.size() != 4 || o.size() != 4 || offset.size() != 2)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_paint: bad ranks");
-  Geom G{o[0], d[0], d[1], d[2], o[1], o[2], o[3], offset[0], offset[1]};
+  Geom G{o[0], d[0], d[1], d[2], o[1], o[2], o[3], offset[0], offset[1], absolute};
   if (!Dispatch<PaintOp>(window, dbl, deriv, G, dx.untyped_data(), v.untyped_data(),
                          g->untyped_data(), threads))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_paint: bad window");
@@ -274,13 +278,13 @@ ffi::Error PaintImpl(ffi::AnyBuffer dx, ffi::AnyBuffer v, ffi::Result<ffi::AnyBu
 
 ffi::Error ReadImpl(ffi::AnyBuffer g, ffi::AnyBuffer dx, ffi::Result<ffi::AnyBuffer> out,
                     int32_t window, bool deriv, ffi::Span<const int64_t> offset,
-                    int64_t threads) {
+                    int64_t threads, bool absolute) {
   bool dbl;
   if (auto e = Check(g, dx, &dbl); e.failure()) return e;
   auto d = dx.dimensions(), n = g.dimensions();
   if (d.size() != 4 || n.size() != 4 || offset.size() != 2)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_readout: bad ranks");
-  Geom G{n[0], d[0], d[1], d[2], n[1], n[2], n[3], offset[0], offset[1]};
+  Geom G{n[0], d[0], d[1], d[2], n[1], n[2], n[3], offset[0], offset[1], absolute};
   if (!Dispatch<ReadOp>(window, dbl, deriv, G, g.untyped_data(), dx.untyped_data(),
                         out->untyped_data(), threads))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_readout: bad window");
@@ -297,7 +301,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftPaint, PaintImpl,
                                   .Attr<int32_t>("window")
                                   .Attr<bool>("deriv")
                                   .Attr<ffi::Span<const int64_t>>("offset")
-                                  .Attr<int64_t>("threads"));
+                                  .Attr<int64_t>("threads")
+                                  .Attr<bool>("absolute"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftReadout, ReadImpl,
                               ffi::Ffi::Bind()
@@ -307,4 +312,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftReadout, ReadImpl,
                                   .Attr<int32_t>("window")
                                   .Attr<bool>("deriv")
                                   .Attr<ffi::Span<const int64_t>>("offset")
-                                  .Attr<int64_t>("threads"));
+                                  .Attr<int64_t>("threads")
+                                  .Attr<bool>("absolute"));
