@@ -318,7 +318,8 @@ def _catalog_fns(window):
             jax.jit(lambda f, q: pencilfft.readout(f, q, window)))
 
 
-@pytest.mark.parametrize("window,pdims", [("cic", (4, 2)), ("pcs", (8,)), ("tsc", (1, 8)),
+@pytest.mark.parametrize("window,pdims", [pytest.param("cic", (4, 2), marks=pytest.mark.mpirun),
+                                          ("pcs", (8,)), ("tsc", (1, 8)),
                                           pytest.param("cic", None, id="one-device")])
 def test_catalog_against_numpy(window, pdims):
     pos = _catalog()
@@ -338,7 +339,6 @@ def test_catalog_against_numpy(window, pdims):
     np.testing.assert_allclose(to_numpy(r), numpy_read_catalog(f, pos, window), atol=1e-12)
 
 
-@pytest.mark.mpirun
 def test_catalog_grad_and_capacity():
     """grad in the positions, weights and field equals one device's; a full bucket: ValueError
     eagerly (with the numbers), NaN under jit."""
