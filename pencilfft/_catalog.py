@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import numbers
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from ._decomposition import mesh_axes
 from ._paint_kernel import paint_block, read_block

@@ -365,3 +365,32 @@ def test_catalog_grad_and_capacity():
     assert np.isnan(to_numpy(g)).any()
     r = jax.jit(lambda f, q: pencilfft.readout(f, q, capacity=64))(put_global(f, fs), crowded)
     assert np.isnan(to_numpy(r)).any()
+
+
+FALLBACK = """
+import warnings, numpy as np, jax, jax.numpy as jnp
+import pencilfft
+from pencilfft import _paint_kernel
+dx = jnp.asarray(np.random.default_rng(0).normal(size=(8, 8, 8, 3)) * 0.3)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(2):
+        g = jax.jit(pencilfft.paint)(dx)
+assert abs(float(g.sum()) - 512) < 1e-3
+print(_paint_kernel.kernel(), sum("paint kernel is unavailable" in str(w.message) for w in caught))
+"""
+
+
+def test_fallback_without_compiler(tmp_path):
+    """No C++ compiler: XLA's scatter/gather, right values, one warning."""
+    bogus = tmp_path / "bin"
+    bogus.mkdir()
+    (bogus / "c++").write_text("#!/bin/sh\necho 'bogus compiler' >&2\nexit 1\n")
+    (bogus / "c++").chmod(0o755)
+    env = clean_env(1, PENCILFFT_CACHE_DIR=str(tmp_path / "cache"),
+                    PATH=f"{bogus}:{os.environ['PATH']}", PENCILFFT_FFT_KERNEL="xla",
+                    PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", FALLBACK], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["xla", "1"], out.stdout + out.stderr[-2000:]
