@@ -183,6 +183,19 @@ def test_adjoint_and_vmap():
         np.testing.assert_allclose(to_numpy(got)[i], numpy_paint(ens[i], "cic"), atol=1e-12)
 
 
+def test_interlace():
+    """Interlacing: (F1 + F2 exp(-i k.h)) / 2 of the paintings at x and x - 1/2 (numpy)."""
+    dx = displacements(seed=30, shape=(16, 16, 8))
+    k1 = np.fft.rfftn(numpy_paint(dx, "tsc"))
+    k2 = np.fft.rfftn(numpy_paint(dx - 0.5, "tsc"))
+    kv = np.meshgrid(*[2 * np.pi * np.fft.fftfreq(16)] * 2, 2 * np.pi * np.fft.rfftfreq(8),
+                     indexing="ij")
+    ref = np.fft.irfftn((k1 + k2 * np.exp(-0.5j * sum(kv))) / 2, s=(16, 16, 8))
+    sh = NamedSharding(make_mesh((4, 2)), P("x", "y"))
+    g = jax.jit(lambda d: pencilfft.paint(d, window="tsc", interlace=True))(put_global(dx, sh))
+    np.testing.assert_allclose(to_numpy(g), ref, atol=1e-12)
+
+
 def test_halo_policy():
     """Beyond the halo: ValueError eagerly (with the numbers), NaN under jit; never wrapped."""
     dx = displacements(seed=12, rms=0.1)
