@@ -190,7 +190,7 @@ def test_interlace():
     k2 = np.fft.rfftn(numpy_paint(dx - 0.5, "tsc"))
     kv = np.meshgrid(*[2 * np.pi * np.fft.fftfreq(16)] * 2, 2 * np.pi * np.fft.rfftfreq(8),
                      indexing="ij")
-    ref = np.fft.irfftn((k1 + k2 * np.exp(-0.5j * sum(kv))) / 2, s=(16, 16, 8))
+    ref = np.fft.irfftn((k1 + k2 * np.exp(-0.5j * sum(kv))) / 2, s=(16, 16, 8), axes=(0, 1, 2))
     sh = NamedSharding(make_mesh((4, 2)), P("x", "y"))
     g = jax.jit(lambda d: pencilfft.paint(d, window="tsc", interlace=True))(put_global(dx, sh))
     np.testing.assert_allclose(to_numpy(g), ref, atol=1e-12)
