@@ -181,6 +181,14 @@ def test_adjoint_and_vmap():
             put_global(ens, NamedSharding(mesh, P(None, "x", "y"))))
     for i in range(2):
         np.testing.assert_allclose(to_numpy(got)[i], numpy_paint(ens[i], "cic"), atol=1e-12)
+    fields = np.stack([f, -2 * f])
+    with jax.set_mesh(mesh):
+        got = jax.jit(jax.vmap(lambda g, d: pencilfft.readout(g, d)))(
+            put_global(fields, NamedSharding(mesh, P(None, "x", "y"))),
+            put_global(ens, NamedSharding(mesh, P(None, "x", "y"))))
+    for i in range(2):
+        np.testing.assert_allclose(to_numpy(got)[i], numpy_read(fields[i], ens[i], "cic"),
+                                   atol=1e-12)
 
 
 def test_interlace():
