@@ -219,7 +219,8 @@ def _check_eager(pos, p, mesh) -> None:
 
     if _is_tracer(pos):
         return
-    m = _max_bucket(pos, p, mesh)
+    with jax.ensure_compile_time_eval():  # also for a concrete catalog closed over by a jit
+        m = _max_bucket(pos, p, mesh)
     if m > p.capacity:
         raise ValueError(f"`positions`: a device holds {m} particles bound for one device, "
                          f"more than `capacity` ({p.capacity}); pass capacity >= {m} "

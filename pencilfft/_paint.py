@@ -231,7 +231,9 @@ def _check_eager(dx, p: PaintPlan) -> None:
     if _is_tracer(dx) or not any(p.halo):
         return
     comps = [d for d in range(2) if p.halo[d]]
-    m = float(jnp.max(jnp.abs(jnp.asarray(dx)[..., jnp.array(comps)])))
+    # A concrete dx closed over by a jit-traced function is checked too, now.
+    with jax.ensure_compile_time_eval():
+        m = float(jnp.max(jnp.abs(jnp.asarray(dx)[..., jnp.array(comps)])))
     if not m < p.limit:
         raise ValueError(
             f"`dx`: the largest displacement along a split axis is {m:.4g} cells, but the halo "

@@ -184,8 +184,20 @@ def read_block_xla(g, dx, *, offset, window, deriv, absolute=False):
 # What _paint calls
 
 
+def _varying(*xs):
+    """xs typed as varying (in shard_map) over every mesh axis any of them varies over: the
+    primitives' transposes then give each cotangent its input's type (pcast's transpose is the
+    psum that a replicated input, e.g. scalar weights, needs)."""
+    axes = [getattr(getattr(jax.typeof(x), "manual_axis_type", None), "varying", frozenset())
+            for x in xs]
+    union = frozenset().union(*axes)
+    return [x if not (union - a) else jax.lax.pcast(x, tuple(sorted(union - a)), to="varying")
+            for x, a in zip(xs, axes)]
+
+
 def paint_block(dx, v, *, offset, shape, window: str, deriv: bool = False,
                 absolute: bool = False):
+    dx, v = _varying(dx, v)
     if _setting() == "xla":
         return paint_block_xla(dx, v, offset=offset, shape=tuple(shape), window=window,
                                deriv=deriv, absolute=absolute)
@@ -194,6 +206,7 @@ def paint_block(dx, v, *, offset, shape, window: str, deriv: bool = False,
 
 
 def read_block(g, dx, *, offset, window: str, deriv: bool = False, absolute: bool = False):
+    g, dx = _varying(g, dx)
     if _setting() == "xla":
         return read_block_xla(g, dx, offset=offset, window=window, deriv=deriv,
                               absolute=absolute)
