@@ -201,17 +201,16 @@ def _read_body(f, pos, *, p: CatalogPlan):
 # Entry points (from _paint.paint / readout)
 
 
-def _max_bucket(pos, p: CatalogPlan, mesh) -> int:
-    """The fullest bucket of any device (eager check of the capacity)."""
-    def body(x):
-        counts = _route(x, p)[5]
-        m = jnp.max(counts)
-        return jax.lax.pmax(m, p.axes)[None] if p.axes else m[None]
-    if mesh is None:
-        return int(body(pos)[0])
-    f = jax.shard_map(body, mesh=mesh, in_specs=p.particle_spec,
-                      out_specs=P(p.axes if p.axes else None))
-    return int(np.max(np.asarray(jax.jit(f)(pos).addressable_shards[0].data)))
+def _max_bucket(pos, p: CatalogPlan) -> int:
+    """The fullest bucket of any device (eager check of the capacity): the owners of the global
+    array's particles, counted per block of N_local (the devices' shares in shard_map's order)."""
+    shape = jnp.asarray(p.shape, pos.dtype)
+    cells = jnp.clip(jnp.floor(jnp.mod(pos, shape)).astype(jnp.int32), 0,
+                     jnp.asarray(p.shape, jnp.int32) - 1)
+    bx, by, _ = p.block
+    dest = ((cells[:, 0] // bx) * p.sizes[1] + cells[:, 1] // by).reshape(p.devices, -1)
+    counts = jax.vmap(lambda d: jnp.bincount(d, length=p.devices))(dest)
+    return int(jnp.max(counts))
 
 
 def _check_eager(pos, p, mesh) -> None:
@@ -220,7 +219,7 @@ def _check_eager(pos, p, mesh) -> None:
     if _is_tracer(pos):
         return
     with jax.ensure_compile_time_eval():  # also for a concrete catalog closed over by a jit
-        m = _max_bucket(pos, p, mesh)
+        m = _max_bucket(pos, p)
     if m > p.capacity:
         raise ValueError(f"`positions`: a device holds {m} particles bound for one device, "
                          f"more than `capacity` ({p.capacity}); pass capacity >= {m} "
