@@ -16,8 +16,12 @@ naming the largest displacement and the halo; under jit (where values are unknow
 holding it turns its whole block, and what it sends its neighbours, into NaN, so the error
 shows in the result instead of passing silently.
 
-Static planning (`plan`: mesh axes, halo widths, limits) is apart from the traced body (`_body`).
-The per-block work is `_paint_kernel` (the CPU kernel, or XLA's scatter/gather elsewhere).
+Static planning (`plan`: mesh axes, halo widths, limits) is apart from the traced bodies
+(`_paint_body`, `_read_body`).  The per-block work is `_paint_kernel` (the CPU kernel, or XLA's
+scatter/gather elsewhere).  Catalogs (positions (N, 3)) are `_catalog.py`'s; interlacing
+(`paint(..., interlace=True)`) is `_interlaced` here.  Where the mesh is known (given, in a
+sharding, an Explicit type, `jax.set_mesh`) or only in an Auto type under jit, the bodies run in
+`shard_map` on it; with no mesh at all, on one device.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ The per-device work of `pencilfft.paint` / `readout` (`_paint.py`), on local arr
 
 where particle p = site (i, j, k) of the (bx, by, Z) lattice block sits at x_p = (i + ox, j + oy,
 k) + dx[i, j, k] in the cells of g, every cell index taken modulo g's shape (periodic; on a
-split axis the caller pads the block so that nothing wraps).  `deriv=True` gives the derivative
+split axis the caller pads the block so that nothing wraps); `absolute=True` (catalogs) puts
+every particle at (ox, oy, 0) + dx, its site ignored.  `deriv=True` gives the derivative
 in the particle positions instead: paint spreads a vector v[c, p, :] (3 components) with the
 window's gradient, readout returns the gradient (C, bx, by, Z, 3).  These four maps are closed
 under jvp and transposition: readout is paint's transpose in v and g, and the derivatives in dx
