@@ -291,6 +291,10 @@ def test_gpu_program_has_no_cpu_call():
     assert "scatter" in cuda and "gather" in cuda
     cpu = f.trace(dx).lower().as_text()
     assert all((t in cpu) == (_paint_kernel.kernel() == "native") for t in _paint_kernel.TARGETS)
+    pos = put_global(_catalog(), NamedSharding(mesh, P(("x", "y"))))
+    cat = jax.jit(lambda q: pencilfft.readout(pencilfft.paint(q, shape=CAT_SHAPE), q))
+    cuda = cat.trace(pos).lower(lowering_platforms=("cuda",)).as_text()
+    assert all(t not in cuda for t in _paint_kernel.TARGETS) and "all_to_all" in cuda
 
 
 def test_example_runs():
