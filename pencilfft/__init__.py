@@ -6,6 +6,8 @@ from ._io import gather, load, save, scatter
 from ._memory import MemoryLimitError
 from ._freq import fftfreq3d, rfftfreq3d, wavenumbers3d
 from ._halo import halo_exchange
+from ._paint import paint, readout
+from ._window import compensation as window_compensation
 from ._power import power_spectrum
 from ._sharding import get_fft_output_sharding, k_space_sharding, real_space_sharding
 from . import compat  # noqa: E402,F401 - `pencilfft.compat` after `import pencilfft`, as before
@@ -22,12 +24,14 @@ __all__ = [
     "k_space_sharding",
     "load",
     "MemoryLimitError",
+    "paint",
     "pfft3d",
     "pifft3d",
     "pirfft3d",
     "pitransform3d",
     "power_spectrum",
     "prfft3d",
+    "readout",
     "ptransform3d",
     "real_space_sharding",
     "rfftfreq3d",
@@ -35,4 +39,5 @@ __all__ = [
     "scatter",
     "Tuning",
     "wavenumbers3d",
+    "window_compensation",
 ]

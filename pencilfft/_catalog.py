@@ -1,0 +1,241 @@
+"""Catalogs: painting particles given by absolute positions, in any order on any device.
+
+`pencilfft.paint(positions, weights, window, shape=...)` and `pencilfft.readout(field,
+positions)` with positions (N, 3) (grid units, periodic box [0, X) x [0, Y) x [0, Z)) split over
+all the mesh's devices along N.  Each device sends every particle to the device that owns the
+cell it lies in, with one all_to_all of fixed-size buckets: `capacity` particles per (sender,
+receiver) pair, so every shape is static under jit and nothing is gathered.  The owner paints
+them into its block padded by a halo of (s + 1) // 2 cells (a window of support s reaches at most
+that far from the particle's own cell), and the pads are folded into the neighbours as in the
+lattice form (`_paint._fold`).  Readout sends the particles the same way, reads on the owner's
+block with filled halos, and sends the values back along the reverse all_to_all.
+
+Capacity policy (explicit): a particle that does not fit in its bucket (more than `capacity`
+particles on one device bound for one device) is not painted.  Eagerly this is a ValueError
+naming the largest bucket and the capacity; under jit the sending device's block of the painted
+field is NaN (and so are the neighbours' edge cells it sends), and readout returns NaN for
+each particle that did not fit.  The default capacity is 2 N_local / P + 64 (N_local the
+particles per device, P the devices), at most N_local: enough for particles in random order;
+a catalog whose particles mostly sit on their owners' devices (e.g. sorted) wants capacity =
+N_local (the buffers then hold P N_local particles per device).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from ._decomposition import mesh_axes
+from ._paint_kernel import paint_block, read_block
+from ._window import WINDOWS, check_window
+
+__all__ = ["CatalogPlan", "plan_catalog", "paint_catalog", "read_catalog"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogPlan:
+    shape: tuple[int, int, int]
+    window: str
+    names: tuple[Any, Any]
+    sizes: tuple[int, int]
+    halo: tuple[int, int]
+    n_local: int
+    capacity: int
+    mpi: bool = False
+
+    @property
+    def devices(self) -> int:
+        return self.sizes[0] * self.sizes[1]
+
+    @property
+    def axes(self) -> tuple:
+        return tuple(n for n in self.names if n is not None)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.shape[0] // self.sizes[0], self.shape[1] // self.sizes[1], self.shape[2])
+
+    @property
+    def padded(self) -> tuple[int, int, int]:
+        bx, by, bz = self.block
+        return (bx + 2 * self.halo[0], by + 2 * self.halo[1], bz)
+
+    @property
+    def field_spec(self) -> P:
+        return P(*self.names, None)
+
+    @property
+    def particle_spec(self) -> P:
+        return P(self.axes if self.axes else None, None)
+
+
+def _check_shape(shape) -> tuple[int, int, int]:
+    try:
+        out = tuple(int(n) for n in shape)
+    except TypeError:
+        out = ()
+    if len(out) != 3 or min(out) < 1:
+        raise ValueError(f"`shape` must be the grid's 3 sizes (X, Y, Z) for a catalog; got "
+                         f"{shape!r}")
+    return out
+
+
+def plan_catalog(shape, n: int, mesh, window: str, capacity, mpi: bool = False) -> CatalogPlan:
+    window = check_window(window)
+    shape = _check_shape(shape)
+    (a, b), (pa, pb) = mesh_axes(mesh)
+    ndev = pa * pb
+    for axis, (size, name) in enumerate(zip((pa, pb), (a, b))):
+        if shape[axis] % size:
+            raise ValueError(f"the grid's {'XY'[axis]} axis ({shape[axis]} cells) does not "
+                             f"split evenly over mesh axis {name!r} of size {size}")
+    if n % ndev:
+        raise ValueError(f"`positions`: the catalog's {n} particles do not split evenly over "
+                         f"the mesh's {ndev} devices; pad it with zero-weight particles")
+    n_local = n // ndev
+    if capacity is None:
+        capacity = n_local if ndev == 1 else min(n_local, 2 * -(-n_local // ndev) + 64)
+    elif isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or capacity < 1:
+        raise ValueError(f"`capacity` must be a positive int (particles one device may send "
+                         f"to another); got {capacity!r}")
+    # cells floor(x) - (s - 1) // 2 ... floor(x) + s // 2 + (s odd): (s + 1) // 2 each way
+    h = max(1, (WINDOWS[window] + 1) // 2)
+    halo = tuple(h if s > 1 else 0 for s in (pa, pb))
+    for axis, (hh, size) in enumerate(zip(halo, (pa, pb))):
+        if hh > shape[axis] // max(size, 1):
+            raise ValueError(f"the blocks along {'XY'[axis]} ({shape[axis] // size} cells) are "
+                             f"thinner than the halo of window {window!r} ({hh} cells)")
+    return CatalogPlan(shape, window, (a, b), (pa, pb), halo, n_local, int(capacity), mpi)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-device body
+
+
+def _index(name, size):
+    return jax.lax.axis_index(name) if size > 1 else 0
+
+
+def _route(pos, p: CatalogPlan):
+    """Where each local particle goes: (order, bucket of each sorted particle, its slot, kept,
+    local padded coordinates of the particles on their owners, sorted)."""
+    shape = jnp.asarray(p.shape, pos.dtype)
+    posm = jnp.mod(pos, shape)
+    cells = jnp.clip(jnp.floor(posm).astype(jnp.int32), 0, jnp.asarray(p.shape, jnp.int32) - 1)
+    bx, by, _ = p.block
+    dest = (cells[:, 0] // bx) * p.sizes[1] + cells[:, 1] // by
+    order = jnp.argsort(dest, stable=True)
+    sd = dest[order]
+    counts = jnp.bincount(dest, length=p.devices)
+    starts = jnp.cumsum(counts) - counts
+    slot = jnp.arange(pos.shape[0], dtype=jnp.int32) - starts[sd].astype(jnp.int32)
+    kept = slot < p.capacity
+    # coordinates in the owner's padded block (Z whole; an unsplit axis keeps the global one)
+    owner = jnp.stack([(cells[:, 0] // bx) * bx, (cells[:, 1] // by) * by,
+                       jnp.zeros_like(cells[:, 0])], axis=-1).astype(pos.dtype)
+    halo = jnp.asarray(p.halo + (0,), pos.dtype)
+    local = (posm - owner + halo)[order]
+    return order, sd, slot, kept, local, counts
+
+
+def _exchange(x, p: CatalogPlan, axis: int):
+    """The all_to_all of buckets along `axis` (P buckets, one per device in (a, b) order)."""
+    if p.devices == 1:
+        return x
+    return jax.lax.all_to_all(x, p.axes, axis, axis, tiled=True)
+
+
+def _buckets(vals, sd, slot, p: CatalogPlan, fill):
+    """(P, capacity, ...) buckets of the sorted particles' `vals` (the rest `fill`)."""
+    buf = jnp.full((p.devices, p.capacity) + vals.shape[1:], fill, vals.dtype)
+    return buf.at[sd, slot].set(vals, mode="drop")
+
+
+def _send_positions(local, sd, slot, p: CatalogPlan):
+    """The buckets of positions; empty slots at the block's first interior cell (they carry
+    weight 0, and their readouts are dropped)."""
+    inside = jnp.asarray(p.halo + (0,), local.dtype)
+    used = _buckets(jnp.ones(local.shape[:1], jnp.bool_), sd, slot, p, False)[..., None]
+    return jnp.where(used, _buckets(local, sd, slot, p, 0), inside)
+
+
+def _paint_body(pos, w, *, p: CatalogPlan):
+    from ._paint import _fold
+
+    order, sd, slot, kept, local, _ = _route(pos, p)
+    w = jnp.broadcast_to(jnp.asarray(w, pos.dtype), pos.shape[:1])[order]
+    recv_pos = _exchange(_send_positions(local, sd, slot, p), p, 0).reshape(-1, 1, 1, 3)
+    recv_w = _exchange(_buckets(w, sd, slot, p, 0), p, 0).reshape(1, -1, 1, 1)
+    g = paint_block(recv_pos, recv_w, offset=(0, 0), shape=p.padded, window=p.window,
+                    absolute=True)
+    g = jnp.where(jnp.all(kept), g, jnp.nan)  # a particle dropped here: this block is NaN
+    for axis in (0, 1):
+        if p.halo[axis]:
+            g = _fold(g, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
+    return g[0]
+
+
+def _read_body(f, pos, *, p: CatalogPlan):
+    from ._paint import _fill
+
+    for axis in (0, 1):
+        if p.halo[axis]:
+            f = _fill(f, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
+    order, sd, slot, kept, local, _ = _route(pos, p)
+    recv_pos = _exchange(_send_positions(local, sd, slot, p), p, 0).reshape(-1, 1, 1, 3)
+    vals = read_block(f, recv_pos, offset=(0, 0), window=p.window, absolute=True)
+    C = f.shape[0]
+    back = _exchange(vals.reshape(C, p.devices, p.capacity), p, 1)
+    got = back[:, sd, jnp.minimum(slot, p.capacity - 1)]
+    got = jnp.where(kept, got, jnp.nan)  # particles that did not fit: NaN, never 0
+    return jnp.zeros_like(got).at[:, order].set(got)
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry points (from _paint.paint / readout)
+
+
+def _max_bucket(pos, p: CatalogPlan) -> int:
+    """The fullest bucket of any device (eager check of the capacity): the owners of the global
+    array's particles, counted per block of N_local (the devices' shares in shard_map's order)."""
+    shape = jnp.asarray(p.shape, pos.dtype)
+    cells = jnp.clip(jnp.floor(jnp.mod(pos, shape)).astype(jnp.int32), 0,
+                     jnp.asarray(p.shape, jnp.int32) - 1)
+    bx, by, _ = p.block
+    dest = ((cells[:, 0] // bx) * p.sizes[1] + cells[:, 1] // by).reshape(p.devices, -1)
+    counts = jax.vmap(lambda d: jnp.bincount(d, length=p.devices))(dest)
+    return int(jnp.max(counts))
+
+
+def _check_eager(pos, p, mesh) -> None:
+    from ._plan import _is_tracer
+
+    if _is_tracer(pos):
+        return
+    with jax.ensure_compile_time_eval():  # also for a concrete catalog closed over by a jit
+        m = _max_bucket(pos, p)
+    if m > p.capacity:
+        raise ValueError(f"`positions`: a device holds {m} particles bound for one device, "
+                         f"more than `capacity` ({p.capacity}); pass capacity >= {m} "
+                         f"(particles one device may send to another)")
+
+
+def paint_catalog(pos, w, window, shape, capacity, mesh, mpi, run) -> jax.Array:
+    p = plan_catalog(shape, pos.shape[0], mesh, window, capacity, mpi)
+    _check_eager(pos, p, mesh)
+    w_spec = P() if w.ndim == 0 else P(p.particle_spec[0])
+    return run(functools.partial(_paint_body, p=p), (pos, w), (p.particle_spec, w_spec),
+               p.field_spec, mesh, p)
+
+
+def read_catalog(f, pos, window, capacity, mesh, mpi, run) -> jax.Array:
+    p = plan_catalog(f.shape[1:], pos.shape[0], mesh, window, capacity, mpi)
+    _check_eager(pos, p, mesh)
+    return run(functools.partial(_read_body, p=p), (f, pos), (P(None, *p.field_spec),
+               p.particle_spec), P(None, p.particle_spec[0]), mesh, p)

@@ -1,0 +1,81 @@
+"""Mass-assignment windows (NGP, CIC, TSC, PCS): their weights, derivatives and compensation.
+
+A window of support s spreads a particle at position p (in grid units; cell c's centre is at the
+integer c) over the s cells base, ..., base + s - 1 with base = floor(p + 1 - s/2), and the
+weight of cell base + j is a polynomial in u = p + 1 - s/2 - base, in [0, 1).  Written this way
+(not as W(p - cell)) every window is one formula per cell with no branches, which is what the
+pure-JAX code and the CPU kernel (`csrc/paint.cc`, the same polynomials) both evaluate, and the
+derivative with respect to p is the derivative in u.  CIC is JaxPM's `cic_paint` (1 - |d|); the
+others are the B-splines of orders 1-4 (pmesh's and nbodykit's "nnb", "cic", "tsc", "pcs").
+
+`compensation(kvecs, window)` is the Fourier transform of the window on the grid, to divide a
+painted field's spectrum by (nbodykit's CompensateCIC etc., the exact form W(k) = prod_i
+sinc(k_i / 2)^s, with k_i in radians per cell).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+__all__ = ["WINDOWS", "support", "check_window", "weights", "derivatives", "compensation"]
+
+# name -> support (cells per axis).  "nnb" is pmesh's name for NGP.
+WINDOWS = {"ngp": 1, "cic": 2, "tsc": 3, "pcs": 4}
+_ALIASES = {"nnb": "ngp"}
+
+
+def check_window(window) -> str:
+    """The canonical window name, or a ValueError naming the argument and the choices."""
+    if not isinstance(window, str):
+        raise TypeError(f"`window` must be one of {tuple(WINDOWS)} (a string); got "
+                        f"{type(window).__name__}")
+    name = _ALIASES.get(window.lower(), window.lower())
+    if name not in WINDOWS:
+        raise ValueError(f"`window` must be one of {tuple(WINDOWS)}; got {window!r}")
+    return name
+
+
+def support(window: str) -> int:
+    return WINDOWS[check_window(window)]
+
+
+def weights(u, window: str) -> list:
+    """The s weights of one axis, cells base .. base + s - 1, as arrays like u (in [0, 1))."""
+    s = WINDOWS[window]
+    if s == 1:
+        return [jnp.ones_like(u)]
+    v = 1 - u
+    if s == 2:
+        return [v, u]
+    if s == 3:
+        return [0.5 * v * v, 0.75 - (u - 0.5) ** 2, 0.5 * u * u]
+    return [v * v * v / 6, (4 - 6 * u * u + 3 * u * u * u) / 6,
+            (4 - 6 * v * v + 3 * v * v * v) / 6, u * u * u / 6]
+
+
+def derivatives(u, window: str) -> list:
+    """d(weight)/du of each of the s weights (= the derivative in the particle's position)."""
+    s = WINDOWS[window]
+    if s == 1:
+        return [jnp.zeros_like(u)]
+    v = 1 - u
+    if s == 2:
+        return [-jnp.ones_like(u), jnp.ones_like(u)]
+    if s == 3:
+        return [-v, 1 - 2 * u, u]
+    return [-0.5 * v * v, -2 * u + 1.5 * u * u, 2 * v - 1.5 * v * v, 0.5 * u * u]
+
+
+def compensation(kvecs, window: str = "cic"):
+    """The window's transfer function on the grid: prod_i sinc(k_i / 2)^s.
+
+    kvecs: the wavenumbers (kx, ky, kz) in radians per cell, broadcasting against each other
+    (e.g. `pencilfft.rfftfreq3d(k)`, which gives 2 pi fftfreq: radians per cell for a unit
+    box spacing).  Divide a painted field's spectrum by it to undo the window's smoothing
+    (deconvolution); divide twice for a power spectrum.  Aliasing is not undone.
+    """
+    s = WINDOWS[check_window(window)]
+    out = 1.0
+    for k in kvecs:
+        # jnp.sinc(x) = sin(pi x) / (pi x): sinc(k / (2 pi)) = sin(k/2) / (k/2)
+        out = out * jnp.sinc(k / (2 * jnp.pi)) ** s
+    return out
