@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import _mpi_exchange
+from ._exchange import mpi as _mpi_exchange
 from ._decomposition import mesh_axes
 from ._paint_kernel import paint_block, read_block
 from ._partitioned import place, with_mesh
@@ -275,7 +275,7 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
         dx[i, j, k] on the periodic grid.
       weights: the particles' masses: a scalar, or an array (X, Y, Z) split like the grid.
       window: "ngp", "cic" (default), "tsc" or "pcs".
-      max_displacement: the bound D on |dx| along the split axes, in cells; the halo is
+      max_displacement: the bound D on ``abs(dx)`` along the split axes, in cells; the halo is
         h = floor(D + s/2) cells for a window of support s, and must fit in a block.  Default:
         `DEFAULT_MAX_DISPLACEMENT` (4 cells), or less where the blocks are smaller than that
         halo (h = the block: D just under h + 1 - s/2).  A particle beyond: ValueError
@@ -292,7 +292,7 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
     interlace: paint twice, the second time with every particle moved by -1/2 cell along each
       axis, and average the two spectra with the phase that aligns them (nbodykit's
       interlacing, Sefusatti et al. 2016): the odd aliased images cancel.  Returns the real
-      field of that average (3 FFTs more); with the lattice form, the bound on |dx| applies
+      field of that average (3 FFTs more); with the lattice form, the bound on ``abs(dx)`` applies
       to dx - 1/2 too.
 
     Returns:

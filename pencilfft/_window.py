@@ -72,6 +72,25 @@ def compensation(kvecs, window: str = "cic"):
     (e.g. `pencilfft.rfftfreq3d(k)`, which gives 2 pi fftfreq: radians per cell for a unit
     box spacing).  Divide a painted field's spectrum by it to undo the window's smoothing
     (deconvolution); divide twice for a power spectrum.  Aliasing is not undone.
+
+    Args:
+      kvecs: a sequence of wavenumber arrays (any shapes that broadcast; global or per device,
+        as they come: the result is computed where they are, sharded like their broadcast).
+      window: "ngp", "cic", "tsc" or "pcs" (ValueError otherwise).
+
+    Returns:
+      A real array of the broadcast of the arrays' shapes, 1 at k = 0 and falling towards the
+      Nyquist frequency, (2/pi)^s per axis there.
+
+    Example:
+      The CIC compensation of a 4^3 grid's half spectrum:
+
+      >>> kx, ky, kz = (2 * np.pi * np.fft.fftfreq(4)[:, None, None],
+      ...               2 * np.pi * np.fft.fftfreq(4)[None, :, None],
+      ...               2 * np.pi * np.fft.rfftfreq(4)[None, None, :])
+      >>> w = pencilfft.window_compensation((kx, ky, kz), "cic")
+      >>> w.shape, float(w[0, 0, 0]), round(float(w[0, 0, 2]), 4)
+      ((4, 4, 3), 1.0, 0.4053)
     """
     s = WINDOWS[check_window(window)]
     out = 1.0
