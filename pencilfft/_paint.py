@@ -252,10 +252,8 @@ def _run(body, args, in_specs, out_spec, mesh, p: PaintPlan):
     args = [a if (np.ndim(a) == 0 or (_is_tracer(a) and not has_explicit_axes(mesh))
                   or (not _is_tracer(a) and not isinstance(mesh, jax.sharding.Mesh))) else
             place(a, NamedSharding(mesh, spec)) for a, spec in zip(args, in_specs)]
-    if p.mpi:
-        body = with_mesh(lambda a: body(*a), mesh)
-        return jax.shard_map(lambda *a: body(a), mesh=mesh, in_specs=in_specs,
-                             out_specs=out_spec)(*args)
+    if p.mpi:  # our MPI sends find their peers in the mesh the body is traced on
+        body = with_mesh(body, mesh)
     return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec)(*args)
 
 

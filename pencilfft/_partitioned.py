@@ -186,9 +186,9 @@ class Transform(LinearOp):
 
 def with_mesh(f: Callable, mesh) -> Callable:
     """f, traced with `mesh` as the mesh of our custom-call exchanges (`_exchange.in_mesh`)."""
-    def traced_in_mesh(x):
+    def traced_in_mesh(*args):
         with _exchange.in_mesh(mesh):
-            return f(x)
+            return f(*args)
     return traced_in_mesh
 
 
