@@ -32,6 +32,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from ._decomposition import mesh_axes
+from ._paint import GridPlan
 from ._paint_kernel import paint_block, read_block
 from ._window import WINDOWS, check_window
 
@@ -39,12 +40,10 @@ __all__ = ["CatalogPlan", "plan_catalog", "paint_catalog", "read_catalog"]
 
 
 @dataclasses.dataclass(frozen=True)
-class CatalogPlan:
-    shape: tuple[int, int, int]
-    window: str
-    names: tuple[Any, Any]
-    sizes: tuple[int, int]
-    halo: tuple[int, int]
+class CatalogPlan(GridPlan):
+    """Everything static about one catalog paint/readout: the grid (`GridPlan`), the particles
+    each device holds (`n_local`) and the slots each device may receive (`capacity`)."""
+
     n_local: int
     capacity: int
     mpi: bool = False
@@ -56,19 +55,6 @@ class CatalogPlan:
     @property
     def axes(self) -> tuple:
         return tuple(n for n in self.names if n is not None)
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.shape[0] // self.sizes[0], self.shape[1] // self.sizes[1], self.shape[2])
-
-    @property
-    def padded(self) -> tuple[int, int, int]:
-        bx, by, bz = self.block
-        return (bx + 2 * self.halo[0], by + 2 * self.halo[1], bz)
-
-    @property
-    def field_spec(self) -> P:
-        return P(*self.names, None)
 
     @property
     def particle_spec(self) -> P:

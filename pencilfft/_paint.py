@@ -53,35 +53,42 @@ DEFAULT_MAX_DISPLACEMENT = 4.0  # cells: the halo's default bound on |dx| along 
 
 
 @dataclasses.dataclass(frozen=True)
-class PaintPlan:
-    """Everything static about one paint/readout (hashable).
-
-    `shape` (X, Y, Z) is the global grid, `names`/`sizes` the mesh axes splitting X and Y
-    (None/1: not split), `halo` the pad (hx, hy) of each split axis (0 where not split),
-    `limit` the largest |dx| (exclusive) along a split axis that the halo takes.
-    """
+class GridPlan:
+    """The grid side of a paint/readout plan (hashable): `shape` (X, Y, Z) is the global grid,
+    `names`/`sizes` the mesh axes splitting X and Y (None/1: not split), `halo` the pad
+    (hx, hy) of each split axis (0 where not split)."""
 
     shape: tuple[int, int, int]
     window: str
     names: tuple[Any, Any]
     sizes: tuple[int, int]
     halo: tuple[int, int]
-    limit: float
-    mpi: bool
 
     @property
     def block(self) -> tuple[int, int, int]:
+        """One device's block of the grid (per device)."""
         return (self.shape[0] // self.sizes[0], self.shape[1] // self.sizes[1], self.shape[2])
 
     @property
     def padded(self) -> tuple[int, int, int]:
+        """The block with its halos (per device)."""
         bx, by, bz = self.block
         return (bx + 2 * self.halo[0], by + 2 * self.halo[1], bz)
 
     @property
-    def spec(self) -> P:
+    def field_spec(self) -> P:
         """The (X, Y, Z) part of the real-space spec."""
         return P(*self.names, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class PaintPlan(GridPlan):
+    """Everything static about one lattice paint/readout: the grid (`GridPlan`), `limit` the
+    largest |dx| (exclusive) along a split axis that the halo takes, `mpi` whether the
+    neighbour sends go through MPI inside XLA."""
+
+    limit: float
+    mpi: bool
 
 
 def halo_width(window: str, max_displacement: float) -> int:
@@ -334,9 +341,9 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
         raise ValueError(f"`weights` must be a scalar or have the grid's shape {shape}; got "
                          f"shape {tuple(w.shape)}")
     _check_eager(dx, p)
-    w_spec = P() if w.ndim == 0 else p.spec
+    w_spec = P() if w.ndim == 0 else p.field_spec
     return _run(functools.partial(_paint_body, p=p), (dx, w),
-                (P(*p.spec, None), w_spec), p.spec, mesh, p)
+                (P(*p.field_spec, None), w_spec), p.field_spec, mesh, p)
 
 
 def readout(field, dx, window: str = "cic", *, max_displacement: float | None = None,
@@ -383,7 +390,8 @@ def readout(field, dx, window: str = "cic", *, max_displacement: float | None = 
     field = jnp.asarray(field).astype(jnp.result_type(field.dtype, dx.dtype))
     f = field.reshape((math.prod(lead),) + shape)
     out = _run(functools.partial(_read_body, p=p), (f, dx.astype(f.dtype)),
-               (P(None, *p.spec), P(*p.spec, None)), P(None, *p.spec), mesh, p)
+               (P(None, *p.field_spec), P(*p.field_spec, None)), P(None, *p.field_spec),
+               mesh, p)
     return out.reshape(lead + shape)
 
 
