@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import (batch, chunks, harness, kernel, kinds, layouts, margin, memory,
-                        mpi, pm, power, report, steps)
+                        mpi, paint, pm, power, report, steps)
 
 Records = list[dict[str, Any]]
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,6 +202,7 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "kernel-memory": (kernel.memory_table, 1),
     "gpu": (gpu_table, 1),
     "layouts": (layouts.table_of, 1),
+    "paint": (paint.table, 1),
 }
 
 
