@@ -183,6 +183,7 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "kernel-block": (kernel.block_table, 1),
     "kernel-mesh": (kernel.mesh_table, 1),
     "kernel-memory": (kernel.memory_table, 1),
+    "kernel-single": (kernel.single_table, 1),
 }
 
 

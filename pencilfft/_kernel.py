@@ -40,7 +40,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _native, _r2r
+from . import _malloc, _native, _r2r, _threads
 
 __all__ = ["fft", "r2r", "kernel", "describe", "plan_count", "local_fft_p", "TARGET"]
 
@@ -94,7 +94,8 @@ def planner() -> str:
 def describe() -> str:
     """One line for `pencilfft check` and the benchmarks: which kernel runs local FFTs on CPU."""
     if kernel() == "fftw":
-        return f"fftw (FFTW from {fftw_libraries()[0]}, planner {planner()})"
+        return (f"fftw (FFTW from {fftw_libraries()[0]}, planner {planner()}, "
+                f"{_threads.threads_per_device()} thread(s) per call)")
     setting = _setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto")
     why = ("PENCILFFT_FFT_KERNEL=xla" if setting == "xla" else
            "the fftw extra is not installed" if _find_libraries() is None else
@@ -104,14 +105,17 @@ def describe() -> str:
 
 @functools.cache
 def _find_libraries() -> tuple[str, list[str]] | None:
-    """(folder, [libfftw3, libfftw3f]) bundled with pyFFTW's wheel, or None (a pyFFTW built
-    against a system FFTW, without the wheel's pyfftw.libs/, is not looked into)."""
+    """(folder, [libfftw3, libfftw3f, libfftw3_omp, libfftw3f_omp]) bundled with pyFFTW's
+    wheel, or None (a pyFFTW built against a system FFTW, without the wheel's pyfftw.libs/, is
+    not looked into).  The _omp libraries are FFTW's threaded planner (OpenMP, from the
+    wheel's own libgomp): the kernel's plans use `_threads.threads_per_device()` threads."""
     try:
         import pyfftw
     except ImportError:
         return None
     folder = pathlib.Path(pyfftw.__file__).resolve().parent.parent / "pyfftw.libs"
-    libs = [sorted(glob.glob(str(folder / f"{stem}-*.so*"))) for stem in ("libfftw3", "libfftw3f")]
+    libs = [sorted(glob.glob(str(folder / f"{stem}-*.so*")))
+            for stem in ("libfftw3", "libfftw3f", "libfftw3_omp", "libfftw3f_omp")]
     if not all(libs):
         return None
     return str(folder), [found[0] for found in libs]
@@ -178,6 +182,13 @@ def _xla_fft(x, *, fft_type: str, axes: tuple[int, ...], norm: str, sizes: tuple
     return _r2r.forward(x, kind, axes[0], norm)
 
 
+def _configure_malloc_on_cpu() -> None:
+    """The allocator settings (`_malloc`) where the primitive, whose CPU lowering makes them,
+    is not bound: with XLA's kernel, the fresh buffers fault just the same."""
+    if jax.default_backend() == "cpu":
+        _malloc.configure()
+
+
 def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
         sizes: tuple[int, ...]) -> jax.Array:
     """jnp.fft.{fftn, ifftn, rfftn, irfftn}(x, axes=axes, norm=norm) of a per-device block.
@@ -187,6 +198,7 @@ def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
     x = jnp.asarray(x)
     axes = tuple(a % x.ndim for a in axes)
     if _setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto") == "xla":
+        _configure_malloc_on_cpu()
         return _xla_fft(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes))
     if fft_type != "irfft":  # the input's lengths (what the normalisation counts)
         sizes = tuple(x.shape[a] for a in axes)
@@ -213,6 +225,7 @@ def r2r(x: jax.Array, kind: str, axis: int, norm: str, forward: bool) -> jax.Arr
     axis = axis % x.ndim
     if (_setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto") == "xla"
             or x.shape[axis] < _r2r.min_length(kind)):
+        _configure_malloc_on_cpu()
         return _r2r.forward(x, kind, axis, norm)  # (and its error for too short an axis)
     return local_fft_p.bind(x, fft_type="r2r", axes=(axis,), norm=norm,
                             sizes=(x.shape[axis],), kind=kind)
@@ -306,6 +319,7 @@ def _fftw_usable(aval) -> bool:
 
 
 def _cpu_lowering(ctx, x, *, fft_type, axes, norm, sizes, kind):
+    _malloc.configure()  # a CPU program of pencilfft's: glibc keeps freed memory (`_malloc`)
     params = dict(fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind)
     if not _fftw_usable(ctx.avals_in[0]):
         return _default_lowering(ctx, x, **params)
@@ -364,7 +378,8 @@ def _fftw_lowering(ctx, x, *, code, sign, axes, r2r_kinds, scale, sizes):
         ctx, x, kind=np.int32(code), sign=np.int32(sign), axes=np.asarray(axes, np.int64),
         r2r_kinds=np.asarray(r2r_kinds, np.int64), scale=np.float64(scale),
         planner=np.int32(PLANNERS[planner()]),
-        huge_pages=_setting("PENCILFFT_FFTW_HUGE_PAGES", ("1", "0"), "1") == "1")
+        huge_pages=_setting("PENCILFFT_FFTW_HUGE_PAGES", ("1", "0"), "1") == "1",
+        threads=np.int32(_threads.threads_per_device()))
 
 
 fftw_p.def_abstract_eval(_fftw_abstract_eval)
