@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from . import _kernel, _local_exchange, _memory, _mpi_exchange
+from . import _kernel, _local_exchange, _malloc, _memory, _mpi_exchange, _threads
 from ._decomposition import check_mesh, process_grids, split_problem
 from ._fft import pfft3d, pifft3d
 from ._measure import max_rel_err, median_time
@@ -237,6 +237,9 @@ def run_check(args: argparse.Namespace) -> int:
                   markup=False, soft_wrap=True)
     if jax.devices()[0].platform == "cpu":  # the local FFTs' kernel (README, "CPU FFT kernel")
         console.print(f"local FFT kernel: {_kernel.describe()}", markup=False, soft_wrap=True)
+        # the threads of the CPU kernels and the allocator (docs: cpu-threads-and-allocator)
+        console.print(f"CPU threads: {_threads.describe()}", markup=False, soft_wrap=True)
+        console.print(f"allocator: {_malloc.describe()}", markup=False, soft_wrap=True)
     tol = TOLERANCE[args.dtype]
     table = Table(title="pfft3d / pifft3d vs jnp.fft.fftn")
     for col in ("mesh", "layout", "err vs fftn", "err vs jaxdecomp", "round trip",

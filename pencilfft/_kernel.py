@@ -18,11 +18,14 @@ where it is not), "fftw" (FFTW, and a warning when it cannot be had) or "xla" (t
 not even bound: the programs are exactly those without the kernel); PENCILFFT_FFTW_PLANNER =
 "measure" (default, see `PLANNERS`) or "estimate"; PENCILFFT_FFTW_HUGE_PAGES = "1" (default: the
 kernel asks for transparent huge pages on its large output buffers, csrc/fftw.cc `HugePages`)
-or "0".  A kernel that fails to build or load falls
+or "0"; PENCILFFT_THREADS (`_threads`: the cores of the process, default its affinity, shared
+by its CPU devices: each call runs FFTW's threaded plans on `_threads.threads_per_device()`
+threads, baked into the program when it is lowered); PENCILFFT_MALLOC (`_malloc`, applied when
+the first CPU program is lowered).  A kernel that fails to build or load falls
 back to XLA's FFT with one warning per process, never an error.
 
 Global state: the built library and its registration (`_library`, cached once per process), and
-in the C++ handler FFTW's plans (cached per shape, axes, kind, dtype and alignment).
+in the C++ handler FFTW's plans (cached per shape, axes, kind, dtype, alignment and threads).
 """
 from __future__ import annotations
 

@@ -23,10 +23,10 @@ import os
 
 __all__ = ["available_cores", "threads_per_device", "describe"]
 
-# Launchers' counts of the processes they started on this node (MPICH/Hydra, Open MPI, Slurm's
-# srun; the first one set wins).
-_LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE",
-                "SLURM_NTASKS_PER_NODE")
+# MPI launchers' counts of the processes they started on this node (MPICH's and Intel MPI's
+# Hydra, Open MPI; the first one set wins).  Not Slurm's SLURM_NTASKS_PER_NODE: a batch
+# script's own python sees it too, and srun binds its tasks anyway.
+_LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 
 
 def _env_threads() -> int | None:
