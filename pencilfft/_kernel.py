@@ -116,7 +116,10 @@ def _find_libraries() -> tuple[str, list[str]] | None:
         import pyfftw
     except ImportError:
         return None
-    folder = pathlib.Path(pyfftw.__file__).resolve().parent.parent / "pyfftw.libs"
+    site = pathlib.Path(pyfftw.__file__).resolve().parent.parent
+    # auditwheel names the folder after the distribution: pyfftw.libs or pyFFTW.libs by wheel
+    folder = next((site / name for name in ("pyfftw.libs", "pyFFTW.libs")
+                   if (site / name).is_dir()), site / "pyfftw.libs")
     libs = [sorted(glob.glob(str(folder / f"{stem}-*.so*")))
             for stem in ("libfftw3", "libfftw3f", "libfftw3_omp", "libfftw3f_omp")]
     if not all(libs):
