@@ -7,6 +7,7 @@
     python -m benchmarks.kernel memory --devices 8 --out benchmarks/data/kernel-memory.jsonl
     python -m benchmarks.kernel single --out benchmarks/data/kernel-single.jsonl
     taskset -c 0 python -m benchmarks.kernel single --out benchmarks/data/kernel-single.jsonl
+    PENCILFFT_MALLOC=glibc python -m benchmarks.kernel allocator --out benchmarks/data/kernel-allocator.jsonl
 
 `block`: the 256^3 grid's slab block (128, 256, 256) complex64, a 2-D FFT over axes (1, 2) and a
 1-D FFT along the last axis: `_kernel.fft` with the FFTW kernel (planner estimate and measure),
@@ -25,6 +26,8 @@ of pfft3d/pifft3d beside jnp.fft.fftn/ifftn, pencilfft with its defaults (the FF
 (PENCILFFT_THREADS=1 while compiling); run it again with PENCILFFT_MALLOC=glibc for glibc's
 defaults (they are process-wide: one setting per process).  Each record keeps the process's
 peak and current resident memory at the end.
+`allocator` (issue 43): page faults, system time and resident memory per call of the same
+transform under the process's allocator settings (a process per setting).
 
 Times are medians over `--repeats` interleaved rounds (every variant once per round, the first
 one rotating), after a warm-up; each record keeps the load average, the allocator settings and
@@ -364,6 +367,62 @@ def _rss_mib() -> tuple[float, float]:
     return peak, current
 
 
+def allocator(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Page faults, system and user CPU time per forward + inverse call, and resident memory, of
+    one CPU device's 256^3 complex64 pfft3d/pifft3d, under this process's allocator settings
+    (run once per setting: they are process-wide).  Page faults and system time do not depend
+    on other work sharing the machine, unlike wall time."""
+    import resource
+
+    import jax
+    import numpy as np
+
+    import pencilfft
+    from pencilfft import _malloc
+
+    n = args.size
+    x = jax.device_put((np.ones((n,) * 3) + 1j).astype(np.complex64))
+    fwd = jax.jit(pencilfft.pfft3d).lower(x).compile()
+    k = jax.ShapeDtypeStruct(fwd.out_info.shape, fwd.out_info.dtype)
+    inv = jax.jit(pencilfft.pifft3d).lower(k).compile()
+    for _ in range(args.repeats):  # settle: the heap reaches its size
+        inv(fwd(x)).block_until_ready()
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _ in range(args.repeats):
+        inv(fwd(x)).block_until_ready()
+    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    peak, current = _rss_mib()
+    record = {**_base("kernel-allocator"), "shape": [n] * 3, "repeats": args.repeats,
+              "allocator": _malloc.describe(),
+              "faults_per_call": (r1.ru_minflt - r0.ru_minflt) / args.repeats,
+              "sys_ms_per_call": (r1.ru_stime - r0.ru_stime) / args.repeats * 1e3,
+              "user_ms_per_call": (r1.ru_utime - r0.ru_utime) / args.repeats * 1e3,
+              "wall_ms_per_call": (t1 - t0) / args.repeats * 1e3,
+              "peak_rss_mib": peak, "rss_mib": current}
+    print(json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in record.items()
+                      if k in ("malloc", "faults_per_call", "sys_ms_per_call", "user_ms_per_call",
+                               "wall_ms_per_call", "peak_rss_mib", "rss_mib")}), flush=True)
+    return [record]
+
+
+def allocator_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per run (allocator setting)."""
+    from benchmarks import harness
+
+    lines = ["| malloc | page faults / call | system ms / call | user ms / call | wall ms / call "
+             "| peak RSS MiB | RSS at end MiB |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in records:
+        lines.append(f"| {r['malloc']} | {r['faults_per_call']:.0f} | {r['sys_ms_per_call']:.1f} "
+                     f"| {r['user_ms_per_call']:.0f} | {r['wall_ms_per_call']:.0f} "
+                     f"| {r['peak_rss_mib']:.0f} | {r['rss_mib']:.0f} |")
+    r0 = records[0]
+    lines += ["", f"{harness.fmt_dims(r0['shape'])} complex64, pfft3d + pifft3d on one CPU device, "
+                  f"{r0['repeats']} calls after {r0['repeats']} to settle, a process per row "
+                  f"(malloc: its environment; nothing set: pencilfft's own settings); wall times "
+                  f"shared the machine (load average {harness.load_range(records)})."]
+    return "\n".join(lines)
+
+
 SINGLE_VARIANTS = ("pencilfft", "pencilfft-1-thread", "jnp.fft")
 
 
@@ -452,6 +511,9 @@ def main(argv: list[str] | None = None) -> None:
     mem = sub.add_parser("memory", help="per-device memory of the compiled mesh programs")
     s = sub.add_parser("single", help="one CPU device: pencilfft vs jnp.fft (issue 43)")
     s.add_argument("--repeats", type=int, default=11)
+    al = sub.add_parser("allocator", help="one CPU device: page faults and memory per call")
+    al.add_argument("--repeats", type=int, default=8)
+    al.add_argument("--size", type=int, default=256)
     s.add_argument("--size", type=int, default=256)
     s.add_argument("--variants", nargs="+", default=list(SINGLE_VARIANTS),
                    choices=SINGLE_VARIANTS)
@@ -460,7 +522,7 @@ def main(argv: list[str] | None = None) -> None:
         q.add_argument("--size", type=int, default=256)
         q.add_argument("--pdims", nargs="+", default=[(1, 8), (8, 1), (4, 2), (2, 4)],
                        type=lambda s: tuple(int(v) for v in s.split("x")))
-    for q in (b, m, mem, s):
+    for q in (b, m, mem, s, al):
         q.add_argument("--out", type=Path, help="append JSON records to this file")
     args = p.parse_args(argv)
     from benchmarks import steps
@@ -475,6 +537,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.what == "single":
         records = single(args)
         print(single_table(records))
+    elif args.what == "allocator":
+        records = allocator(args)
+        print(allocator_table(records))
     else:
         records = block(args)
         print(block_table(records))

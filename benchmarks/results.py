@@ -184,6 +184,7 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "kernel-mesh": (kernel.mesh_table, 1),
     "kernel-memory": (kernel.memory_table, 1),
     "kernel-single": (kernel.single_table, 1),
+    "kernel-allocator": (kernel.allocator_table, 1),
 }
 
 
