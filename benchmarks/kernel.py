@@ -22,8 +22,8 @@ took before the local one), and jaxdecomp.pfft3d/pifft3d.
 output from XLA's memory analysis, in blocks of the per-device grid.
 `single` (issue 43): one CPU device (jax's default), 256^3 complex64 forward + inverse, jax.jit
 of pfft3d/pifft3d beside jnp.fft.fftn/ifftn, pencilfft with its defaults (the FFTW kernel on
-`_threads.threads_per_device()` threads, the allocator settings of `_malloc`) and on one thread
-(PENCILFFT_THREADS=1 while compiling); run it again with PENCILFFT_MALLOC=glibc for glibc's
+`_threads.threads_per_device()` threads, the allocator settings of `_malloc`), in the natural
+layout (jnp.fft's order) and on one thread (PENCILFFT_THREADS=1 while compiling); run it again with PENCILFFT_MALLOC=glibc for glibc's
 defaults (they are process-wide: one setting per process).  Each record keeps the process's
 peak and current resident memory at the end.
 `allocator` (issue 43): page faults, system time and resident memory per call of the same
@@ -423,7 +423,10 @@ def allocator_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-SINGLE_VARIANTS = ("pencilfft", "pencilfft-1-thread", "jnp.fft")
+# pencilfft: the defaults (layout "transposed": k-space (Y, Z, X), one transposing pass each
+# way on one device); pencilfft-natural: layout "natural", jnp.fft's own order (one FFTW call
+# each way); pencilfft-1-thread: the defaults on one thread (PENCILFFT_THREADS=1).
+SINGLE_VARIANTS = ("pencilfft", "pencilfft-natural", "pencilfft-1-thread", "jnp.fft")
 
 
 def single(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -444,10 +447,13 @@ def single(args: argparse.Namespace) -> list[dict[str, Any]]:
             fwd = jax.jit(jnp.fft.fftn).lower(x).compile()
             inv = jax.jit(jnp.fft.ifftn).lower(x).compile()
         else:
+            layout = "natural" if name == "pencilfft-natural" else "transposed"
             with _threads_env("1" if name == "pencilfft-1-thread" else None):
-                fwd = jax.jit(pencilfft.pfft3d).lower(x).compile()
+                fwd = jax.jit(functools.partial(pencilfft.pfft3d, layout=layout))
+                fwd = fwd.lower(x).compile()
                 k = jax.ShapeDtypeStruct(fwd.out_info.shape, fwd.out_info.dtype)
-                inv = jax.jit(pencilfft.pifft3d).lower(k).compile()
+                inv = jax.jit(functools.partial(pencilfft.pifft3d, layout=layout))
+                inv = inv.lower(k).compile()
             assert _kernel.kernel() != "fftw" or _kernel.TARGET in fwd.as_text()
         fns[name] = (lambda fwd=fwd, inv=inv: inv(fwd(x)))
     for name, f in fns.items():  # each round trip gives the input back
@@ -474,26 +480,28 @@ def single_table(records: Sequence[dict[str, Any]]) -> str:
     jnp.fft, and the process's resident memory."""
     from benchmarks import harness
 
-    head = ["cores", "malloc", *(f"{v} ms" for v in SINGLE_VARIANTS), "pencilfft / jnp.fft",
-            "peak RSS MiB", "RSS at end MiB"]
+    head = ["cores", "malloc", "load", *(f"{v} ms" for v in SINGLE_VARIANTS),
+            "pencilfft / jnp.fft", "natural / jnp.fft", "peak RSS MiB", "RSS at end MiB"]
     lines = ["| " + " | ".join(head) + " |", "|---:|---|" + "---:|" * (len(head) - 2)]
     runs: dict[tuple, dict[str, Any]] = {}
     for r in records:
         key = (r["machine"].get("loadavg_1m"), r["affinity"], r["malloc"])
         runs.setdefault(key, {})[r["variant"]] = r
-    for (_, cores, malloc), row in runs.items():
+    for (load, cores, malloc), row in runs.items():
         ms = {v: f"{row[v]['median_s'] * 1e3:.1f}" if v in row else "" for v in SINGLE_VARIANTS}
-        ratio = (f"{row['pencilfft']['median_s'] / row['jnp.fft']['median_s']:.2f}"
-                 if {"pencilfft", "jnp.fft"} <= set(row) else "")
+        ratios = [f"{row[v]['median_s'] / row['jnp.fft']['median_s']:.2f}"
+                  if {v, "jnp.fft"} <= set(row) else "" for v in ("pencilfft", "pencilfft-natural")]
         any_r = next(iter(row.values()))
-        lines.append(f"| {cores} | {malloc} | " + " | ".join(ms.values()) + f" | {ratio} | "
-                     f"{any_r['peak_rss_mib']:.0f} | {any_r['rss_mib']:.0f} |")
+        lines.append(f"| {cores} | {malloc} | {load:.1f} | " + " | ".join(ms.values()) + " | "
+                     + " | ".join(ratios) + f" | {any_r['peak_rss_mib']:.0f} | "
+                     f"{any_r['rss_mib']:.0f} |")
     r0 = records[0]
+    repeats = "-".join(str(v) for v in sorted({r["repeats"] for r in records}))
     lines += ["", f"{harness.fmt_dims(r0['shape'])} complex64, forward + inverse, one CPU device "
-                  f"(jax's default), jax.jit; medians of {r0['repeats']} interleaved rounds; "
+                  f"(jax's default), jax.jit; medians of {repeats} interleaved rounds; "
                   f"cores: the process's affinity (1: `taskset -c 0`); malloc: the environment "
-                  f"(nothing set: pencilfft's own settings, `_malloc`); load average: "
-                  f"{harness.load_range(records)}."]
+                  f"(nothing set: pencilfft's own settings, `_malloc`); load: the 1-minute load "
+                  f"average when the run started (2 cores)."]
     return "\n".join(lines)
 
 

@@ -7,7 +7,8 @@
 // of 2 with stride 1).  FFTW is unnormalised: `scale` multiplies the output in the same call.
 //
 // FFTW comes from pyFFTW's wheel (libfftw3, libfftw3f and their _omp threads libraries with
-// hashed names, linked by full path); its few prototypes are declared here by hand, so no fftw3.h is needed.
+// hashed names, linked by full path); its few prototypes are declared here by hand, so no
+// fftw3.h is needed.
 //
 // Plans are cached per (kind, precision, shape, axes, r2r kinds, in-place, the alignments of
 // both buffers, planner flags) and run with FFTW's new-array execute functions on whatever
@@ -119,12 +120,14 @@ std::vector<ptrdiff_t> Strides(const std::vector<int64_t>& shape, ptrdiff_t unit
   return s;
 }
 
-// `axes` of the logical shape `n` are transformed, the others are howmany dimensions.
-// `in_shape`/`out_shape` give the strides (they differ along the last axis for r2c/c2r).
+// `axes` of the logical shape `n` are transformed, the others are howmany dimensions.  `is`
+// and `os`: each logical axis's stride in elements of the input and of the output (they differ
+// along the last axis for r2c/c2r, and the output's are permuted when it is written
+// transposed); `unit` multiplies both (2: complex data through a real plan).
 Geometry MakeGeometry(const std::vector<int64_t>& n, const std::vector<int64_t>& axes,
-                      const std::vector<int64_t>& in_shape, const std::vector<int64_t>& out_shape,
-                      ptrdiff_t unit) {
-  auto is = Strides(in_shape, unit), os = Strides(out_shape, unit);
+                      std::vector<ptrdiff_t> is, std::vector<ptrdiff_t> os, ptrdiff_t unit) {
+  for (auto* v : {&is, &os})
+    for (auto& s : *v) s *= unit;
   Geometry g;
   std::vector<bool> transformed(n.size(), false);
   for (int64_t a : axes) {
@@ -257,14 +260,18 @@ template <typename Real>
 ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
                const std::vector<int64_t>& r2r_kinds, double scale, unsigned planner,
                bool complex_data, const std::vector<int64_t>& in_shape,
-               const std::vector<int64_t>& out_shape, void* in, void* out, size_t in_bytes,
-               size_t out_bytes, size_t out_reals, int threads) {
+               const std::vector<int64_t>& out_shape, const std::vector<ptrdiff_t>& out_strides,
+               void* in, void* out, size_t in_bytes, size_t out_bytes, size_t out_reals,
+               int threads) {
+  // out_shape, out_strides: the output's logical shape (in the input's axis order) and each
+  // logical axis's stride in the buffer (row-major, or permuted: `out_order`).
   using A = Api<Real>;
+  const auto is = Strides(in_shape, 1);
   const auto fail = [] { return ffi::Error(ffi::ErrorCode::kInternal, "FFTW returned no plan"); };
   if (kind == kC2C || kind == kR2R) {
     // Out of place, XLA's input must survive (in place: the input was donated to us).
     unsigned flags = planner | (in == out ? 0u : kPreserveInput);
-    Geometry g = MakeGeometry(in_shape, axes, in_shape, out_shape,
+    Geometry g = MakeGeometry(in_shape, axes, is, out_strides,
                               kind == kR2R && complex_data ? 2 : 1);
     fftw_plan_t p =
         Plan<Real>(kind, sign, g, r2r_kinds, in, out, in_bytes, out_bytes, flags, threads);
@@ -274,7 +281,7 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
     else
       A::exec_r2r(p, static_cast<Real*>(in), static_cast<Real*>(out));
   } else if (kind == kR2C) {
-    Geometry g = MakeGeometry(in_shape, axes, in_shape, out_shape, 1);
+    Geometry g = MakeGeometry(in_shape, axes, is, out_strides, 1);
     fftw_plan_t p = Plan<Real>(kind, 0, g, {}, in, out, in_bytes, out_bytes,
                                planner | kPreserveInput, threads);
     if (!p) return fail();
@@ -282,7 +289,7 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
   } else {  // c2r: the logical shape is the output's
     std::vector<int64_t> last{axes.back()};
     if (axes.size() == 1) {
-      Geometry g = MakeGeometry(out_shape, last, in_shape, out_shape, 1);
+      Geometry g = MakeGeometry(out_shape, last, is, out_strides, 1);
       fftw_plan_t p = Plan<Real>(kind, 0, g, {}, in, out, in_bytes, out_bytes,
                                  planner | kPreserveInput, threads);
       if (!p) return fail();
@@ -292,10 +299,10 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
       char* tmp = scratch.get(in_bytes);
       if (!tmp) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "no scratch memory");
       std::vector<int64_t> lead(axes.begin(), axes.end() - 1);
-      Geometry g1 = MakeGeometry(in_shape, lead, in_shape, in_shape, 1);
+      Geometry g1 = MakeGeometry(in_shape, lead, is, is, 1);
       fftw_plan_t p1 = Plan<Real>(kC2C, +1, g1, {}, in, tmp, in_bytes, in_bytes,
                                   planner | kPreserveInput, threads);
-      Geometry g2 = MakeGeometry(out_shape, last, in_shape, out_shape, 1);
+      Geometry g2 = MakeGeometry(out_shape, last, is, out_strides, 1);
       fftw_plan_t p2 = Plan<Real>(kind, 0, g2, {}, tmp, out, in_bytes, out_bytes,
                                   planner | kDestroyInput, threads);
       if (!p1 || !p2) return fail();
@@ -309,7 +316,8 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
 
 ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, int32_t sign,
                 ffi::Span<const int64_t> axes, ffi::Span<const int64_t> r2r_kinds, double scale,
-                int32_t planner, bool huge_pages, int32_t threads) {
+                int32_t planner, bool huge_pages, int32_t threads,
+                ffi::Span<const int64_t> out_order) {
   auto dt = x.element_type(), ot = y->element_type();
   bool dbl = dt == ffi::DataType::F64 || dt == ffi::DataType::C128;
   bool cplx = dt == ffi::DataType::C64 || dt == ffi::DataType::C128;
@@ -322,7 +330,21 @@ ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, i
   if (!ok || axes.size() == 0)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw: bad dtypes or axes");
   std::vector<int64_t> in_shape(x.dimensions().begin(), x.dimensions().end());
-  std::vector<int64_t> out_shape(y->dimensions().begin(), y->dimensions().end());
+  std::vector<int64_t> y_shape(y->dimensions().begin(), y->dimensions().end());
+  // The output buffer holds the logical result transposed: buffer axis k is logical axis
+  // out_order[k] (identity: written as computed).  FFTW writes it there through its strides.
+  if (out_order.size() != y_shape.size())
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw: bad out_order");
+  std::vector<int64_t> out_shape(y_shape.size());
+  std::vector<ptrdiff_t> out_strides(y_shape.size());
+  const auto buffer_strides = Strides(y_shape, 1);
+  for (size_t k = 0; k < y_shape.size(); ++k) {
+    const int64_t a = out_order[k];
+    if (a < 0 || a >= static_cast<int64_t>(y_shape.size()))
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw: bad out_order");
+    out_shape[a] = y_shape[k];
+    out_strides[a] = buffer_strides[k];
+  }
   std::vector<int64_t> ax(axes.begin(), axes.end()), rk(r2r_kinds.begin(), r2r_kinds.end());
   if (kind != kR2R) rk.clear();
   size_t real_bytes = dbl ? 8 : 4;
@@ -330,8 +352,8 @@ ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, i
   if (huge_pages) HugePages(y->untyped_data(), y->size_bytes());
   auto run = dbl ? Run<double> : Run<float>;
   return run(kind, sign, ax, rk, scale, static_cast<unsigned>(planner), cplx, in_shape, out_shape,
-             x.untyped_data(), y->untyped_data(), x.size_bytes(), y->size_bytes(), out_reals,
-             std::max(threads, 1));
+             out_strides, x.untyped_data(), y->untyped_data(), x.size_bytes(), y->size_bytes(),
+             out_reals, std::max(threads, 1));
 }
 
 }  // namespace
@@ -347,7 +369,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftFftw, Impl,
                                   .Attr<double>("scale")
                                   .Attr<int32_t>("planner")
                                   .Attr<bool>("huge_pages")
-                                  .Attr<int32_t>("threads"));
+                                  .Attr<int32_t>("threads")
+                                  .Attr<ffi::Span<const int64_t>>("out_order"));
 
 // The number of cached plans (for the tests: a repeated shape must not plan again).
 extern "C" int64_t PencilfftFftwPlanCount() {

@@ -18,8 +18,8 @@
 // reach in different orders never wait for each other.  When the last device of a group
 // arrives, the copies (one task per destination device and peer) go to a pool of threads of
 // ours, one per core this process may use (`_threads.available_cores()`); when all are done
-// the futures are completed, each on a thread of its own (see `Pool`).  No device's input is released before every copy
-// that reads it is done.  A round that does not fill within PENCILFFT_LOCAL_TIMEOUT seconds
+// the futures are completed, each on a thread of its own (see `Pool`).  No device's input is
+// released before every copy that reads it is done.  A round that does not fill within PENCILFFT_LOCAL_TIMEOUT seconds
 // (default 600) fails with an error naming the devices that never came, instead of hanging.
 #include <algorithm>
 #include <atomic>
