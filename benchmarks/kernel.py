@@ -423,9 +423,10 @@ def allocator_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# pencilfft: the defaults (layout "transposed": k-space (Y, Z, X), one transposing pass each
-# way on one device); pencilfft-natural: layout "natural", jnp.fft's own order (one FFTW call
-# each way); pencilfft-1-thread: the defaults on one thread (PENCILFFT_THREADS=1).
+# pencilfft: the defaults (layout "transposed": k-space (Y, Z, X); on one device the FFT
+# writes that order itself since issue 43, a transposing pass each way before);
+# pencilfft-natural: layout "natural", jnp.fft's own order; pencilfft-1-thread: the defaults on
+# one thread (PENCILFFT_THREADS=1).
 SINGLE_VARIANTS = ("pencilfft", "pencilfft-natural", "pencilfft-1-thread", "jnp.fft")
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.fft
@@ -196,3 +197,89 @@ def test_malloc_in_a_fresh_process(env, expect):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert expect in out.stdout, out.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# The output written transposed (the one-device transform's layout, `_kernel.fft`'s order)
+
+
+ORDERS = [(1, 2, 0), (2, 0, 1)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("order", ORDERS, ids=lambda o: "".join(map(str, o)))
+@pytest.mark.parametrize("axes", [(0, 1, 2), (1, 2), (0,)], ids=["012", "12", "0"])
+@pytest.mark.parametrize("fft_type", ["fft", "ifft", "rfft", "irfft"])
+def test_output_in_order(fft_type, axes, order, dtype):
+    """jnp.transpose(FFT(x), order) in one call, every kind and precision, against numpy (and
+    against XLA's kernel where FFTW is absent: the same function)."""
+    shape = (6, 5, 8)
+    sizes = tuple(shape[a] for a in axes)
+    if fft_type == "irfft":
+        full = _x(dtype, False, shape)
+        x = np.fft.rfftn(full, axes=axes).astype(np.result_type(dtype, np.complex64))
+        ref = np.fft.irfftn(x.astype(np.complex128), s=sizes, axes=axes)
+    else:
+        x = _x(dtype, fft_type != "rfft", shape)
+        wide = x.astype(np.complex128 if np.iscomplexobj(x) else np.float64)
+        ref = getattr(np.fft, fft_type + "n")(wide, axes=axes)
+    f = jax.jit(lambda a: _kernel.fft(a, fft_type, axes, "ortho" if dtype == np.float64
+                                      else "backward", sizes, order))
+    norm = "ortho" if dtype == np.float64 else "backward"
+    if norm == "ortho":
+        ref = ref * (1 / np.sqrt(np.prod(sizes)) if fft_type in ("fft", "rfft")
+                     else np.sqrt(np.prod(sizes)))
+    text = f.lower(x).as_text()
+    if HAVE_FFTW:  # one custom call writes the order (XLA's kernel: jnp.fft, then a transpose)
+        assert _kernel.TARGET in text and "stablehlo.transpose" not in text
+    got = np.asarray(f(x))
+    assert got.shape == tuple(ref.shape[a] for a in order)
+    assert rel_err(got, np.transpose(ref, order)) < TOL[dtype]
+
+
+def test_output_in_order_grad_and_vmap():
+    x = _x(np.float32, True, (4, 6, 5))
+    order = (1, 2, 0)
+
+    def ours(a):
+        return jnp.sum(jnp.abs(_kernel.fft(a, "fft", (0, 1, 2), "backward", (), order)) ** 2
+                       * jnp.arange(4.0))
+
+    def ref(a):
+        return jnp.sum(jnp.abs(jnp.transpose(jnp.fft.fftn(a), order)) ** 2 * jnp.arange(4.0))
+
+    assert rel_err(np.asarray(jax.grad(ours)(x)), np.asarray(jax.grad(ref)(x))) < 1e-5
+    xs = np.stack([x, 2 * x])
+    got = jax.vmap(lambda a: _kernel.fft(a, "fft", (1, 2), "backward", (), order))(xs)
+    want = np.stack([np.transpose(np.fft.fftn(v, axes=(1, 2)), order) for v in xs])
+    assert rel_err(np.asarray(got), want) < 3e-6
+
+
+def test_bad_order():
+    with pytest.raises(ValueError, match="not a permutation"):
+        _kernel.fft(np.zeros((2, 3, 4), np.complex64), "fft", (0,), "backward", (), (0, 0, 1))
+
+
+@pytest.mark.parametrize("real", [False, True], ids=["c2c", "r2c"])
+def test_one_device_transposed_layout_in_one_call(real):
+    """pfft3d on one device in the transposed layout: one FFTW call each way, no transposing
+    pass (issue 43), the values numpy's."""
+    shape = (8, 6, 10)
+    x = _x(np.float32, not real, shape)
+    one = jax.devices()[0]
+    x1 = jax.device_put(x, one)
+    if real:
+        fwd, bwd = pencilfft.prfft3d, lambda k: pencilfft.pirfft3d(k, shape)
+        ref = np.fft.rfftn(x.astype(np.float64))
+    else:
+        fwd, bwd = pencilfft.pfft3d, pencilfft.pifft3d
+        ref = np.fft.fftn(x.astype(np.complex128))
+    k = jax.jit(fwd)(x1)
+    assert rel_err(np.asarray(k), np.transpose(ref, (1, 2, 0))) < 3e-6
+    assert rel_err(np.asarray(jax.jit(bwd)(k)), x) < 3e-6
+    if HAVE_FFTW:
+        for fn, arg in ((fwd, x1), (bwd, k)):
+            ops = [line for line in jax.jit(fn).lower(arg).compile().as_text()
+                   .split("ENTRY")[1].splitlines() if " = " in line]
+            assert sum("fusion(" in op or "transpose(" in op or "copy(" in op
+                       for op in ops) == 0, ops
