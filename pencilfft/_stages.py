@@ -71,7 +71,18 @@ class Fft:
             return self.kinds[-1]
         return None
 
+    def _split(self) -> bool:
+        """Whether the transform with an `order` runs as two calls: the last axes in place, then
+        the first one (a complex FFT) writing the order.  FFTW's one 3-D plan writing (B, Y, Z,
+        X) measured 1.3-1.8x slower than the 3-D FFT alone, and the two calls as fast as it
+        (benchmarks/RESULTS.md, issue 43)."""
+        return (self.order is not None and self.fourier is not None and len(self.axes) > 1
+                and self.kinds[0] == "fft")
+
     def forward(self, k: jax.Array) -> jax.Array:
+        if self._split():
+            k = _kernel.fft(k, self.fourier, self.axes[1:], self.norm, self.sizes[1:])
+            return _kernel.fft(k, "fft", self.axes[:1], self.norm, self.sizes[:1], self.order)
         if self.fourier is not None:
             return _kernel.fft(k, self.fourier, self.axes, self.norm, self.sizes, self.order)
         # Mixed kinds, last axis first (an rfft must see the real input); the 1-D transforms
@@ -85,6 +96,11 @@ class Fft:
             # The transform commutes with moving axes: run it on k's own layout (each axis
             # where `order` put it) and write the output back in the computed order.
             undo = tuple(self.order.index(i) for i in range(len(self.order)))
+            if self._split():  # the first axis back to its place, then the others (irfft last)
+                inverse = {"fft": "ifft", "rfft": "irfft"}[self.fourier]
+                k = _kernel.fft(k, "ifft", (self.order.index(self.axes[0]),), self.norm,
+                                self.sizes[:1], undo)
+                return _kernel.fft(k, inverse, self.axes[1:], self.norm, self.sizes[1:])
             if self.fourier is not None:
                 inverse = {"fft": "ifft", "rfft": "irfft"}[self.fourier]
                 axes = tuple(self.order.index(a) for a in self.axes)
