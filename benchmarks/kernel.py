@@ -5,6 +5,9 @@
         taskset -c 0 python -m benchmarks.kernel block --out benchmarks/data/kernel-block.jsonl
     python -m benchmarks.kernel mesh --devices 8 --out benchmarks/data/kernel-mesh.jsonl
     python -m benchmarks.kernel memory --devices 8 --out benchmarks/data/kernel-memory.jsonl
+    python -m benchmarks.kernel single --out benchmarks/data/kernel-single.jsonl
+    taskset -c 0 python -m benchmarks.kernel single --out benchmarks/data/kernel-single.jsonl
+    PENCILFFT_MALLOC=glibc python -m benchmarks.kernel allocator --out benchmarks/data/kernel-allocator.jsonl
 
 `block`: the 256^3 grid's slab block (128, 256, 256) complex64, a 2-D FFT over axes (1, 2) and a
 1-D FFT along the last axis: `_kernel.fft` with the FFTW kernel (planner estimate and measure),
@@ -17,6 +20,14 @@ while compiling), with FFTW and XLA's collectives (pencilfft-collectives: the ex
 took before the local one), and jaxdecomp.pfft3d/pifft3d.
 `memory`: the same programs compiled (not run), each direction's per-device temporaries and
 output from XLA's memory analysis, in blocks of the per-device grid.
+`single` (issue 43): one CPU device (jax's default), 256^3 complex64 forward + inverse, jax.jit
+of pfft3d/pifft3d beside jnp.fft.fftn/ifftn, pencilfft with its defaults (the FFTW kernel on
+`_threads.threads_per_device()` threads, the allocator settings of `_malloc`), in the natural
+layout (jnp.fft's order) and on one thread (PENCILFFT_THREADS=1 while compiling); run it again with PENCILFFT_MALLOC=glibc for glibc's
+defaults (they are process-wide: one setting per process).  Each record keeps the process's
+peak and current resident memory at the end.
+`allocator` (issue 43): page faults, system time and resident memory per call of the same
+transform under the process's allocator settings (a process per setting).
 
 Times are medians over `--repeats` interleaved rounds (every variant once per round, the first
 one rotating), after a warm-up; each record keeps the load average, the allocator settings and
@@ -77,9 +88,9 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int,
 
 
 def _malloc_env() -> str:
-    keys = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
+    keys = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "PENCILFFT_MALLOC")
     set_ = [f"{k}={os.environ[k]}" for k in keys if k in os.environ]
-    return " ".join(set_) or "glibc defaults"
+    return " ".join(set_) or "nothing set"
 
 
 def _base(tool: str) -> dict[str, Any]:
@@ -329,6 +340,172 @@ def mesh_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _threads_env(value: str | None):
+    """PENCILFFT_THREADS set (or unset: None) while tracing and compiling a variant."""
+    old = os.environ.get("PENCILFFT_THREADS")
+    if value is None:
+        os.environ.pop("PENCILFFT_THREADS", None)
+    else:
+        os.environ["PENCILFFT_THREADS"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PENCILFFT_THREADS", None)
+        else:
+            os.environ["PENCILFFT_THREADS"] = old
+
+
+def _rss_mib() -> tuple[float, float]:
+    """(peak, current) resident memory of this process in MiB."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with open("/proc/self/statm") as f:
+        current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return peak, current
+
+
+def allocator(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Page faults, system and user CPU time per forward + inverse call, and resident memory, of
+    one CPU device's 256^3 complex64 pfft3d/pifft3d, under this process's allocator settings
+    (run once per setting: they are process-wide).  Page faults and system time do not depend
+    on other work sharing the machine, unlike wall time."""
+    import resource
+
+    import jax
+    import numpy as np
+
+    import pencilfft
+    from pencilfft import _malloc
+
+    n = args.size
+    x = jax.device_put((np.ones((n,) * 3) + 1j).astype(np.complex64))
+    fwd = jax.jit(pencilfft.pfft3d).lower(x).compile()
+    k = jax.ShapeDtypeStruct(fwd.out_info.shape, fwd.out_info.dtype)
+    inv = jax.jit(pencilfft.pifft3d).lower(k).compile()
+    for _ in range(args.repeats):  # settle: the heap reaches its size
+        inv(fwd(x)).block_until_ready()
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _ in range(args.repeats):
+        inv(fwd(x)).block_until_ready()
+    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    peak, current = _rss_mib()
+    record = {**_base("kernel-allocator"), "shape": [n] * 3, "repeats": args.repeats,
+              "allocator": _malloc.describe(),
+              "faults_per_call": (r1.ru_minflt - r0.ru_minflt) / args.repeats,
+              "sys_ms_per_call": (r1.ru_stime - r0.ru_stime) / args.repeats * 1e3,
+              "user_ms_per_call": (r1.ru_utime - r0.ru_utime) / args.repeats * 1e3,
+              "wall_ms_per_call": (t1 - t0) / args.repeats * 1e3,
+              "peak_rss_mib": peak, "rss_mib": current}
+    print(json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in record.items()
+                      if k in ("malloc", "faults_per_call", "sys_ms_per_call", "user_ms_per_call",
+                               "wall_ms_per_call", "peak_rss_mib", "rss_mib")}), flush=True)
+    return [record]
+
+
+def allocator_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per run (allocator setting)."""
+    from benchmarks import harness
+
+    lines = ["| malloc | page faults / call | system ms / call | user ms / call | wall ms / call "
+             "| peak RSS MiB | RSS at end MiB |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in records:
+        lines.append(f"| {r['malloc']} | {r['faults_per_call']:.0f} | {r['sys_ms_per_call']:.1f} "
+                     f"| {r['user_ms_per_call']:.0f} | {r['wall_ms_per_call']:.0f} "
+                     f"| {r['peak_rss_mib']:.0f} | {r['rss_mib']:.0f} |")
+    r0 = records[0]
+    lines += ["", f"{harness.fmt_dims(r0['shape'])} complex64, pfft3d + pifft3d on one CPU device, "
+                  f"{r0['repeats']} calls after {r0['repeats']} to settle, a process per row "
+                  f"(malloc: its environment; nothing set: pencilfft's own settings); wall times "
+                  f"shared the machine (load average {harness.load_range(records)})."]
+    return "\n".join(lines)
+
+
+# pencilfft: the defaults (layout "transposed": k-space (Y, Z, X); on one device the FFT
+# writes that order itself since issue 43, a transposing pass each way before);
+# pencilfft-natural: layout "natural", jnp.fft's own order; pencilfft-1-thread: the defaults on
+# one thread (PENCILFFT_THREADS=1).
+SINGLE_VARIANTS = ("pencilfft", "pencilfft-natural", "pencilfft-1-thread", "jnp.fft")
+
+
+def single(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import pencilfft
+    from pencilfft import _kernel, _malloc, _threads
+
+    n = args.size
+    rng = np.random.default_rng(0)
+    host = (rng.standard_normal((n,) * 3) + 1j * rng.standard_normal((n,) * 3)).astype(np.complex64)
+    x = jax.device_put(host)
+    fns = {}
+    for name in args.variants:
+        if name == "jnp.fft":
+            fwd = jax.jit(jnp.fft.fftn).lower(x).compile()
+            inv = jax.jit(jnp.fft.ifftn).lower(x).compile()
+        else:
+            layout = "natural" if name == "pencilfft-natural" else "transposed"
+            with _threads_env("1" if name == "pencilfft-1-thread" else None):
+                fwd = jax.jit(functools.partial(pencilfft.pfft3d, layout=layout))
+                fwd = fwd.lower(x).compile()
+                k = jax.ShapeDtypeStruct(fwd.out_info.shape, fwd.out_info.dtype)
+                inv = jax.jit(functools.partial(pencilfft.pifft3d, layout=layout))
+                inv = inv.lower(k).compile()
+            assert _kernel.kernel() != "fftw" or _kernel.TARGET in fwd.as_text()
+        fns[name] = (lambda fwd=fwd, inv=inv: inv(fwd(x)))
+    for name, f in fns.items():  # each round trip gives the input back
+        err = float(np.abs(np.asarray(f()) - host).max())
+        assert err < 1e-3, (name, err)
+    print(f"{n}^3 complex64 forward + inverse, one CPU device, affinity "
+          f"{sorted(os.sched_getaffinity(0))}; {_malloc_env()}; kernel: {_kernel.describe()}; "
+          f"threads: {_threads.describe()}; allocator: {_malloc.describe()}", flush=True)
+    timed = interleaved(fns, args.repeats)
+    peak, current = _rss_mib()
+    base = _base("kernel-single")
+    records = [{**base, "shape": [n] * 3, "variant": name, "repeats": args.repeats,
+                "median_s": median, "min_s": low, "affinity": len(os.sched_getaffinity(0)),
+                "allocator": _malloc.describe(), "threads": _threads.threads_per_device(),
+                "peak_rss_mib": peak, "rss_mib": current}
+               for name, (median, low) in timed.items()]
+    print(json.dumps({r["variant"]: round(r["median_s"] * 1e3, 1) for r in records}
+                     | {"peak_rss_mib": round(peak), "rss_mib": round(current)}), flush=True)
+    return records
+
+
+def single_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per run (cores, allocator setting): median ms of each variant, the ratio to
+    jnp.fft, and the process's resident memory."""
+    from benchmarks import harness
+
+    head = ["cores", "malloc", "load", *(f"{v} ms" for v in SINGLE_VARIANTS),
+            "pencilfft / jnp.fft", "natural / jnp.fft", "peak RSS MiB", "RSS at end MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|---:|---|" + "---:|" * (len(head) - 2)]
+    runs: dict[tuple, dict[str, Any]] = {}
+    for r in records:
+        key = (r["machine"].get("loadavg_1m"), r["affinity"], r["malloc"])
+        runs.setdefault(key, {})[r["variant"]] = r
+    for (load, cores, malloc), row in runs.items():
+        ms = {v: f"{row[v]['median_s'] * 1e3:.1f}" if v in row else "" for v in SINGLE_VARIANTS}
+        ratios = [f"{row[v]['median_s'] / row['jnp.fft']['median_s']:.2f}"
+                  if {v, "jnp.fft"} <= set(row) else "" for v in ("pencilfft", "pencilfft-natural")]
+        any_r = next(iter(row.values()))
+        lines.append(f"| {cores} | {malloc} | {load:.1f} | " + " | ".join(ms.values()) + " | "
+                     + " | ".join(ratios) + f" | {any_r['peak_rss_mib']:.0f} | "
+                     f"{any_r['rss_mib']:.0f} |")
+    r0 = records[0]
+    repeats = "-".join(str(v) for v in sorted({r["repeats"] for r in records}))
+    lines += ["", f"{harness.fmt_dims(r0['shape'])} complex64, forward + inverse, one CPU device "
+                  f"(jax's default), jax.jit; medians of {repeats} interleaved rounds; "
+                  f"cores: the process's affinity (1: `taskset -c 0`); malloc: the environment "
+                  f"(nothing set: pencilfft's own settings, `_malloc`); load: the 1-minute load "
+                  f"average when the run started (2 cores)."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.kernel", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -341,12 +518,20 @@ def main(argv: list[str] | None = None) -> None:
                    help="both directions in one jitted function (a spectral solve's shape; "
                         "default: a jit each, as the issue's target)")
     mem = sub.add_parser("memory", help="per-device memory of the compiled mesh programs")
+    s = sub.add_parser("single", help="one CPU device: pencilfft vs jnp.fft (issue 43)")
+    s.add_argument("--repeats", type=int, default=11)
+    al = sub.add_parser("allocator", help="one CPU device: page faults and memory per call")
+    al.add_argument("--repeats", type=int, default=8)
+    al.add_argument("--size", type=int, default=256)
+    s.add_argument("--size", type=int, default=256)
+    s.add_argument("--variants", nargs="+", default=list(SINGLE_VARIANTS),
+                   choices=SINGLE_VARIANTS)
     for q in (m, mem):
         q.add_argument("--devices", type=int, default=8)
         q.add_argument("--size", type=int, default=256)
         q.add_argument("--pdims", nargs="+", default=[(1, 8), (8, 1), (4, 2), (2, 4)],
                        type=lambda s: tuple(int(v) for v in s.split("x")))
-    for q in (b, m, mem):
+    for q in (b, m, mem, s, al):
         q.add_argument("--out", type=Path, help="append JSON records to this file")
     args = p.parse_args(argv)
     from benchmarks import steps
@@ -358,6 +543,12 @@ def main(argv: list[str] | None = None) -> None:
         run, table = (mesh, mesh_table) if args.what == "mesh" else (memory, memory_table)
         records = run(args)
         print(table(records))
+    elif args.what == "single":
+        records = single(args)
+        print(single_table(records))
+    elif args.what == "allocator":
+        records = allocator(args)
+        print(allocator_table(records))
     else:
         records = block(args)
         print(block_table(records))

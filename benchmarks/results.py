@@ -200,6 +200,8 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "kernel-block": (kernel.block_table, 1),
     "kernel-mesh": (kernel.mesh_table, 1),
     "kernel-memory": (kernel.memory_table, 1),
+    "kernel-single": (kernel.single_table, 1),
+    "kernel-allocator": (kernel.allocator_table, 1),
     "gpu": (gpu_table, 1),
     "layouts": (layouts.table_of, 1),
     "paint": (paint.table, 1),

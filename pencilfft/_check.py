@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from . import _kernel, _memory
+from . import _kernel, _malloc, _memory, _threads
 from ._exchange import local as _local_exchange, mpi as _mpi_exchange
 from ._decomposition import check_mesh, process_grids, split_problem
 from ._fft import pfft3d, pifft3d
@@ -238,6 +238,9 @@ def run_check(args: argparse.Namespace) -> int:
                   markup=False, soft_wrap=True)
     if jax.devices()[0].platform == "cpu":  # the local FFTs' kernel (docs/howto/cpu-performance.md)
         console.print(f"local FFT kernel: {_kernel.describe()}", markup=False, soft_wrap=True)
+        # the threads of the CPU kernels and the allocator (docs: cpu-threads-and-allocator)
+        console.print(f"CPU threads: {_threads.describe()}", markup=False, soft_wrap=True)
+        console.print(f"allocator: {_malloc.describe()}", markup=False, soft_wrap=True)
     tol = TOLERANCE[args.dtype]
     table = Table(title="pfft3d / pifft3d vs jnp.fft.fftn")
     for col in ("mesh", "layout", "err vs fftn", "err vs jaxdecomp", "round trip",

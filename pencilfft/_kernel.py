@@ -18,11 +18,14 @@ where it is not), "fftw" (FFTW, and a warning when it cannot be had) or "xla" (t
 not even bound: the programs are exactly those without the kernel); PENCILFFT_FFTW_PLANNER =
 "measure" (default, see `PLANNERS`) or "estimate"; PENCILFFT_FFTW_HUGE_PAGES = "1" (default: the
 kernel asks for transparent huge pages on its large output buffers, csrc/fftw.cc `HugePages`)
-or "0".  A kernel that fails to build or load falls
+or "0"; PENCILFFT_THREADS (`_threads`: the cores of the process, default its affinity, shared
+by its CPU devices: each call runs FFTW's threaded plans on `_threads.threads_per_device()`
+threads, baked into the program when it is lowered); PENCILFFT_MALLOC (`_malloc`, applied when
+the first CPU program is lowered).  A kernel that fails to build or load falls
 back to XLA's FFT with one warning per process, never an error.
 
 Global state: the built library and its registration (`_library`, cached once per process), and
-in the C++ handler FFTW's plans (cached per shape, axes, kind, dtype and alignment).
+in the C++ handler FFTW's plans (cached per shape, axes, kind, dtype, alignment and threads).
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _native, _r2r
+from . import _malloc, _native, _r2r, _threads
 
 __all__ = ["fft", "r2r", "kernel", "describe", "plan_count", "local_fft_p", "TARGET"]
 
@@ -94,7 +97,8 @@ def planner() -> str:
 def describe() -> str:
     """One line for `pencilfft check` and the benchmarks: which kernel runs local FFTs on CPU."""
     if kernel() == "fftw":
-        return f"fftw (FFTW from {fftw_libraries()[0]}, planner {planner()})"
+        return (f"fftw (FFTW from {fftw_libraries()[0]}, planner {planner()}, "
+                f"{_threads.threads_per_device()} thread(s) per call)")
     setting = _setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto")
     why = ("PENCILFFT_FFT_KERNEL=xla" if setting == "xla" else
            "the fftw extra is not installed" if _find_libraries() is None else
@@ -104,14 +108,20 @@ def describe() -> str:
 
 @functools.cache
 def _find_libraries() -> tuple[str, list[str]] | None:
-    """(folder, [libfftw3, libfftw3f]) bundled with pyFFTW's wheel, or None (a pyFFTW built
-    against a system FFTW, without the wheel's pyfftw.libs/, is not looked into)."""
+    """(folder, [libfftw3, libfftw3f, libfftw3_omp, libfftw3f_omp]) bundled with pyFFTW's
+    wheel, or None (a pyFFTW built against a system FFTW, without the wheel's pyfftw.libs/, is
+    not looked into).  The _omp libraries are FFTW's threaded planner (OpenMP, from the
+    wheel's own libgomp): the kernel's plans use `_threads.threads_per_device()` threads."""
     try:
         import pyfftw
     except ImportError:
         return None
-    folder = pathlib.Path(pyfftw.__file__).resolve().parent.parent / "pyfftw.libs"
-    libs = [sorted(glob.glob(str(folder / f"{stem}-*.so*"))) for stem in ("libfftw3", "libfftw3f")]
+    site = pathlib.Path(pyfftw.__file__).resolve().parent.parent
+    # auditwheel names the folder after the distribution: pyfftw.libs or pyFFTW.libs by wheel
+    folder = next((site / name for name in ("pyfftw.libs", "pyFFTW.libs")
+                   if (site / name).is_dir()), site / "pyfftw.libs")
+    libs = [sorted(glob.glob(str(folder / f"{stem}-*.so*")))
+            for stem in ("libfftw3", "libfftw3f", "libfftw3_omp", "libfftw3f_omp")]
     if not all(libs):
         return None
     return str(folder), [found[0] for found in libs]
@@ -165,8 +175,14 @@ def _scale(norm: str, n: int, forward: bool) -> float:
 
 
 def _xla_fft(x, *, fft_type: str, axes: tuple[int, ...], norm: str, sizes: tuple[int, ...],
-             kind: str | None = None):
-    """What the stages ran before the kernel: jnp.fft's n-dimensional calls, `_r2r`'s forward."""
+             kind: str | None = None, order: tuple[int, ...] | None = None):
+    """What the stages ran before the kernel: jnp.fft's n-dimensional calls, `_r2r`'s forward,
+    then the output's axes in `order` (None: as they are)."""
+    y = _xla_fft_only(x, fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind)
+    return y if order is None else jnp.transpose(y, order)
+
+
+def _xla_fft_only(x, *, fft_type, axes, norm, sizes, kind):
     if fft_type == "fft":
         return jnp.fft.fftn(x, axes=axes, norm=norm)
     if fft_type == "ifft":
@@ -178,16 +194,33 @@ def _xla_fft(x, *, fft_type: str, axes: tuple[int, ...], norm: str, sizes: tuple
     return _r2r.forward(x, kind, axes[0], norm)
 
 
+def _configure_malloc_on_cpu() -> None:
+    """The allocator settings (`_malloc`) where the primitive, whose CPU lowering makes them,
+    is not bound: with XLA's kernel, the fresh buffers fault just the same."""
+    if jax.default_backend() == "cpu":
+        _malloc.configure()
+
+
 def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
-        sizes: tuple[int, ...]) -> jax.Array:
-    """jnp.fft.{fftn, ifftn, rfftn, irfftn}(x, axes=axes, norm=norm) of a per-device block.
+        sizes: tuple[int, ...], order: tuple[int, ...] | None = None) -> jax.Array:
+    """jnp.fft.{fftn, ifftn, rfftn, irfftn}(x, axes=axes, norm=norm) of a per-device block,
+    then jnp.transpose(., order) if `order` is given: FFTW writes the output transposed
+    through its strides, no pass of its own (the one-device transform's layout).
 
     `sizes`: the real-space lengths of `axes` (irfft's output, the others' input).  The half
     axis of rfft/irfft is `axes[-1]`."""
     x = jnp.asarray(x)
     axes = tuple(a % x.ndim for a in axes)
+    if order is not None:
+        order = tuple(int(a) % x.ndim for a in order)
+        if sorted(order) != list(range(x.ndim)):
+            raise ValueError(f"order {order} is not a permutation of the {x.ndim} axes")
+        if order == tuple(range(x.ndim)):
+            order = None
     if _setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto") == "xla":
-        return _xla_fft(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes))
+        _configure_malloc_on_cpu()
+        return _xla_fft(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes),
+                        order=order)
     if fft_type != "irfft":  # the input's lengths (what the normalisation counts)
         sizes = tuple(x.shape[a] for a in axes)
     if fft_type in ("fft", "ifft"):
@@ -197,9 +230,10 @@ def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
     else:
         x = x.astype(jnp.result_type(x.dtype, jnp.complex64))
         if x.shape[axes[-1]] != sizes[-1] // 2 + 1:  # irfftn would crop or pad: not ours
-            return _xla_fft(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes))
+            return _xla_fft(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes),
+                            order=order)
     return local_fft_p.bind(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes),
-                            kind=None)
+                            kind=None, order=order)
 
 
 def r2r(x: jax.Array, kind: str, axis: int, norm: str, forward: bool) -> jax.Array:
@@ -213,9 +247,10 @@ def r2r(x: jax.Array, kind: str, axis: int, norm: str, forward: bool) -> jax.Arr
     axis = axis % x.ndim
     if (_setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto") == "xla"
             or x.shape[axis] < _r2r.min_length(kind)):
+        _configure_malloc_on_cpu()
         return _r2r.forward(x, kind, axis, norm)  # (and its error for too short an axis)
     return local_fft_p.bind(x, fft_type="r2r", axes=(axis,), norm=norm,
-                            sizes=(x.shape[axis],), kind=kind)
+                            sizes=(x.shape[axis],), kind=kind, order=None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,7 +260,7 @@ def r2r(x: jax.Array, kind: str, axis: int, norm: str, forward: bool) -> jax.Arr
 local_fft_p = Primitive("pencilfft_local_fft")
 
 
-def _out_shape_dtype(shape, dtype, fft_type, axes, sizes):
+def _out_shape_dtype(shape, dtype, fft_type, axes, sizes, order=None):
     shape = list(shape)
     if fft_type == "rfft":
         shape[axes[-1]] = shape[axes[-1]] // 2 + 1
@@ -234,11 +269,13 @@ def _out_shape_dtype(shape, dtype, fft_type, axes, sizes):
         for a, n in zip(axes, sizes):
             shape[a] = n
         dtype = jnp.finfo(dtype).dtype
+    if order is not None:
+        shape = [shape[a] for a in order]
     return tuple(shape), np.dtype(dtype)
 
 
-def _abstract_eval(x, *, fft_type, axes, norm, sizes, kind):
-    shape, dtype = _out_shape_dtype(x.shape, x.dtype, fft_type, axes, sizes)
+def _abstract_eval(x, *, fft_type, axes, norm, sizes, kind, order):
+    shape, dtype = _out_shape_dtype(x.shape, x.dtype, fft_type, axes, sizes, order)
     # update() keeps the input's sharding (Explicit meshes) and varying manual axes (shard_map)
     return x.update(shape=shape, dtype=dtype, weak_type=False)
 
@@ -260,11 +297,14 @@ def _mask(t, axis: int, n: int, dtype):
     return jnp.asarray(w.reshape(shape), dtype)
 
 
-def _transpose(ct, x, *, fft_type, axes, norm, sizes, kind):
-    """jax's lax.fft transposes (jax/_src/lax/fft.py), normalisation carried in `norm`."""
+def _transpose(ct, x, *, fft_type, axes, norm, sizes, kind, order):
+    """jax's lax.fft transposes (jax/_src/lax/fft.py), normalisation carried in `norm`; an
+    output written in `order` has its cotangent put back in the computed order first."""
     if type(ct) is ad.Zero:
         return (ad.Zero(x.aval),)
-    params = dict(axes=axes, sizes=sizes, kind=None)
+    if order is not None:
+        ct = jnp.transpose(ct, tuple(int(i) for i in np.argsort(order)))
+    params = dict(axes=axes, sizes=sizes, kind=None, order=None)
     if fft_type in ("fft", "ifft"):  # the DFT matrix is symmetric: the same transform
         return (local_fft_p.bind(ct, fft_type=fft_type, norm=norm, **params),)
     if fft_type == "rfft":  # an irfft of conj(ct) / mask, scaled as the rfft was
@@ -284,14 +324,15 @@ def _transpose(ct, x, *, fft_type, axes, norm, sizes, kind):
     if not np.allclose(g, go):
         ct = ct * jnp.asarray((g / go).reshape(shape), real)
     out = local_fft_p.bind(ct, fft_type="r2r", axes=axes, norm="ortho", sizes=sizes,
-                           kind=_r2r._INVERSE_KIND[kind])
+                           kind=_r2r._INVERSE_KIND[kind], order=None)
     return (out * jnp.asarray((c / co * h / ho).reshape(shape), real),)
 
 
-def _batch(args, dims, *, axes, **params):
+def _batch(args, dims, *, axes, order, **params):
     (x,), (d,) = args, dims
     x = jnp.moveaxis(x, d, 0)
-    return local_fft_p.bind(x, axes=tuple(a + 1 for a in axes), **params), 0
+    order = None if order is None else (0, *(a + 1 for a in order))
+    return local_fft_p.bind(x, axes=tuple(a + 1 for a in axes), order=order, **params), 0
 
 
 def _default_lowering(ctx, x, **params):
@@ -305,21 +346,23 @@ def _fftw_usable(aval) -> bool:
     return dtype in (np.float32, np.float64, np.complex64, np.complex128) and kernel() == "fftw"
 
 
-def _cpu_lowering(ctx, x, *, fft_type, axes, norm, sizes, kind):
-    params = dict(fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind)
+def _cpu_lowering(ctx, x, *, fft_type, axes, norm, sizes, kind, order):
+    _malloc.configure()  # a CPU program of pencilfft's: glibc keeps freed memory (`_malloc`)
+    params = dict(fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind, order=order)
     if not _fftw_usable(ctx.avals_in[0]):
         return _default_lowering(ctx, x, **params)
     return mlir.lower_fun(functools.partial(_fftw, **params), multiple_results=False)(ctx, x)
 
 
-def _fftw(x, *, fft_type, axes, norm, sizes, kind):
+def _fftw(x, *, fft_type, axes, norm, sizes, kind, order):
     """The CPU computation: weights (ortho DCT/DST ends only) around one FFTW call."""
     n = math.prod(sizes)
     if fft_type != "r2r":
         code = {"fft": 0, "ifft": 0, "rfft": 1, "irfft": 2}[fft_type]
         return fftw_p.bind(x, code=code, sign=1 if fft_type == "ifft" else -1, axes=axes,
                            r2r_kinds=(0,), scale=_scale(norm, n, fft_type in ("fft", "rfft")),
-                           sizes=sizes)
+                           sizes=sizes, order=order)
+    assert order is None  # (r2r is never bound with an order)
     # FFTW's REDFT/RODFT are scipy's kinds under norm="backward" (2 sum h_n x_n trig, h the
     # half-weighted ends); other norms: y = c g_k sum h_n x_n trig = (c g_k / 2) FFTW(x h / h_b).
     axis = axes[0]
@@ -331,7 +374,7 @@ def _fftw(x, *, fft_type, axes, norm, sizes, kind):
     if not np.allclose(h, hb):
         x = x * jnp.asarray((h / hb).reshape(shape), real)
     y = fftw_p.bind(x, code=3, sign=0, axes=axes, r2r_kinds=(_FFTW_R2R[kind],), scale=c / 2,
-                    sizes=sizes)
+                    sizes=sizes, order=None)
     if not np.allclose(g, 1.0):
         y = y * jnp.asarray(g.reshape(shape), real)
     return y
@@ -350,13 +393,13 @@ mlir.register_lowering(local_fft_p, _cpu_lowering, platform="cpu")
 fftw_p = Primitive("pencilfft_fftw")
 
 
-def _fftw_abstract_eval(x, *, code, sign, axes, r2r_kinds, scale, sizes):
+def _fftw_abstract_eval(x, *, code, sign, axes, r2r_kinds, scale, sizes, order):
     fft_type = {0: "fft", 1: "rfft", 2: "irfft", 3: "r2r"}[code]
-    shape, dtype = _out_shape_dtype(x.shape, x.dtype, fft_type, axes, sizes)
+    shape, dtype = _out_shape_dtype(x.shape, x.dtype, fft_type, axes, sizes, order)
     return x.update(shape=shape, dtype=dtype, weak_type=False)
 
 
-def _fftw_lowering(ctx, x, *, code, sign, axes, r2r_kinds, scale, sizes):
+def _fftw_lowering(ctx, x, *, code, sign, axes, r2r_kinds, scale, sizes, order):
     # Out of place.  Aliasing the c2c/r2r output to the input (in place, no fresh output
     # buffer) was tried: XLA then adds copies where the input lives on, and tests/test_hlo.py
     # and test_memory_floor.py measured one more fusion and up to 0.9 blocks more at the peak.
@@ -364,7 +407,11 @@ def _fftw_lowering(ctx, x, *, code, sign, axes, r2r_kinds, scale, sizes):
         ctx, x, kind=np.int32(code), sign=np.int32(sign), axes=np.asarray(axes, np.int64),
         r2r_kinds=np.asarray(r2r_kinds, np.int64), scale=np.float64(scale),
         planner=np.int32(PLANNERS[planner()]),
-        huge_pages=_setting("PENCILFFT_FFTW_HUGE_PAGES", ("1", "0"), "1") == "1")
+        huge_pages=_setting("PENCILFFT_FFTW_HUGE_PAGES", ("1", "0"), "1") == "1",
+        threads=np.int32(_threads.threads_per_device()),
+        # the output buffer's axes as logical axes (identity: as computed)
+        out_order=np.asarray(order if order is not None else range(len(ctx.avals_in[0].shape)),
+                             np.int64))
 
 
 fftw_p.def_abstract_eval(_fftw_abstract_eval)

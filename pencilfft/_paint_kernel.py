@@ -34,7 +34,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _native
+from . import _native, _threads
 from ._window import WINDOWS, derivatives, weights
 
 __all__ = ["paint_block", "read_block", "kernel", "TARGETS", "paint_p", "read_p"]
@@ -57,28 +57,9 @@ def _setting() -> str:
 
 
 def _threads_per_device() -> int:
-    """Threads each CPU device's painting may use: the cores this process may run on, shared
-    by its CPU devices (which run their blocks at once); PENCILFFT_THREADS overrides it."""
-    env = os.environ.get("PENCILFFT_THREADS", "").strip()
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            raise ValueError(f"environment variable PENCILFFT_THREADS must be a positive "
-                             f"integer (threads per device); got {env!r}") from None
-        if n < 1:
-            raise ValueError(f"environment variable PENCILFFT_THREADS must be a positive "
-                             f"integer (threads per device); got {env!r}")
-        return n
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    try:
-        devices = max(1, jax.local_device_count("cpu"))
-    except RuntimeError:
-        devices = 1
-    return max(1, cores // devices)
+    """Threads each CPU device's painting may use: the FFT kernel's rule (`_threads`: the
+    cores this process may run on, shared by its CPU devices; PENCILFFT_THREADS)."""
+    return _threads.threads_per_device()
 
 
 @functools.cache

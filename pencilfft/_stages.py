@@ -17,7 +17,8 @@ exchange over a; a slab over Y (Pa == 1) is a slab in cost too: Fft(Z), the exch
 reordering over the size-1 axis; benchmarks/RESULTS.md "margin"); with the local exchange
 (`_local_exchange`, CPU devices of one process), which writes any order in its one pass, the
 exchange writes the layout itself and the 2-D Fft runs on the strided axes there: no move.  One
-device runs one 3-D `Fft` (and `Move(1, 3)` in the transposed layout).
+device runs one 3-D `Fft` (in the transposed layout writing (B, Y, Z, X) itself, its `order`;
+`Move(1, 3)` after it only where padding or truncation stages come between).
 
 Where to add a transform kind: a per-axis kind is a name in `KINDS` with its 1-D forward and
 inverse in `_one_axis` (or its own module, as `_r2r.py`), and an entry in the public API.
@@ -52,12 +53,15 @@ def _one_axis(k: jax.Array, kind: str, axis: int, norm: str, forward: bool, size
 @dataclasses.dataclass(frozen=True)
 class Fft:
     """Transforms of `kinds` over local `axes` (whole on every device).  "rfft" is only ever the
-    last axis; `sizes` are the real-space lengths of `axes` (the irfft output)."""
+    last axis; `sizes` are the real-space lengths of `axes` (the irfft output).  `order`: the
+    output's axes, jnp.transpose's (None: as they are); the FFTW kernel writes them there in
+    the same call (the one-device transform's layout: no pass of its own, issue 43)."""
 
     axes: tuple[int, ...]
     kinds: tuple[str, ...]
     sizes: tuple[int, ...]
     norm: str
+    order: tuple[int, ...] | None = None
 
     @property
     def fourier(self) -> str | None:
@@ -67,16 +71,45 @@ class Fft:
             return self.kinds[-1]
         return None
 
+    def _split(self) -> bool:
+        """Whether the transform with an `order` runs as two calls: the last axes in place, then
+        the first one (a complex FFT) writing the order (backward: the first axis in place,
+        then the others writing the order back).  FFTW's one 3-D plan writing (B, Y, Z,
+        X) measured 1.3-1.8x slower than the 3-D FFT alone, and the two calls as fast as it
+        (benchmarks/RESULTS.md, issue 43)."""
+        return (self.order is not None and self.fourier is not None and len(self.axes) > 1
+                and self.kinds[0] == "fft")
+
     def forward(self, k: jax.Array) -> jax.Array:
+        if self._split():
+            k = _kernel.fft(k, self.fourier, self.axes[1:], self.norm, self.sizes[1:])
+            return _kernel.fft(k, "fft", self.axes[:1], self.norm, self.sizes[:1], self.order)
         if self.fourier is not None:
-            return _kernel.fft(k, self.fourier, self.axes, self.norm, self.sizes)
+            return _kernel.fft(k, self.fourier, self.axes, self.norm, self.sizes, self.order)
         # Mixed kinds, last axis first (an rfft must see the real input); the 1-D transforms
         # along different axes commute otherwise.
         for axis, kind, size in reversed(list(zip(self.axes, self.kinds, self.sizes))):
             k = _one_axis(k, kind, axis, self.norm, True, size)
-        return k
+        return k if self.order is None else jnp.transpose(k, self.order)
 
     def backward(self, k: jax.Array) -> jax.Array:
+        if self.order is not None:
+            # The transform commutes with moving axes: run it on k's own layout (each axis
+            # where `order` put it) and write the output back in the computed order.
+            undo = tuple(self.order.index(i) for i in range(len(self.order)))
+            if self._split():
+                # The first axis where it is (contiguous X), then the others (irfft last)
+                # writing the computed order: strided reads, contiguous writes, as forward.
+                inverse = {"fft": "ifft", "rfft": "irfft"}[self.fourier]
+                k = _kernel.fft(k, "ifft", (self.order.index(self.axes[0]),), self.norm,
+                                self.sizes[:1])
+                rest = tuple(self.order.index(a) for a in self.axes[1:])
+                return _kernel.fft(k, inverse, rest, self.norm, self.sizes[1:], undo)
+            if self.fourier is not None:
+                inverse = {"fft": "ifft", "rfft": "irfft"}[self.fourier]
+                axes = tuple(self.order.index(a) for a in self.axes)
+                return _kernel.fft(k, inverse, axes, self.norm, self.sizes, undo)
+            k = jnp.transpose(k, undo)
         if self.fourier is not None:
             inverse = {"fft": "ifft", "rfft": "irfft"}[self.fourier]
             return _kernel.fft(k, inverse, self.axes, self.norm, self.sizes)
@@ -263,7 +296,13 @@ def forward_stages(plan: Plan) -> tuple[Stage, ...]:
         # (padded all the same when planned for a mesh the partitioner has yet to give: the
         # same global shape wherever the program ends up)
         stages = _fft(plan, (1, 2, 3), (0, 1, 2)) + _pad(2, yc, plan.yp) + _pad(3, plan.zc, plan.zp)
-        return stages + ((Move(1, 3),) if plan.layout == "transposed" else ())
+        if plan.layout != "transposed":
+            return stages
+        if len(stages) == 1 and stages[0].fourier is not None:
+            # The move to (B, Y, Z, X) written by the 3-D transform itself (FFTW's output
+            # strides): one pass each way instead of two, the move was a third of the time.
+            return (dataclasses.replace(stages[0], order=(0, 2, 3, 1)),)
+        return stages + (Move(1, 3),)
     if pa == 1 and alg_b == "local":
         # The local exchange writes any order in its one pass: straight to the layout, (B, Y,
         # z, X) transposed or (B, X, Y, z) natural, and the 2-D Fft runs there (FFTW takes

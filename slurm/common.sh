@@ -113,17 +113,6 @@ quote_cmd() {
   echo "${out% }"
 }
 
-# pencilfft_cpu_malloc_env: glibc settings for CPU runs (README, "CPU FFT kernel"): keep freed
-# memory in the heap instead of unmapping it, so each transform's fresh output buffers do not
-# page-fault again on every call (measured: the FFTW kernel's 2-D FFT of a 64 MiB block spent
-# about as long in page faults as in the FFT).  Exported for this job only, and only where the
-# user has not set them; PENCILFFT_MALLOC_ENV=0 leaves glibc's defaults.
-pencilfft_cpu_malloc_env() {
-  [[ ${PENCILFFT_MALLOC_ENV:-1} == 0 ]] && return 0
-  export MALLOC_MMAP_MAX_=${MALLOC_MMAP_MAX_:-0}
-  export MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-100000000000}
-}
-
 # pencilfft_load_env ARCH: modules and python environment inside a GPU job.
 #   PENCILFFT_MODULES  modules to load (default: PENCILFFT_DEFAULT_MODULES)
 #   PENCILFFT_VENV     a virtualenv to activate afterwards (pip install -e ".[bench]" and mpi4py built against the site MPI; slurm/README.md)

@@ -42,6 +42,10 @@ def test_check_in_process_prints_once_and_passes(capsys):
         # MPI inside XLA under mpirun, several devices per process included)
         assert re.search(r"cross-process exchanges: (one process|MPI inside XLA)", out)
         assert f"local FFT kernel: {_kernel.kernel()} (" in out
+        # the threads per FFT call and the allocator (issue 43)
+        assert re.search(r"CPU threads: \d+ cores \(.*\) for \d+ CPU device\(s\): \d+ "
+                         r"thread\(s\) per FFT call", out)
+        assert "allocator: " in out
         assert re.search(r"exchanges between a process's devices: the local exchange", out)
     else:
         assert out == ""

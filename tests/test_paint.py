@@ -256,20 +256,19 @@ def test_errors():
 
 
 @pytest.mark.skipif(_paint_kernel.kernel() != "native", reason="no C++ compiler")
-def test_kernel_threads_and_xla():
+def test_kernel_threads_and_xla(monkeypatch):
     """The kernel equals XLA's scatter/gather, and its result is the same for any thread count
     above one (bitwise) and within rounding of one thread's."""
+    from pencilfft import _threads
+
     rng = np.random.default_rng(13)
     dx = jnp.asarray(rng.normal(size=(12, 6, 10, 3)) * 2)
     v = jnp.asarray(rng.normal(size=(2, 12, 6, 10)))
     kw = dict(offset=(2, 0), shape=(16, 6, 10), window="pcs", deriv=False, absolute=False)
     outs = {}
-    for t in ("1", "2", "3"):
-        os.environ["PENCILFFT_THREADS"] = t
-        try:
-            outs[t] = np.asarray(jax.jit(lambda d, v: _paint_kernel.paint_p.bind(d, v, **kw))(dx, v))
-        finally:
-            del os.environ["PENCILFFT_THREADS"]
+    for t in ("1", "2", "3"):  # threads per device call (the shared rule gives 1 here)
+        monkeypatch.setattr(_threads, "threads_per_device", lambda t=t: int(t))
+        outs[t] = np.asarray(jax.jit(lambda d, v: _paint_kernel.paint_p.bind(d, v, **kw))(dx, v))
     ref = np.asarray(_paint_kernel.paint_block_xla(dx, v, **kw))
     np.testing.assert_allclose(outs["1"], ref, atol=1e-12)
     np.testing.assert_array_equal(outs["2"], outs["3"])

@@ -55,6 +55,10 @@ def test_stage_lists(pdims, layout, real, exchange, kinds):
     (Fft((2, 3), ("dct2", "fft"), (4, 5), "backward"), (2, 3, 4, 5)),
     (Fft((1, 2, 3), ("dst1", "dct4", "rfft"), (3, 4, 6), "ortho"), (2, 3, 4, 6)),
     (Fft((1, 3), ("dct1", "dst3"), (3, 5), "backward"), (2, 3, 4, 5)),
+    # the one-device transform writing the transposed layout itself (issue 43)
+    (Fft((1, 2, 3), ("fft", "fft", "fft"), (3, 4, 5), "forward", (0, 2, 3, 1)), (2, 3, 4, 5)),
+    (Fft((1, 2, 3), ("fft", "fft", "rfft"), (3, 4, 6), "ortho", (0, 2, 3, 1)), (2, 3, 4, 6)),
+    (Fft((2, 3), ("dct2", "fft"), (4, 5), "backward", (0, 3, 1, 2)), (2, 3, 4, 5)),
     (Pad(3, 5, 8), (2, 3, 4, 5)),
     (Move(3, 1), (2, 3, 4, 5)),
     (Truncate(3, 12, 8, False, 8 / 12), (2, 3, 4, 8)),  # even N: the Nyquist mode split

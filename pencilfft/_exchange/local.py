@@ -29,7 +29,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from .. import _native
+from .. import _malloc, _native, _threads
 from ._common import coordinates, def_linear, traced_mesh, within_processes
 
 __all__ = ["auto", "build_failure", "exchange", "status", "unavailable_reason", "TARGET"]
@@ -152,9 +152,11 @@ def _cpu_lowering(ctx, x, where, *, n, split, gather, order, axis_name):
     why = unavailable_reason(None, "cpu")
     if why is not None:
         raise ValueError(f"`exchange`='local' cannot run here: {why}")
+    _malloc.configure()  # glibc keeps freed memory: fresh blocks do not fault (`_malloc`)
+    # threads: the copying pool's size, every core of the process (one round is all devices')
     return jax.ffi.ffi_lowering(TARGET)(  # a pure map: XLA may merge or drop it
         ctx, x, where, n=np.int64(n), split=np.int64(split), gather=np.int64(gather),
-        order=np.asarray(order, np.int64))
+        order=np.asarray(order, np.int64), threads=np.int64(_threads.available_cores()))
 
 
 def _lower_other(x, where, *, n, split, gather, order, axis_name):

@@ -6,14 +6,21 @@
 // FFTW's REDFT/RODFT kinds; complex data as the real and imaginary parts, a howmany dimension
 // of 2 with stride 1).  FFTW is unnormalised: `scale` multiplies the output in the same call.
 //
-// FFTW comes from pyFFTW's wheel (libfftw3 and libfftw3f with hashed names, linked by full
-// path); its few prototypes are declared here by hand, so no fftw3.h is needed.
+// FFTW comes from pyFFTW's wheel (libfftw3, libfftw3f and their _omp threads libraries with
+// hashed names, linked by full path); its few prototypes are declared here by hand, so no
+// fftw3.h is needed.
 //
 // Plans are cached per (kind, precision, shape, axes, r2r kinds, in-place, the alignments of
 // both buffers, planner flags) and run with FFTW's new-array execute functions on whatever
 // buffers XLA hands us (those are thread-safe; planning is not, hence the mutex).  The
 // alignment is part of the key because a plan made for SIMD-aligned arrays must not run on
 // unaligned ones (and FFTW_UNALIGNED plans measured 2.7x slower: we plan per alignment).
+//
+// Threads.  Every plan is made for `threads` threads (an attribute: `_threads.threads_per_device()`
+// when the program was lowered, so that the devices of a process share its cores) with FFTW's
+// threaded planner (libfftw3[f]_omp from the same wheel, OpenMP from its bundled libgomp); the
+// count is part of the plan's key.  FFTW keeps a plan for 1 thread free of OpenMP: with as
+// many devices as cores nothing changes.  The scaling pass is split over as many std::threads.
 //
 // c2r over several axes: FFTW has no input-preserving multi-dimensional c2r, and XLA's input
 // buffer must not be overwritten, so it runs as a c2c over the leading axes into a per-thread
@@ -23,9 +30,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/mman.h>
@@ -53,7 +62,9 @@ typedef void* fftw_plan_t;
   void P##_execute_dft_r2c(fftw_plan_t, R*, void*);                                            \
   void P##_execute_dft_c2r(fftw_plan_t, void*, R*);                                            \
   void P##_execute_r2r(fftw_plan_t, R*, R*);                                                   \
-  int P##_alignment_of(R*);
+  int P##_alignment_of(R*);                                                                    \
+  int P##_init_threads();                                                                      \
+  void P##_plan_with_nthreads(int);
 PENCILFFT_FFTW_DECLARE(fftw, double)
 PENCILFFT_FFTW_DECLARE(fftwf, float)
 void* fftw_malloc(size_t);
@@ -85,6 +96,10 @@ struct Api;
     static constexpr auto exec_c2r = P##_execute_dft_c2r;                          \
     static constexpr auto exec_r2r = P##_execute_r2r;                              \
     static int align(void* p) { return P##_alignment_of(static_cast<R*>(p)); }    \
+    static void threads(int n) {                                                   \
+      static bool ok = P##_init_threads() != 0; /* once, under plan_mutex */       \
+      if (ok) P##_plan_with_nthreads(n);                                           \
+    }                                                                              \
   };
 PENCILFFT_FFTW_API(fftw, double)
 PENCILFFT_FFTW_API(fftwf, float)
@@ -105,12 +120,14 @@ std::vector<ptrdiff_t> Strides(const std::vector<int64_t>& shape, ptrdiff_t unit
   return s;
 }
 
-// `axes` of the logical shape `n` are transformed, the others are howmany dimensions.
-// `in_shape`/`out_shape` give the strides (they differ along the last axis for r2c/c2r).
+// `axes` of the logical shape `n` are transformed, the others are howmany dimensions.  `is`
+// and `os`: each logical axis's stride in elements of the input and of the output (they differ
+// along the last axis for r2c/c2r, and the output's are permuted when it is written
+// transposed); `unit` multiplies both (2: complex data through a real plan).
 Geometry MakeGeometry(const std::vector<int64_t>& n, const std::vector<int64_t>& axes,
-                      const std::vector<int64_t>& in_shape, const std::vector<int64_t>& out_shape,
-                      ptrdiff_t unit) {
-  auto is = Strides(in_shape, unit), os = Strides(out_shape, unit);
+                      std::vector<ptrdiff_t> is, std::vector<ptrdiff_t> os, ptrdiff_t unit) {
+  for (auto* v : {&is, &os})
+    for (auto& s : *v) s *= unit;
   Geometry g;
   std::vector<bool> transformed(n.size(), false);
   for (int64_t a : axes) {
@@ -128,8 +145,8 @@ std::map<std::vector<int64_t>, fftw_plan_t> plans;  // never freed: a process ha
 
 std::vector<int64_t> Key(int32_t kind, int32_t sign, bool dbl, const Geometry& g,
                          const std::vector<int64_t>& r2r_kinds, bool in_place, int align_in,
-                         int align_out, unsigned flags) {
-  std::vector<int64_t> key{kind, sign, dbl, in_place, align_in, align_out, flags,
+                         int align_out, unsigned flags, int threads) {
+  std::vector<int64_t> key{kind, sign, dbl, in_place, align_in, align_out, flags, threads,
                            static_cast<int64_t>(g.dims.size())};
   for (const auto* v : {&g.dims, &g.howmany})
     for (const auto& d : *v) key.insert(key.end(), {d.n, d.is, d.os});
@@ -159,14 +176,15 @@ thread_local Scratch scratch;  // c2r's intermediate (see the top)
 template <typename Real>
 fftw_plan_t Plan(int32_t kind, int32_t sign, const Geometry& g,
                  const std::vector<int64_t>& r2r_kinds, void* in, void* out, size_t in_bytes,
-                 size_t out_bytes, unsigned flags) {
+                 size_t out_bytes, unsigned flags, int threads) {
   using A = Api<Real>;
   bool in_place = in == out;
   int ai = A::align(in), ao = A::align(out);
-  auto key = Key(kind, sign, sizeof(Real) == 8, g, r2r_kinds, in_place, ai, ao, flags);
+  auto key = Key(kind, sign, sizeof(Real) == 8, g, r2r_kinds, in_place, ai, ao, flags, threads);
   std::lock_guard<std::mutex> lock(plan_mutex);
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
+  A::threads(threads);  // the planner's global setting: set under the lock, for this plan
   // FFTW_ESTIMATE never touches the arrays while planning; the other planners overwrite them,
   // so they plan on stand-in arrays of the same alignment.
   void *pin = in, *pout = out, *mem_in = nullptr, *mem_out = nullptr;
@@ -219,44 +237,61 @@ void HugePages(void* data, size_t bytes) {
 }
 
 template <typename Real>
-void Scale(void* data, size_t count, double scale) {
+void Scale(void* data, size_t count, double scale, int threads) {
   if (scale == 1.0) return;
   Real* x = static_cast<Real*>(data);
   const Real s = static_cast<Real>(scale);
-  for (size_t i = 0; i < count; ++i) x[i] *= s;
+  auto part = [x, s](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) x[i] *= s;
+  };
+  // Threads of our own only where the pass is worth a thread's start (tens of microseconds).
+  constexpr size_t kPerThread = size_t{1} << 18;
+  size_t n = std::min<size_t>(std::max(threads, 1), std::max<size_t>(count / kPerThread, 1));
+  if (n <= 1) return part(0, count);
+  std::vector<std::thread> helpers;
+  size_t step = (count + n - 1) / n;
+  for (size_t t = 1; t < n; ++t)
+    helpers.emplace_back(part, t * step, std::min(count, (t + 1) * step));
+  part(0, std::min(count, step));
+  for (auto& h : helpers) h.join();
 }
 
 template <typename Real>
 ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
                const std::vector<int64_t>& r2r_kinds, double scale, unsigned planner,
                bool complex_data, const std::vector<int64_t>& in_shape,
-               const std::vector<int64_t>& out_shape, void* in, void* out, size_t in_bytes,
-               size_t out_bytes, size_t out_reals) {
+               const std::vector<int64_t>& out_shape, const std::vector<ptrdiff_t>& out_strides,
+               void* in, void* out, size_t in_bytes, size_t out_bytes, size_t out_reals,
+               int threads) {
+  // out_shape, out_strides: the output's logical shape (in the input's axis order) and each
+  // logical axis's stride in the buffer (row-major, or permuted: `out_order`).
   using A = Api<Real>;
+  const auto is = Strides(in_shape, 1);
   const auto fail = [] { return ffi::Error(ffi::ErrorCode::kInternal, "FFTW returned no plan"); };
   if (kind == kC2C || kind == kR2R) {
     // Out of place, XLA's input must survive (in place: the input was donated to us).
     unsigned flags = planner | (in == out ? 0u : kPreserveInput);
-    Geometry g = MakeGeometry(in_shape, axes, in_shape, out_shape,
+    Geometry g = MakeGeometry(in_shape, axes, is, out_strides,
                               kind == kR2R && complex_data ? 2 : 1);
-    fftw_plan_t p = Plan<Real>(kind, sign, g, r2r_kinds, in, out, in_bytes, out_bytes, flags);
+    fftw_plan_t p =
+        Plan<Real>(kind, sign, g, r2r_kinds, in, out, in_bytes, out_bytes, flags, threads);
     if (!p) return fail();
     if (kind == kC2C)
       A::exec_dft(p, in, out);
     else
       A::exec_r2r(p, static_cast<Real*>(in), static_cast<Real*>(out));
   } else if (kind == kR2C) {
-    Geometry g = MakeGeometry(in_shape, axes, in_shape, out_shape, 1);
+    Geometry g = MakeGeometry(in_shape, axes, is, out_strides, 1);
     fftw_plan_t p = Plan<Real>(kind, 0, g, {}, in, out, in_bytes, out_bytes,
-                               planner | kPreserveInput);
+                               planner | kPreserveInput, threads);
     if (!p) return fail();
     A::exec_r2c(p, static_cast<Real*>(in), out);
   } else {  // c2r: the logical shape is the output's
     std::vector<int64_t> last{axes.back()};
     if (axes.size() == 1) {
-      Geometry g = MakeGeometry(out_shape, last, in_shape, out_shape, 1);
+      Geometry g = MakeGeometry(out_shape, last, is, out_strides, 1);
       fftw_plan_t p = Plan<Real>(kind, 0, g, {}, in, out, in_bytes, out_bytes,
-                                 planner | kPreserveInput);
+                                 planner | kPreserveInput, threads);
       if (!p) return fail();
       A::exec_c2r(p, in, static_cast<Real*>(out));
     } else {
@@ -264,24 +299,25 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
       char* tmp = scratch.get(in_bytes);
       if (!tmp) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "no scratch memory");
       std::vector<int64_t> lead(axes.begin(), axes.end() - 1);
-      Geometry g1 = MakeGeometry(in_shape, lead, in_shape, in_shape, 1);
+      Geometry g1 = MakeGeometry(in_shape, lead, is, is, 1);
       fftw_plan_t p1 = Plan<Real>(kC2C, +1, g1, {}, in, tmp, in_bytes, in_bytes,
-                                  planner | kPreserveInput);
-      Geometry g2 = MakeGeometry(out_shape, last, in_shape, out_shape, 1);
+                                  planner | kPreserveInput, threads);
+      Geometry g2 = MakeGeometry(out_shape, last, is, out_strides, 1);
       fftw_plan_t p2 = Plan<Real>(kind, 0, g2, {}, tmp, out, in_bytes, out_bytes,
-                                  planner | kDestroyInput);
+                                  planner | kDestroyInput, threads);
       if (!p1 || !p2) return fail();
       A::exec_dft(p1, in, tmp);
       A::exec_c2r(p2, tmp, static_cast<Real*>(out));
     }
   }
-  Scale<Real>(out, out_reals, scale);
+  Scale<Real>(out, out_reals, scale, threads);
   return ffi::Error::Success();
 }
 
 ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, int32_t sign,
                 ffi::Span<const int64_t> axes, ffi::Span<const int64_t> r2r_kinds, double scale,
-                int32_t planner, bool huge_pages) {
+                int32_t planner, bool huge_pages, int32_t threads,
+                ffi::Span<const int64_t> out_order) {
   auto dt = x.element_type(), ot = y->element_type();
   bool dbl = dt == ffi::DataType::F64 || dt == ffi::DataType::C128;
   bool cplx = dt == ffi::DataType::C64 || dt == ffi::DataType::C128;
@@ -294,7 +330,21 @@ ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, i
   if (!ok || axes.size() == 0)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw: bad dtypes or axes");
   std::vector<int64_t> in_shape(x.dimensions().begin(), x.dimensions().end());
-  std::vector<int64_t> out_shape(y->dimensions().begin(), y->dimensions().end());
+  std::vector<int64_t> y_shape(y->dimensions().begin(), y->dimensions().end());
+  // The output buffer holds the logical result transposed: buffer axis k is logical axis
+  // out_order[k] (identity: written as computed).  FFTW writes it there through its strides.
+  if (out_order.size() != y_shape.size())
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw: bad out_order");
+  std::vector<int64_t> out_shape(y_shape.size());
+  std::vector<ptrdiff_t> out_strides(y_shape.size());
+  const auto buffer_strides = Strides(y_shape, 1);
+  for (size_t k = 0; k < y_shape.size(); ++k) {
+    const int64_t a = out_order[k];
+    if (a < 0 || a >= static_cast<int64_t>(y_shape.size()))
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw: bad out_order");
+    out_shape[a] = y_shape[k];
+    out_strides[a] = buffer_strides[k];
+  }
   std::vector<int64_t> ax(axes.begin(), axes.end()), rk(r2r_kinds.begin(), r2r_kinds.end());
   if (kind != kR2R) rk.clear();
   size_t real_bytes = dbl ? 8 : 4;
@@ -302,7 +352,8 @@ ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, i
   if (huge_pages) HugePages(y->untyped_data(), y->size_bytes());
   auto run = dbl ? Run<double> : Run<float>;
   return run(kind, sign, ax, rk, scale, static_cast<unsigned>(planner), cplx, in_shape, out_shape,
-             x.untyped_data(), y->untyped_data(), x.size_bytes(), y->size_bytes(), out_reals);
+             out_strides, x.untyped_data(), y->untyped_data(), x.size_bytes(), y->size_bytes(),
+             out_reals, std::max(threads, 1));
 }
 
 }  // namespace
@@ -317,7 +368,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftFftw, Impl,
                                   .Attr<ffi::Span<const int64_t>>("r2r_kinds")
                                   .Attr<double>("scale")
                                   .Attr<int32_t>("planner")
-                                  .Attr<bool>("huge_pages"));
+                                  .Attr<bool>("huge_pages")
+                                  .Attr<int32_t>("threads")
+                                  .Attr<ffi::Span<const int64_t>>("out_order"));
 
 // The number of cached plans (for the tests: a repeated shape must not plan again).
 extern "C" int64_t PencilfftFftwPlanCount() {

@@ -16,13 +16,11 @@
 // belongs to round k).  The handler is asynchronous: a device that arrives returns a future at
 // once, so XLA's thread goes on with other ready work, and independent exchanges that devices
 // reach in different orders never wait for each other.  When the last device of a group
-// arrives, the copies (one task per destination device) go to a pool of threads of ours, one
-// per core this process may run on; when all are done the futures are completed, each on a
-// thread of its own (see `Pool`).  No device's input is released before every copy
-// that reads it is done.  A round that does not fill within PENCILFFT_LOCAL_TIMEOUT seconds
+// arrives, the copies (one task per destination device and peer) go to a pool of threads of
+// ours, one per core this process may use (`_threads.available_cores()`); when all are done
+// the futures are completed, each on a thread of its own (see `Pool`).  No device's input is
+// released before every copy that reads it is done.  A round that does not fill within PENCILFFT_LOCAL_TIMEOUT seconds
 // (default 600) fails with an error naming the devices that never came, instead of hanging.
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -146,8 +144,10 @@ struct Geometry {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The pools of threads of ours: one that runs the copies, one thread per core this process may
-// run on (copies are bound by memory bandwidth, more threads would only contend), and one that
+// The pools of threads of ours: one that runs the copies, as many threads as the `threads`
+// attribute asks (`_threads.available_cores()`: the cores of this process, shared by all its
+// devices, since one round's copies are every device's; copies are bound by memory bandwidth,
+// more threads would only contend; the pool grows if a later program asks for more), and one that
 // completes the futures, with a thread per future in flight: XLA runs the rest of that device's
 // program on the thread that completes its future, and that rest may block (in one of XLA's
 // own collectives, waiting for the other devices), so no future may wait for a busy thread.
@@ -156,16 +156,13 @@ class Pool {
  public:
   explicit Pool(bool grow) : grow_(grow) {}
 
-  void Run(std::function<void()> task) {
+  // `want`: the threads a fixed pool should have (ignored by a growing one).
+  void Run(std::function<void()> task, int want = 1) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       tasks_.push_back(std::move(task));
-      if (grow_ ? tasks_.size() > idle_ : threads_ == 0) {
-        int add = 1;
-        if (!grow_) {  // all at once, one per core
-          cpu_set_t set;
-          if (sched_getaffinity(0, sizeof(set), &set) == 0) add = std::max(1, CPU_COUNT(&set));
-        }
+      if (grow_ ? tasks_.size() > idle_ : threads_ < want) {
+        const int add = grow_ ? 1 : want - threads_;  // a fixed pool: all at once
         threads_ += add;
         for (int i = 0; i < add; ++i) std::thread([this] { Work(); }).detach();  // process-long
       }
@@ -273,7 +270,9 @@ void Watch() {
             "pencilfft local exchange: the devices at coordinate(s) " + missing +
                 " along the mesh axis never reached this exchange within " +
                 std::to_string(static_cast<int>(limit)) +
-                " s (PENCILFFT_LOCAL_TIMEOUT); did their program fail?"));
+                " s (PENCILFFT_LOCAL_TIMEOUT); did their program fail, or were programs "
+                "dispatched from two Python threads at once (jax's CPU collectives and this "
+                "exchange need one dispatching thread)?"));
       }
     }
   }
@@ -299,32 +298,34 @@ ffi::Future Failed(std::string message) {
   return ffi::Future(promise);
 }
 
-// The copies of a full round, then its futures: all on the pool.
-void Dispatch(std::shared_ptr<Round> round) {
+// The copies of a full round, then its futures: all on the pool.  One task per (destination,
+// peer) chunk, so that a round of few devices still keeps every copying thread busy.
+void Dispatch(std::shared_ptr<Round> round, int threads) {
   const int64_t n = round->geometry.n;
-  auto left = std::make_shared<std::atomic<int64_t>>(n);
+  auto left = std::make_shared<std::atomic<int64_t>>(n * n);
   for (int64_t i = 0; i < n; ++i) {
-    copiers().Run([round, left, i, n] {
-      const Geometry& g = round->geometry;
-      const size_t e = g.element;
-      for (int64_t p = 0; p < n; ++p) {  // chunk i of peer p -> part p of device i's output
+    for (int64_t p = 0; p < n; ++p) {
+      copiers().Run([round, left, i, p, n] {
+        const Geometry& g = round->geometry;
+        const size_t e = g.element;
+        // chunk i of peer p -> part p of device i's output
         CopyBytes(e, round->in[p] + i * g.src_chunk * e, round->out[i] + p * g.dst_peer * e,
                   g.rank, g.dims, g.src, g.dst);
-      }
-      if (left->fetch_sub(1) == 1) {
-        // Every copy is done: every input may go.  A thread per device, so that the devices'
-        // programs go on in parallel on the threads that complete them.
-        for (int64_t j = 0; j < n; ++j) {
-          completers().Run([round, j] { round->promises[j].SetAvailable(); });
+        if (left->fetch_sub(1) == 1) {
+          // Every copy is done: every input may go.  A thread per device, so that the
+          // devices' programs go on in parallel on the threads that complete them.
+          for (int64_t j = 0; j < n; ++j) {
+            completers().Run([round, j] { round->promises[j].SetAvailable(); });
+          }
         }
-      }
-    });
+      }, threads);
+    }
   }
 }
 
 ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
                      ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t split, int64_t gather,
-                     ffi::Span<const int64_t> order) {
+                     ffi::Span<const int64_t> order, int64_t threads) {
   const auto shape = x.dimensions();
   const int rank = static_cast<int>(shape.size());
   if (rank < 1 || rank > kMaxRank || static_cast<int>(order.size()) != rank || n < 1 ||
@@ -394,7 +395,7 @@ ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32>
       rounds.erase(it);
     }
   }
-  if (full) Dispatch(std::move(full));
+  if (full) Dispatch(std::move(full), static_cast<int>(std::max<int64_t>(threads, 1)));
   return future;
 }
 
@@ -411,7 +412,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftLocalExchange, Exchange,
                                   .Attr<int64_t>("n")
                                   .Attr<int64_t>("split")
                                   .Attr<int64_t>("gather")
-                                  .Attr<ffi::Span<const int64_t>>("order"));
+                                  .Attr<ffi::Span<const int64_t>>("order")
+                                  .Attr<int64_t>("threads"));
 
 // For registering the state type with XLA (jax.ffi.register_ffi_type).
 static void DeleteInstance(void* instance) { delete static_cast<Instance*>(instance); }

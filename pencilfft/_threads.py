@@ -1,0 +1,96 @@
+"""How many threads pencilfft's CPU kernels use: one rule for every kernel of this process.
+
+The FFTW kernel (`_kernel`, csrc/fftw.cc), the local exchange's copies (`_local_exchange`,
+csrc/local.cc) and any later CPU kernel (a particle painter, say) ask here, so that the devices
+of a process share its cores without oversubscribing them:
+
+* `available_cores()`: the cores pencilfft may use in this process.  $PENCILFFT_THREADS if set
+  (a positive integer), else the CPUs this process may run on (`os.sched_getaffinity`), divided
+  by the number of processes an MPI launcher started on this node when the process is not bound
+  (its affinity is the whole machine: `mpirun -np 2` without binding on 2 cores gives each rank
+  1, not 2, so the ranks do not fight over the cores).  A bound process (srun, mpirun
+  --bind-to) already sees only its own cores.
+* `threads_per_device()`: the threads of one call of a per-device kernel, available_cores()
+  divided by the CPU devices of this process (they may all run a kernel at once), at least 1.
+  One device (jax's default on a CPU): every core; 8 devices on 2 cores: 1 each.
+
+Environment variables are read at every call (a compiled program keeps the count it was
+lowered with).  No state is kept here.
+"""
+from __future__ import annotations
+
+import os
+
+__all__ = ["available_cores", "threads_per_device", "describe"]
+
+# MPI launchers' counts of the processes they started on this node (MPICH's and Intel MPI's
+# Hydra, Open MPI; the first one set wins).  Not Slurm's SLURM_NTASKS_PER_NODE: a batch
+# script's own python sees it too, and srun binds its tasks anyway.
+_LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def _env_threads() -> int | None:
+    text = os.environ.get("PENCILFFT_THREADS", "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"environment variable PENCILFFT_THREADS must be a positive integer "
+                         f"(the cores pencilfft's CPU kernels may use in this process); "
+                         f"got {text!r}")
+    return value
+
+
+def _local_ranks() -> int:
+    for name in _LOCAL_RANKS:
+        text = os.environ.get(name, "").strip()
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+    return 1
+
+
+def _affinity() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def available_cores() -> int:
+    """The cores pencilfft's CPU kernels may use in this process, all devices together."""
+    env = _env_threads()
+    if env is not None:
+        return env
+    cores = _affinity()
+    if cores >= (os.cpu_count() or cores):  # not bound: the node's ranks share every core
+        cores //= _local_ranks()
+    return max(1, cores)
+
+
+def local_cpu_devices() -> int:
+    import jax
+
+    try:
+        return max(1, len(jax.local_devices(backend="cpu")))
+    except RuntimeError:  # no CPU backend
+        return 1
+
+
+def threads_per_device() -> int:
+    """The threads one call of a per-device CPU kernel may use: `available_cores()` shared by
+    the CPU devices of this process (each may run a kernel at the same time), at least 1."""
+    return max(1, available_cores() // local_cpu_devices())
+
+
+def describe() -> str:
+    """One line for `pencilfft check`: the cores, the devices and the threads per call."""
+    how = ("PENCILFFT_THREADS" if _env_threads() is not None else
+           f"the {_affinity()} CPUs this process may run on" +
+           (f", shared by {_local_ranks()} processes of this node"
+            if _local_ranks() > 1 and _affinity() >= (os.cpu_count() or 1) else ""))
+    return (f"{available_cores()} cores ({how}) for {local_cpu_devices()} CPU device(s): "
+            f"{threads_per_device()} thread(s) per FFT call, {available_cores()} for the local "
+            f"exchange's copies")
