@@ -423,6 +423,7 @@ def test_fallback_without_compiler(tmp_path):
     (bogus / "c++").chmod(0o755)
     env = clean_env(1, PENCILFFT_CACHE_DIR=str(tmp_path / "cache"),
                     PATH=f"{bogus}:{os.environ['PATH']}", PENCILFFT_FFT_KERNEL="xla",
+                    PENCILFFT_CXX=str(bogus / "c++"),  # ahead of a CXX the machine may set
                     PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", FALLBACK], env=env, capture_output=True,
                          text=True, timeout=120)
