@@ -20,9 +20,9 @@ export PYTHONPATH="$PWD/tests/mp${PYTHONPATH:+:$PYTHONPATH}"
 PYTEST=("$PY" -m pytest -q -p pencilfft_mpi_plugin -p no:cacheprovider)
 # Each step is stopped after its timeout (a stuck rank fails the run): 1800 s for the step in one
 # process, 900 s for each mpirun step (PENCILFFT_STEP_TIMEOUT sets all three), so three stuck
-# steps still end within CI's 90 minutes.  Measured on an idle 2-core VM on 2026-11-26, in a
-# fresh clone: 554, 142 and 303 s (17.5 min with the install); one pytest worker took 943-970 s
-# for the first step there the day before.
+# steps still end within CI's 90 minutes.  Measured on a 2-core VM on 2026-11-26 (after issues
+# 43-45), in a fresh clone: 462, 86 and 83 s (11.1 min with the install); -np 4 runs only what a
+# 2-D grid of processes changes (tests/conftest.py, PROCESS_GRID_FILES).
 SINGLE_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-1800}
 MPIRUN_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-900}
 LOGS=$(mktemp -d)
