@@ -14,6 +14,11 @@ of a process share its cores without oversubscribing them:
   divided by the CPU devices of this process (they may all run a kernel at once), at least 1.
   One device (jax's default on a CPU): every core; 8 devices on 2 cores: 1 each.
 
+Under an address-space limit (`ulimit -v`, RLIMIT_AS) the count is also capped so that the
+threads' reservations (a stack, and the malloc arena glibc may map for a thread) fit in a
+quarter of the address space left: libgomp, which runs FFTW's threads, aborts the process when
+it cannot create one (seen with 16 cores under the memory test's limit).
+
 Environment variables are read at every call (a compiled program keeps the count it was
 lowered with).  No state is kept here.
 """
@@ -59,6 +64,29 @@ def _affinity() -> int:
         return os.cpu_count() or 1
 
 
+# What one more thread may reserve in address space: its stack (glibc's default, 8 MiB) and the
+# malloc arena glibc may map for it (64 MiB, reserved as 128 MiB to align it).
+THREAD_BYTES = 136 << 20
+
+
+def _address_space_cap() -> int | None:
+    """The threads that fit under RLIMIT_AS (a quarter of what is left), None without one."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return None
+    used = 0
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    used = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return max(1, (soft - used) // 4 // THREAD_BYTES)
+
+
 def available_cores() -> int:
     """The cores pencilfft's CPU kernels may use in this process, all devices together."""
     env = _env_threads()
@@ -67,7 +95,8 @@ def available_cores() -> int:
     cores = _affinity()
     if cores >= (os.cpu_count() or cores):  # not bound: the node's ranks share every core
         cores //= _local_ranks()
-    return max(1, cores)
+    cap = _address_space_cap()
+    return max(1, cores if cap is None else min(cores, cap))
 
 
 def local_cpu_devices() -> int:

@@ -67,6 +67,25 @@ def test_bound_process_keeps_its_cores(monkeypatch):
     assert _threads.available_cores() == 2
 
 
+@pytest.mark.parametrize("left_mib, cores", [(1024, 1), (8448, 15), (65536, 32)])
+def test_address_space_limit_caps_the_threads(monkeypatch, left_mib, cores):
+    """Under `ulimit -v` the threads' reservations (stack and malloc arena, 136 MiB each) fit
+    in a quarter of the address space left: libgomp aborts the process when it cannot create
+    a thread (seen on 16 cores under test_memory's limit)."""
+    import resource
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    monkeypatch.delenv("PENCILFFT_THREADS", raising=False)
+    for name in _threads._LOCAL_RANKS:
+        monkeypatch.delenv(name, raising=False)
+    with open("/proc/self/status") as f:
+        used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    limit = used + (left_mib << 20)  # (15.5 threads' worth for 8448: room for VmSize to move)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY))
+    assert _threads.available_cores() == cores
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
 def test_bad_thread_count(monkeypatch, value):
     monkeypatch.setenv("PENCILFFT_THREADS", value)
