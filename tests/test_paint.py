@@ -11,6 +11,7 @@ counts; programs lowered for cuda hold no CPU custom call; the example script.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import subprocess
 import sys
@@ -31,37 +32,34 @@ SHAPE = (32, 32, 8)
 SUPPORT = {"ngp": 1, "cic": 2, "tsc": 3, "pcs": 4}
 
 
-def numpy_paint(dx, window, w=None):
-    """float64 numpy: the density of particles at site + dx, periodic."""
+def _stencil(dx, window):
+    """float64 numpy: (cell indices, weight) of each of the s^3 cells the particles at lattice
+    site + dx touch (periodic)."""
     X, Y, Z, _ = dx.shape
     s = SUPPORT[window]
     pos = np.stack(np.meshgrid(np.arange(X), np.arange(Y), np.arange(Z), indexing="ij"), -1) + dx
     t = pos + 1 - s / 2
     base = np.floor(t).astype(int)
     W = [[np.asarray(a) for a in window_weights(t[..., d] - base[..., d], window)] for d in range(3)]
+    for a, b, c in itertools.product(range(s), repeat=3):
+        idx = ((base[..., 0] + a) % X, (base[..., 1] + b) % Y, (base[..., 2] + c) % Z)
+        yield idx, W[0][a] * W[1][b] * W[2][c]
+
+
+def numpy_paint(dx, window, w=None):
+    """float64 numpy: the density of particles at site + dx, periodic."""
+    g = np.zeros(dx.shape[:3])
     w = np.ones(dx.shape[:3]) if w is None else w
-    g = np.zeros((X, Y, Z))
-    for a in range(s):
-        for b in range(s):
-            for c in range(s):
-                idx = ((base[..., 0] + a) % X, (base[..., 1] + b) % Y, (base[..., 2] + c) % Z)
-                np.add.at(g, idx, w * W[0][a] * W[1][b] * W[2][c])
+    for idx, weight in _stencil(dx, window):
+        np.add.at(g, idx, w * weight)
     return g
 
 
 def numpy_read(f, dx, window):
-    X, Y, Z, _ = dx.shape
-    s = SUPPORT[window]
-    pos = np.stack(np.meshgrid(np.arange(X), np.arange(Y), np.arange(Z), indexing="ij"), -1) + dx
-    t = pos + 1 - s / 2
-    base = np.floor(t).astype(int)
-    W = [[np.asarray(a) for a in window_weights(t[..., d] - base[..., d], window)] for d in range(3)]
-    out = np.zeros((X, Y, Z))
-    for a in range(s):
-        for b in range(s):
-            for c in range(s):
-                idx = ((base[..., 0] + a) % X, (base[..., 1] + b) % Y, (base[..., 2] + c) % Z)
-                out += f[idx] * W[0][a] * W[1][b] * W[2][c]
+    """float64 numpy: f at the particles at site + dx (the adjoint of `numpy_paint`)."""
+    out = np.zeros(dx.shape[:3])
+    for idx, weight in _stencil(dx, window):
+        out += f[idx] * weight
     return out
 
 
