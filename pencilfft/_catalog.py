@@ -7,7 +7,7 @@ cell it lies in, with one all_to_all of fixed-size buckets: `capacity` particles
 receiver) pair, so every shape is static under jit and nothing is gathered.  The owner paints
 them into its block padded by a halo of (s + 1) // 2 cells (a window of support s reaches at most
 that far from the particle's own cell), and the pads are folded into the neighbours as in the
-lattice form (`_paint._fold`).  Readout sends the particles the same way, reads on the owner's
+lattice form (`_paint.fold_halos`).  Readout sends the particles the same way, reads on the owner's
 block with filled halos, and sends the values back along the reverse all_to_all.
 
 Capacity policy (explicit): a particle that does not fit in its bucket (more than `capacity`
@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from ._decomposition import mesh_axes
-from ._paint import GridPlan
+from ._paint import GridPlan, fill_halos, fold_halos
 from ._paint_kernel import paint_block, read_block
 from ._window import WINDOWS, check_window
 
@@ -152,8 +152,6 @@ def _send_positions(local, sd, slot, p: CatalogPlan):
 
 
 def _paint_body(pos, w, *, p: CatalogPlan):
-    from ._paint import _fold
-
     order, sd, slot, kept, local, _ = _route(pos, p)
     w = jnp.broadcast_to(jnp.asarray(w, pos.dtype), pos.shape[:1])[order]
     recv_pos = _exchange(_send_positions(local, sd, slot, p), p, 0).reshape(-1, 1, 1, 3)
@@ -161,18 +159,11 @@ def _paint_body(pos, w, *, p: CatalogPlan):
     g = paint_block(recv_pos, recv_w, offset=(0, 0), shape=p.padded, window=p.window,
                     absolute=True)
     g = jnp.where(jnp.all(kept), g, jnp.nan)  # a particle dropped here: this block is NaN
-    for axis in (0, 1):
-        if p.halo[axis]:
-            g = _fold(g, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
-    return g[0]
+    return fold_halos(g, p)[0]
 
 
 def _read_body(f, pos, *, p: CatalogPlan):
-    from ._paint import _fill
-
-    for axis in (0, 1):
-        if p.halo[axis]:
-            f = _fill(f, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
+    f = fill_halos(f, p)
     order, sd, slot, kept, local, _ = _route(pos, p)
     recv_pos = _exchange(_send_positions(local, sd, slot, p), p, 0).reshape(-1, 1, 1, 3)
     vals = read_block(f, recv_pos, offset=(0, 0), window=p.window, absolute=True)

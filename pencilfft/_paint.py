@@ -174,6 +174,37 @@ def _fill(g, axis: int, h: int, name, n: int, mpi: bool):
     return jnp.concatenate([low, g, high], axis=axis)
 
 
+def fold_halos(g, p: GridPlan):
+    """`_fold` along each split axis of p's grid (g's axes 1 and 2: X and Y of a block)."""
+    for axis in (0, 1):
+        if p.halo[axis]:
+            g = _fold(g, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
+    return g
+
+
+def fill_halos(f, p: GridPlan):
+    """`_fill` along each split axis of p's grid (f's axes 1 and 2), the transpose of
+    `fold_halos`."""
+    for axis in (0, 1):
+        if p.halo[axis]:
+            f = _fill(f, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
+    return f
+
+
+def check_weights(weights, dtype, shape: tuple, axes: str, expected: str):
+    """`weights` as an array of `dtype`: a real number, or an array of `shape` (or a scalar
+    array); `axes` and `expected` name that shape in the messages."""
+    if not (hasattr(weights, "shape") and hasattr(weights, "dtype")):
+        if not isinstance(weights, numbers.Real) or isinstance(weights, bool):
+            raise TypeError(f"`weights` must be a number or an array {axes}; got "
+                            f"{type(weights).__name__}")
+        return jnp.asarray(weights, dtype)
+    if tuple(weights.shape) not in ((), tuple(shape)):
+        raise ValueError(f"`weights` must be a scalar or have {expected}; got shape "
+                         f"{tuple(weights.shape)}")
+    return weights
+
+
 def _beyond(dx, p: PaintPlan):
     """True where this device holds a particle beyond the halo along a split axis."""
     comps = [d for d in range(2) if p.halo[d]]
@@ -191,18 +222,12 @@ def _paint_body(dx, w, *, p: PaintPlan):
     bad = _beyond(dx, p)
     if bad is not None:  # poison before the fold: what is sent is poisoned too
         g = jnp.where(bad, jnp.nan, g)
-    for axis in (0, 1):
-        if p.halo[axis]:
-            g = _fold(g, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
-    return g[0]
+    return fold_halos(g, p)[0]
 
 
 def _read_body(f, dx, *, p: PaintPlan):
     """One device: its field block (C, bx, by, Z) -> the values at its particles (C, bx, by, Z)."""
-    for axis in (0, 1):
-        if p.halo[axis]:
-            f = _fill(f, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
-    out = read_block(f, dx, offset=p.halo, window=p.window)
+    out = read_block(fill_halos(f, p), dx, offset=p.halo, window=p.window)
     bad = _beyond(dx, p)
     return out if bad is None else jnp.where(bad, jnp.nan, out)
 
@@ -331,15 +356,7 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
     shape = _check_dx(dx)
     mesh = _mesh_for(dx, mesh)
     p = plan(shape, mesh, window, max_displacement, _mpi_exchange.auto(jax.default_backend()))
-    w = weights
-    if not (hasattr(w, "shape") and hasattr(w, "dtype")):
-        if not isinstance(w, numbers.Real) or isinstance(w, bool):
-            raise TypeError(f"`weights` must be a number or an array (X, Y, Z); got "
-                            f"{type(weights).__name__}")
-        w = jnp.asarray(w, dx.dtype)
-    elif tuple(w.shape) not in ((), shape):
-        raise ValueError(f"`weights` must be a scalar or have the grid's shape {shape}; got "
-                         f"shape {tuple(w.shape)}")
+    w = check_weights(weights, dx.dtype, shape, "(X, Y, Z)", f"the grid's shape {shape}")
     _check_eager(dx, p)
     w_spec = P() if w.ndim == 0 else p.field_spec
     return _run(functools.partial(_paint_body, p=p), (dx, w),
@@ -413,15 +430,8 @@ def _catalog_call(pos, weights, window, shape, capacity, mesh) -> jax.Array:
     _check_positions(pos)
     if shape is None:
         raise ValueError("`shape` (X, Y, Z) is required to paint a catalog (positions (N, 3))")
-    w = weights
-    if not (hasattr(w, "shape") and hasattr(w, "dtype")):
-        if not isinstance(w, numbers.Real) or isinstance(w, bool):
-            raise TypeError(f"`weights` must be a number or an array (N,); got "
-                            f"{type(weights).__name__}")
-        w = jnp.asarray(w, pos.dtype)
-    elif tuple(w.shape) not in ((), pos.shape[:1]):
-        raise ValueError(f"`weights` must be a scalar or have shape (N,) = {pos.shape[:1]}; got "
-                         f"shape {tuple(w.shape)}")
+    w = check_weights(weights, pos.dtype, pos.shape[:1], "(N,)",
+                      f"shape (N,) = {pos.shape[:1]}")
     mesh = _mesh_for(pos, mesh)
     return paint_catalog(pos, w, window, shape, capacity, mesh,
                          _mpi_exchange.auto(jax.default_backend()), _run)

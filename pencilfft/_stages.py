@@ -105,16 +105,22 @@ class Fft:
         return jnp.transpose(_kernel.fft(k, self.fourier, self.axes, self.norm, self.sizes),
                              self.order)
 
+    @property
+    def _inverse(self) -> str:
+        return {"fft": "ifft", "rfft": "irfft"}[self.fourier]
+
+    @property
+    def _undo(self) -> tuple[int, ...]:
+        return tuple(self.order.index(i) for i in range(len(self.order)))
+
     def backward(self, k: jax.Array) -> jax.Array:
-        inverse = {"fft": "ifft", "rfft": "irfft"}.get(self.fourier)
         if self.order is not None:
-            undo = tuple(self.order.index(i) for i in range(len(self.order)))
             if self.fourier is not None:
                 return jax.lax.platform_dependent(k, cpu=self._backward_fftw,
                                                   default=self._backward_xla)
-            k = jnp.transpose(k, undo)
+            k = jnp.transpose(k, self._undo)
         if self.fourier is not None:
-            return _kernel.fft(k, inverse, self.axes, self.norm, self.sizes)
+            return _kernel.fft(k, self._inverse, self.axes, self.norm, self.sizes)
         for axis, kind, size in zip(self.axes, self.kinds, self.sizes):  # irfft last: real out
             k = _one_axis(k, kind, axis, self.norm, False, size)
         return k
@@ -122,22 +128,19 @@ class Fft:
     def _backward_fftw(self, k: jax.Array) -> jax.Array:
         # The transform commutes with moving axes: run it on k's own layout (each axis where
         # `order` put it) and write the output back in the computed order.
-        inverse = {"fft": "ifft", "rfft": "irfft"}[self.fourier]
-        undo = tuple(self.order.index(i) for i in range(len(self.order)))
         if self._split():
             # The first axis where it is (contiguous X), then the others (irfft last) writing
             # the computed order: strided reads, contiguous writes, as forward.
             k = _kernel.fft(k, "ifft", (self.order.index(self.axes[0]),), self.norm,
                             self.sizes[:1])
             rest = tuple(self.order.index(a) for a in self.axes[1:])
-            return _kernel.fft(k, inverse, rest, self.norm, self.sizes[1:], undo)
+            return _kernel.fft(k, self._inverse, rest, self.norm, self.sizes[1:], self._undo)
         axes = tuple(self.order.index(a) for a in self.axes)
-        return _kernel.fft(k, inverse, axes, self.norm, self.sizes, undo)
+        return _kernel.fft(k, self._inverse, axes, self.norm, self.sizes, self._undo)
 
     def _backward_xla(self, k: jax.Array) -> jax.Array:
-        inverse = {"fft": "ifft", "rfft": "irfft"}[self.fourier]
-        undo = tuple(self.order.index(i) for i in range(len(self.order)))
-        return _kernel.fft(jnp.transpose(k, undo), inverse, self.axes, self.norm, self.sizes)
+        return _kernel.fft(jnp.transpose(k, self._undo), self._inverse, self.axes, self.norm,
+                           self.sizes)
 
 
 @dataclasses.dataclass(frozen=True)

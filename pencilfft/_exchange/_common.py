@@ -80,8 +80,9 @@ def process_groups(mesh, axis_name: str) -> tuple[tuple[int, ...], ...]:
     """The process (= MPI rank) of every device of every group that exchanges along
     `axis_name`, a row per group (in their flat order), in order of the devices' coordinate
     along the axis (the chunk index jax's axis_index gives): hashable, a primitive parameter."""
-    devices = concrete(mesh).devices
-    axis = concrete(mesh).axis_names.index(axis_name)
+    mesh = concrete(mesh)
+    devices = mesh.devices
+    axis = mesh.axis_names.index(axis_name)
     along = np.moveaxis(devices, axis, -1).reshape(-1, devices.shape[axis])
     return tuple(tuple(int(d.process_index) for d in row) for row in along)
 
