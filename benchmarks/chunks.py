@@ -133,8 +133,8 @@ def resolved_chunks(shape: Sequence[int], mesh, layout: str, exchange: str, chun
     import jax
 
     import pencilfft
-    from pencilfft._memory import fit_chunks
-    from pencilfft._plan import plan_forward
+    from pencilfft._transforms.budget import fit_chunks
+    from pencilfft._transforms.plan import plan_forward
 
     in_dtype = harness.REAL_DTYPE[dtype] if real else dtype
     x = jax.ShapeDtypeStruct(tuple(shape), in_dtype, sharding=pencilfft.real_space_sharding(mesh))

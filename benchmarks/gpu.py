@@ -92,7 +92,7 @@ def check(n: int = 32) -> list[str]:
 
 def _numpy_paint(dx: np.ndarray, window: str) -> np.ndarray:
     """float64 numpy: the density of unit particles at lattice site + dx (periodic)."""
-    from pencilfft._window import WINDOWS, weights
+    from pencilfft._pm.window import WINDOWS, weights
 
     X, Y, Z, _ = dx.shape
     s = WINDOWS[window]

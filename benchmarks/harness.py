@@ -158,10 +158,10 @@ def fft_flops(shape: Sequence[int], real: bool) -> float:
 def validate_case(shape: Sequence[int], pdims: Sequence[int]) -> str | None:
     """Why this (shape, mesh) cannot be benchmarked, or None.
 
-    The library's own rule (`pencilfft._decomposition.split_problem`): the real-space input is
+    The library's own rule (`pencilfft._decomposition.rules.split_problem`): the real-space input is
     split X over the first mesh axis and Y over the second, and these must divide exactly.
     """
-    from pencilfft._decomposition import split_problem
+    from pencilfft._decomposition.rules import split_problem
 
     problem = split_problem(shape, pdims, ("x", "y"))
     return None if problem is None else problem[1]

@@ -108,7 +108,7 @@ def block(args: argparse.Namespace) -> list[dict[str, Any]]:
     import numpy as np
     import pyfftw
 
-    from pencilfft import _kernel
+    from pencilfft._transforms import kernel as _kernel
 
     shape = (128, 256, 256)
     rng = np.random.default_rng(0)
@@ -193,7 +193,7 @@ def mesh(args: argparse.Namespace) -> list[dict[str, Any]]:
     import numpy as np
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-    from pencilfft import _kernel
+    from pencilfft._transforms import kernel as _kernel
 
     n = args.size
     print(f"{n}^3 complex64 forward + inverse, {len(jax.devices())} CPU devices, jax.jit on an "
@@ -436,7 +436,8 @@ def single(args: argparse.Namespace) -> list[dict[str, Any]]:
     import numpy as np
 
     import pencilfft
-    from pencilfft import _kernel, _malloc, _threads
+    from pencilfft._native import malloc as _malloc, threads as _threads
+    from pencilfft._transforms import kernel as _kernel
 
     n = args.size
     rng = np.random.default_rng(0)

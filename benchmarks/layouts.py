@@ -52,7 +52,7 @@ def run(argv=None) -> list[dict[str, Any]]:
     from jax.sharding import AxisType
 
     import pencilfft
-    from pencilfft import _kernel
+    from pencilfft._transforms import kernel as _kernel
     from pencilfft._measure import time_once
 
     pencilfft.initialize()

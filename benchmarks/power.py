@@ -57,7 +57,7 @@ def host_bins(shape: Sequence[int]):
     upper bin for modes on an edge (pencilfft's rule), as int32 numpy of the whole grid."""
     import numpy as np
 
-    from pencilfft._power import plan_bins
+    from pencilfft._pm.power import plan_bins
 
     bins, _ = plan_bins(tuple(shape))
     kvec = [2 * np.pi * np.fft.fftfreq(n).reshape([-1 if i == d else 1 for i in range(3)])

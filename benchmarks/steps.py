@@ -10,7 +10,7 @@ interleaved round-robin as in benchmarks/harness.py, medians):
 * `fftn-1dev`: `jnp.fft.fftn` of the same array on one device, the reference of every ratio;
 * `pfft3d`: the full transform (transposed layout);
 * the prefixes of the forward pipeline, each a shard_map program of the first stages of
-  `plan.stages` run by the stages' own `forward`: "FFT Z", "+ exchange over y", "+ FFT Y", "+ exchange over x", "+ FFT X" for
+  `stages_of(plan)` run by the stages' own `forward`: "FFT Z", "+ exchange over y", "+ FFT Y", "+ exchange over x", "+ FFT X" for
   pencils, "FFT Y,Z (2-D)", "+ exchange over x", "+ FFT X" for slabs over X, "FFT Z",
   "+ exchange over y", "+ FFT X,Y (2-D)" (with the move to the layout) for slabs over Y.  A step's cost is its
   prefix's time minus the previous prefix's: the last prefix is the transform itself;
@@ -68,20 +68,21 @@ class Program:
 
 
 def pipeline_steps(plan) -> list[tuple[str, Callable[[Any], Any]]]:
-    """(label, step) of the forward transform's stages (`plan.stages`), in order.
+    """(label, step) of the forward transform's stages (`stages_of(plan)`), in order.
 
     A step is one FFT (with the padding that follows it) or one exchange, run by the library's
     own `forward`, so the last prefix is the transform itself (transposed layout).  Each
-    step maps a per-device block with a leading batch axis of 1, as `_stages.run_forward` flattens
+    step maps a per-device block with a leading batch axis of 1, as `_transforms.stages.run_forward` flattens
     it: (1, x, y, Z) in, (1, y', z, X) out of the last step.
     """
-    from pencilfft._stages import Exchange, Fft
+    from pencilfft._transforms.chunks import stages_of
+    from pencilfft._transforms.stages import Exchange, Fft
 
     if plan.pdims[0] * plan.pdims[1] == 1:
         raise ValueError("a one-device mesh has no exchange to measure: use pdims with >1 device")
     remaining = ["Z", "Y", "X"]  # the axes still to transform, in the order the stages take them
     groups: list[tuple[str, list]] = []
-    for stage in plan.stages:
+    for stage in stages_of(plan):
         if isinstance(stage, Fft):
             if len(stage.axes) == 2:  # a slab's: over (Y, Z) first (X split), or (X, Y) last
                 label = "FFT Y,Z (2-D)" if len(remaining) == 3 else "FFT X,Y (2-D)"
@@ -107,7 +108,7 @@ def pipeline_steps(plan) -> list[tuple[str, Callable[[Any], Any]]]:
 
 def prefix_block(steps: Sequence[Callable[[Any], Any]], x):
     """The composition of `steps` on a per-device real-space block (x, y, Z); 3-D block out."""
-    k = x[None]  # the batch axis of 1 that `_stages.run_forward` works with
+    k = x[None]  # the batch axis of 1 that `_transforms.stages.run_forward` works with
     for step in steps:
         k = step(k)
     return k[0]
@@ -177,8 +178,8 @@ def build_programs(shape: Sequence[int], pdims: Sequence[int], dtype: str, excha
     from jax.sharding import SingleDeviceSharding
 
     import pencilfft
-    from pencilfft._partitioned import with_mesh
-    from pencilfft._plan import plan_forward
+    from pencilfft._transforms.partitioned import with_mesh
+    from pencilfft._transforms.plan import plan_forward
 
     mesh = make_mesh(pdims)
     x = harness.make_input(tuple(shape), pencilfft.real_space_sharding(mesh), dtype, seed)

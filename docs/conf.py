@@ -7,7 +7,8 @@ Build (from the repository root, after `pip install -e ".[docs]"`):
 The toolchain is the JAX ecosystem's: Sphinx, MyST Markdown pages, autodoc for the API, and
 sphinx-book-theme.  The API pages are generated from `pencilfft.__all__` and
 `pencilfft.compat.__all__` (docs/_ext/pencilfft_api.py), and the figures are drawn while the
-site builds (docs/_ext/pencilfft_figures.py): nothing generated is committed.
+site builds (docs/_ext/pencilfft_figures.py, and the package's picture from its imports,
+docs/_ext/pencilfft_package.py): nothing generated is committed.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "pencilfft_api",
     "pencilfft_figures",
+    "pencilfft_package",
     "pencilfft_errors",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}

@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 
 import pencilfft  # noqa: E402
-from pencilfft._decomposition import fits, round_up  # noqa: E402
+from pencilfft._decomposition.rules import fits, round_up  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 pencilfft.initialize()  # a no-op in a plain process; starts jax.distributed under mpirun/srun

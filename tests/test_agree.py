@@ -1,4 +1,4 @@
-"""One decision on every process (`pencilfft._agree`): what each process reads for itself (its
+"""One decision on every process (`pencilfft._processes.agree`): what each process reads for itself (its
 free memory) is agreed across the job before it decides a plan.
 
 Marked `mpirun`: only there do processes differ (in one process the value is its own).
@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from conftest import MPIRUN, RANK
-from pencilfft import _agree, _memory
+from pencilfft._processes import agree as _agree, memory as _memory
 
 
 @MPIRUN

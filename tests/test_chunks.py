@@ -20,9 +20,10 @@ from conftest import (MPIRUN, make_mesh, mpirun_for, put_global, random_field, r
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from pencilfft import _memory
-from pencilfft._memory import MemoryLimitError
-from pencilfft._plan import plan_forward
+from pencilfft._processes import memory as _memory
+from pencilfft._transforms import budget as _budget
+from pencilfft._processes.memory import MemoryLimitError
+from pencilfft._transforms.plan import plan_forward
 
 MESHES = [(4, 2), (2, 4), (1, 8), (8, 1), (8,)]
 ENV = _memory.ENV
@@ -30,9 +31,9 @@ ENV = _memory.ENV
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    _memory._fit.cache_clear()
+    _budget._fit.cache_clear()
     yield
-    _memory._fit.cache_clear()
+    _budget._fit.cache_clear()
 
 
 def _field(shape, real, mesh):
@@ -211,7 +212,7 @@ def test_eight_chunks_hold_the_issue_targets(pdims, layout, axis_type):
     ((64, 32, 64), False, 4),  # X != Y: the second stage writes a new block
 ], ids=["c2c-2", "c2c-8", "r2c-4", "c2c-not-in-place-4"])
 def test_estimate_matches_the_compiled_program(shape, real, chunks):
-    """`_memory.transform_estimate` of a chunked plan against XLA's memory analysis (input kept),
+    """`_budget.transform_estimate` of a chunked plan against XLA's memory analysis (input kept),
     within the same 0.9-1.25 as the unchunked estimate (tests/test_memory.py)."""
     mesh = make_mesh((4, 2))
     x = jax.ShapeDtypeStruct(shape, np.float32 if real else np.complex64,
@@ -222,7 +223,7 @@ def test_estimate_matches_the_compiled_program(shape, real, chunks):
     measured = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
     plan = plan_forward(x, norm="backward", layout="transposed", mesh=mesh, real=real,
                         chunks=chunks, exchange="alltoall")
-    estimate = _memory.transform_estimate(plan, forward=True).total
+    estimate = _budget.transform_estimate(plan, forward=True).total
     assert 0.9 <= measured / estimate <= 1.25, (measured, estimate)
 
 
@@ -238,14 +239,14 @@ def test_auto_takes_the_fewest_pieces_that_fit(monkeypatch):
     x = x.astype(np.complex64)
     monkeypatch.setenv(ENV, "400KiB")
     plan = plan_forward(x, norm="backward", layout="transposed", mesh=None, chunks="auto")
-    assert _memory.fit_chunks(plan, True, x).chunks == 4
+    assert _budget.fit_chunks(plan, True, x).chunks == 4
     assert rel_err(pencilfft.pfft3d(x), reference(data, "transposed")) < 1e-5
     with pytest.raises(MemoryLimitError, match=re.escape("needs about 0.75 MiB more per device (")
                        + ".*Use `chunks`=4 \\(each stage in 4 pieces: about 0.375 MiB\\) or "
                        "`chunks`='auto'"):
         pencilfft.pfft3d(x, chunks=1)
     monkeypatch.setenv(ENV, "1MiB")
-    assert _memory.fit_chunks(plan, True, x).chunks == 1  # fits unchunked: 1
+    assert _budget.fit_chunks(plan, True, x).chunks == 1  # fits unchunked: 1
 
 
 def test_auto_under_jit_fits_whether_or_not_the_input_is_donated(monkeypatch):

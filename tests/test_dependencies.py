@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import pencilfft
-from pencilfft import _distributed
+from pencilfft._processes import launch as _distributed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,8 @@ def test_initialize_under_mpirun_without_mpi4py_names_the_extra(monkeypatch):
 
 
 def test_check_without_rich_names_the_extra(monkeypatch):
-    from pencilfft import _check, _cli
+    from pencilfft import _cli
+    from pencilfft._cli import check as _check
 
     for name in ("rich", "rich.console", "rich.table"):
         monkeypatch.setitem(sys.modules, name, None)

@@ -15,7 +15,7 @@ import jax
 import pytest
 from conftest import MPIRUN, MULTI_PROCESS, clean_env
 
-from pencilfft import _distributed
+from pencilfft._processes import launch as _distributed
 from pencilfft import initialize
 
 # A child that calls initialize() and reports what jax sees, as one JSON line on stdout.

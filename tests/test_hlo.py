@@ -18,9 +18,10 @@ import pytest
 
 import pencilfft
 from conftest import MPIRUN, make_mesh, put_global, to_numpy
-from pencilfft import _kernel
-from pencilfft._plan import plan_forward
-from pencilfft._stages import Exchange, Fft, Move
+from pencilfft._transforms import kernel as _kernel
+from pencilfft._transforms.plan import plan_forward
+from pencilfft._transforms.chunks import stages_of
+from pencilfft._transforms.stages import Exchange, Fft, Move
 
 OPS = ("all-gather", "all-to-all", "all-reduce", "collective-permute", "reduce-scatter", "fft",
        "fusion", "copy", "transpose")
@@ -47,14 +48,14 @@ def compiled(fn, arg):
 def expected(plan):
     """(FFT ops, all-to-alls, collective permutes, most fusions) of one transform, from its
     stages: one FFT op per Fft stage, and per Exchange stage one all_to_all or n-1 permutes."""
-    exchanges = [s for s in plan.stages if isinstance(s, Exchange) and s.n > 1]
-    n_fft = sum(isinstance(s, Fft) for s in plan.stages)
+    exchanges = [s for s in stages_of(plan) if isinstance(s, Exchange) and s.n > 1]
+    n_fft = sum(isinstance(s, Fft) for s in stages_of(plan))
     n_a2a = sum(s.algorithm == "alltoall" for s in exchanges)
     n_permutes = sum(s.n - 1 for s in exchanges if s.algorithm == "pairwise")
     # slicing fusions (one per peer) + one after each exchange; one per local move (the
     # natural layout's, the slab over Y's; at least one: XLA may fuse the last reordering
     # apart), +1 for r2c's padding.
-    moves = sum(isinstance(s, Move) or isinstance(s, Exchange) and s.n == 1 for s in plan.stages)
+    moves = sum(isinstance(s, Move) or isinstance(s, Exchange) and s.n == 1 for s in stages_of(plan))
     fusions = sum(s.n for s in exchanges) + len(exchanges) + max(moves, 1) + plan.real
     return n_fft, n_a2a, n_permutes, fusions
 
@@ -86,8 +87,8 @@ def test_structure_of_compiled_transforms(pdims, layout, real, exchange):
     # one exchange per mesh axis of size > 1, over b first, and nothing over a size-1 axis.
     pa, pb = plan.pdims
     assert n_fft == (2 if 1 in (pa, pb) else 3)
-    assert not any(isinstance(s, Exchange) and s.n == 1 for s in plan.stages)
-    assert [s.n for s in plan.stages if isinstance(s, Exchange) and s.n > 1] == \
+    assert not any(isinstance(s, Exchange) and s.n == 1 for s in stages_of(plan))
+    assert [s.n for s in stages_of(plan) if isinstance(s, Exchange) and s.n > 1] == \
         [n for n in (pb, pa) if n > 1]
     for direction, ops in (("forward", compiled(fwd, x)), ("backward", compiled(bwd, k))):
         where = f"{direction} {pdims} {layout} {exchange}: {dict(ops)}"

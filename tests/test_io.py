@@ -18,9 +18,9 @@ from conftest import (MPIRUN, MULTI_PROCESS, RANK, barrier, make_mesh, put_globa
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from pencilfft import _io
+from pencilfft._processes import io as _io
 from pencilfft import gather, load, save, scatter
-from pencilfft._sharding import k_space_sharding, real_space_sharding
+from pencilfft._decomposition.sharding import k_space_sharding, real_space_sharding
 
 LAST = jax.process_count() - 1
 # The loaders exist for several processes: all of this module runs under mpirun too (it is

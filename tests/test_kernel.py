@@ -1,4 +1,4 @@
-"""The CPU FFT kernel (pencilfft._kernel, csrc/fftw.cc): values, rules, lowering, fallback.
+"""The CPU FFT kernel (pencilfft._transforms.kernel, fftw.cc): values, rules, lowering, fallback.
 
 Checked: every FFT type and DCT/DST kind, float32/float64, norms and axes (leading, middle,
 trailing, several) against numpy/scipy in float64 and against XLA's kernel; grad, jvp, vmap and
@@ -22,7 +22,7 @@ import scipy.fft
 
 import pencilfft
 from conftest import MPIRUN, make_mesh, put_global, rel_err, to_numpy
-from pencilfft import _kernel
+from pencilfft._transforms import kernel as _kernel
 
 HAVE_FFTW = _kernel.kernel() == "fftw"
 needs_fftw = pytest.mark.skipif(not HAVE_FFTW, reason="the fftw extra is not installed")
@@ -217,7 +217,7 @@ def test_plan_cache():
 
 FALLBACK = textwrap.dedent("""
     import warnings, numpy as np, jax
-    from pencilfft import _kernel
+    from pencilfft._transforms import kernel as _kernel
     x = (np.arange(24.0).reshape(2, 3, 4) + 1j).astype(np.complex64)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

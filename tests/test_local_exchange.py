@@ -19,9 +19,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
 from conftest import MULTI_PROCESS, make_mesh, put_global, random_field, reference, tol
-from pencilfft import _exchange, _transpose
+from pencilfft import _exchange
+from pencilfft._transforms import transpose as _transpose
 from pencilfft._exchange import local as _local_exchange
-from pencilfft._partitioned import with_mesh
+from pencilfft._transforms.partitioned import with_mesh
 
 pytestmark = pytest.mark.skipif(MULTI_PROCESS, reason="one process holds every device")
 

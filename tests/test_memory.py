@@ -22,18 +22,19 @@ from conftest import (MPIRUN, RANK, barrier, clean_env, make_mesh, put_global, s
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
-from pencilfft import _memory
-from pencilfft._memory import MemoryLimitError
-from pencilfft._plan import plan_forward
+from pencilfft._processes import memory as _memory
+from pencilfft._transforms import budget as _budget
+from pencilfft._processes.memory import MemoryLimitError
+from pencilfft._transforms.plan import plan_forward
 
 ENV = _memory.ENV
 
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    _memory._fit.cache_clear()  # a plan checked by another test passes from the cache
+    _budget._fit.cache_clear()  # a plan checked by another test passes from the cache
     yield
-    _memory._fit.cache_clear()
+    _budget._fit.cache_clear()
 
 
 def _x(shape=(64, 64, 64), dtype=np.complex64, pdims=(4, 2)):
@@ -57,7 +58,7 @@ def test_transform_estimate_in_blocks(shape, pdims, real, blocks):
     # (XLA's collectives: the local exchange needs one buffer less, the test below)
     plan = plan_forward(x, norm="backward", layout="transposed", mesh=None, real=real,
                         exchange="alltoall")
-    est = _memory.transform_estimate(plan, forward=True)
+    est = _budget.transform_estimate(plan, forward=True)
     block = est.in_bytes
     got = (1, est.out_bytes / block, est.buffer_bytes / block, est.buffers)
     assert got == pytest.approx(blocks)
@@ -71,7 +72,7 @@ def test_estimate_of_a_padded_spectrum_counts_the_padding():
     x = jax.ShapeDtypeStruct((30, 32, 18), np.complex64,
                              sharding=pencilfft.real_space_sharding(mesh))
     plan = plan_forward(x, norm="backward", layout="transposed", mesh=mesh, real=False)
-    est = _memory.transform_estimate(plan, forward=True)
+    est = _budget.transform_estimate(plan, forward=True)
     assert est.out_bytes / est.in_bytes == pytest.approx(33 / 32)
 
 
@@ -88,7 +89,7 @@ def test_estimate_is_close_to_what_xla_allocates(pdims, layout):
     ma = analysis.memory_analysis()
     measured = ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
     plan = plan_forward(x, norm="backward", layout=layout, mesh=mesh, real=False)
-    estimate = _memory.transform_estimate(plan, forward=True).total
+    estimate = _budget.transform_estimate(plan, forward=True).total
     assert 0.9 <= measured / estimate <= 1.25, (measured, estimate)
 
 
@@ -246,7 +247,7 @@ def test_under_jit_a_made_input_that_fits_chunked_runs(monkeypatch):
     x = put_global(data, pencilfft.real_space_sharding(make_mesh((4, 2)), 3))
     plan = plan_forward(x, norm="backward", layout="natural", mesh=None, chunks="auto")
     seen = []
-    jax.jit(lambda v: seen.append(_memory.fit_chunks(plan, True, 2 * v).chunks) or v)(x)
+    jax.jit(lambda v: seen.append(_budget.fit_chunks(plan, True, 2 * v).chunks) or v)(x)
     assert seen == [4]
     k = jax.jit(lambda v: pencilfft.pfft3d(2 * v, layout="natural"))(x)
     ref = np.fft.fftn(2 * data.astype(np.complex128))
@@ -278,8 +279,8 @@ def test_compiler_partitioned_path_is_not_checked(monkeypatch):
 
 def test_check_off_and_cached(monkeypatch):
     calls = []
-    real = _memory.available
-    monkeypatch.setattr(_memory, "available", lambda d: calls.append(1) or real(d))
+    real = _budget.available
+    monkeypatch.setattr(_budget, "available", lambda d: calls.append(1) or real(d))
     monkeypatch.setenv(ENV, "off")
     pencilfft.pfft3d(_x())
     assert calls == []  # off: not even asked

@@ -77,7 +77,7 @@ def test_one_device_needs_no_exchange():
 
 @MPIRUN  # the choices depend on the processes' devices
 def test_autotune_offers_it_only_where_it_runs():
-    from pencilfft import _autotune
+    from pencilfft._transforms import autotune as _autotune
     from pencilfft._exchange import local as _local_exchange
 
     built = _local_exchange.unavailable_reason(8, "cpu") is None

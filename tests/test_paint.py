@@ -23,8 +23,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from pencilfft import _paint_kernel
-from pencilfft._window import weights as window_weights
+from pencilfft._pm import kernel as _paint_kernel
+from pencilfft._pm.window import weights as window_weights
 
 from conftest import clean_env, make_mesh, put_global, to_numpy
 
@@ -257,7 +257,7 @@ def test_errors():
 def test_kernel_threads_and_xla(monkeypatch):
     """The kernel equals XLA's scatter/gather, and its result is the same for any thread count
     above one (bitwise) and within rounding of one thread's."""
-    from pencilfft import _threads
+    from pencilfft._native import threads as _threads
 
     rng = np.random.default_rng(13)
     dx = jnp.asarray(rng.normal(size=(12, 6, 10, 3)) * 2)
@@ -402,7 +402,7 @@ def test_catalog_grad_and_capacity():
 FALLBACK = """
 import warnings, numpy as np, jax, jax.numpy as jnp
 import pencilfft
-from pencilfft import _paint_kernel
+from pencilfft._pm import kernel as _paint_kernel
 dx = jnp.asarray(np.random.default_rng(0).normal(size=(8, 8, 8, 3)) * 0.3)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import make_mesh
 from pencilfft._exchange import local as _local_exchange
-from pencilfft._plan import PAIRWISE_MIN_BYTES, _exchanges, plan_forward
+from pencilfft._transforms.plan import PAIRWISE_MIN_BYTES, _exchanges, plan_forward
 
 
 @pytest.mark.parametrize("pdims,block,expected", [

@@ -1,4 +1,4 @@
-"""pencilfft._r2r (DCT/DST types 1-4 along one axis) against scipy.fft in float64.
+"""pencilfft._transforms.r2r (DCT/DST types 1-4 along one axis) against scipy.fft in float64.
 
 Checked: values and dtypes of forward/backward for every kind, norm, axis and odd/even/prime/1
 lengths, real and complex input; the round trip; jit, vmap and shard_map; that
@@ -17,7 +17,7 @@ import scipy.fft
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from conftest import make_mesh, put_global, random_field, rel_err, to_numpy, tol
-from pencilfft import _r2r
+from pencilfft._transforms import r2r as _r2r
 
 # Per-device math only (one shard_map case aside): one process; under mpirun the distributed
 # transforms that use it are tested by test_kinds.py.

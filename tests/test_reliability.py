@@ -35,8 +35,9 @@ from conftest import (MPIRUN, MULTI_PROCESS, RANK, barrier, clean_env, make_mesh
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import pencilfft
-from pencilfft import _io, gather, load, save, scatter
-from pencilfft._sharding import real_space_sharding
+from pencilfft import gather, load, save, scatter
+from pencilfft._processes import io as _io
+from pencilfft._decomposition.sharding import real_space_sharding
 
 LAST = jax.process_count() - 1
 N = jax.process_count()
@@ -528,7 +529,7 @@ def test_run_sh_stops_its_step_when_stopped(tmp_path, sig):
 
 
 def test_abort_hook_prints_then_waits_then_aborts(monkeypatch, capsys):
-    from pencilfft import _distributed
+    from pencilfft._processes import launch as _distributed
 
     calls = []
     monkeypatch.setattr(_distributed, "_wait_until_read", lambda: calls.append("wait"))
@@ -542,7 +543,7 @@ def test_abort_hook_prints_then_waits_then_aborts(monkeypatch, capsys):
 
 
 def test_stop_job_says_why_then_ends_with_128_plus_the_signal(monkeypatch, capsys):
-    from pencilfft import _distributed
+    from pencilfft._processes import launch as _distributed
 
     calls = []
     monkeypatch.setattr(_distributed, "_stop_stdout_filter", lambda: calls.append("unfilter"))
@@ -561,7 +562,7 @@ def test_abort_waits_until_the_launcher_read_the_output():
     """The launcher kills its own forwarder with the job: the traceback's end was lost before."""
     import threading
 
-    from pencilfft._distributed import _wait_until_read
+    from pencilfft._processes.launch import _wait_until_read
 
     read_end, write_end = os.pipe()
     try:

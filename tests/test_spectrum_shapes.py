@@ -18,7 +18,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import pencilfft
 from conftest import (make_mesh, padded_k_shape, put_global, random_field, rel_err, to_numpy,
                       tol)
-from pencilfft._plan import plan_forward
+from pencilfft._transforms.plan import plan_forward
 
 SHAPE = (8, 8, 8)  # Z//2+1 = 5 divides no mesh axis > 1: the r2c spectrum is padded everywhere
 C2C_SHAPE = (8, 8, 12)  # Z = 12: padded on the 1x8 mesh only

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from conftest import make_mesh
-from pencilfft._plan import plan_forward
-from pencilfft._stages import Exchange, Fft, Move, Pad, Truncate
+from pencilfft._transforms.plan import plan_forward
+from pencilfft._transforms.chunks import stages_of
+from pencilfft._transforms.stages import Exchange, Fft, Move, Pad, Truncate
 
 
 @pytest.mark.parametrize("exchange,inverse", [
@@ -41,8 +42,8 @@ def test_stage_lists(pdims, layout, real, exchange, kinds):
         assert exchange == "local" and "cannot run here" in str(e)
         pytest.skip(str(e))
     letter = {Fft: "F", Pad: "P", Exchange: "E", Move: "M"}
-    assert " ".join(letter[type(s)] for s in plan.stages) == kinds
-    ffts = [s for s in plan.stages if isinstance(s, Fft)]
+    assert " ".join(letter[type(s)] for s in stages_of(plan)) == kinds
+    ffts = [s for s in stages_of(plan) if isinstance(s, Fft)]
     # only the first is r2c, and only along its last axis (Z)
     assert [s.kinds[-1] == "rfft" for s in ffts] == [real] + [False] * (len(ffts) - 1)
     assert all("rfft" not in s.kinds[:-1] for s in ffts)

@@ -21,7 +21,8 @@ import scipy.fft
 
 import pencilfft
 from conftest import make_mesh, put_global, rel_err, to_numpy
-from pencilfft import _kernel, _malloc, _threads
+from pencilfft._native import malloc as _malloc, threads as _threads
+from pencilfft._transforms import kernel as _kernel
 
 HAVE_FFTW = _kernel.kernel() == "fftw"
 needs_fftw = pytest.mark.skipif(not HAVE_FFTW, reason="the fftw extra is not installed")
@@ -193,7 +194,8 @@ def test_malloc_setting(monkeypatch):
 
 SCRIPT = """
 import sys, jax, numpy as np
-from pencilfft import _kernel, _malloc
+from pencilfft._native import malloc as _malloc
+from pencilfft._transforms import kernel as _kernel
 x = np.ones((4, 4, 4), np.complex64)
 y = jax.jit(lambda a: _kernel.fft(a, "fft", (0, 1, 2), "backward", ()))(x)
 assert abs(complex(np.asarray(y)[0, 0, 0]) - 64) < 1e-4

@@ -22,12 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from . import _kernel, _malloc, _memory, _threads
-from ._exchange import local as _local_exchange, mpi as _mpi_exchange
-from ._decomposition import check_mesh, process_grids, split_problem
-from ._fft import pfft3d, pifft3d
-from ._measure import max_rel_err, median_time
-from ._sharding import real_space_sharding
+from .._decomposition.rules import check_mesh, process_grids, split_problem
+from .._decomposition.sharding import real_space_sharding
+from .._exchange import local_status, mpi as _mpi_exchange
+from .._measure import max_rel_err, median_time
+from .._native import malloc as _malloc, threads as _threads
+from .._processes import memory as _memory
+from .._transforms import kernel as _kernel
+from .._transforms.fft import pfft3d, pifft3d
 
 TOLERANCE = {"complex64": 1e-5, "complex128": 1e-12}
 # Whole grids alive per device at once while the reference is compared: the sharded input
@@ -234,7 +236,7 @@ def run_check(args: argparse.Namespace) -> int:
         f"in {jax.process_count()} process(es), jax {jax.__version__}"
     )
     console.print(f"cross-process exchanges: {_mpi_exchange.status()}", markup=False)
-    console.print(f"exchanges between a process's devices: {_local_exchange.status()}",
+    console.print(f"exchanges between a process's devices: {local_status()}",
                   markup=False, soft_wrap=True)
     if jax.devices()[0].platform == "cpu":  # the local FFTs' kernel (docs/howto/cpu-performance.md)
         console.print(f"local FFT kernel: {_kernel.describe()}", markup=False, soft_wrap=True)

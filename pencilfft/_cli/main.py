@@ -146,12 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _configure_cpu_devices(args.devices)
-        from . import initialize
+        from .._processes.launch import initialize
 
         initialize()
         _check_devices_applied(args.devices)
         if args.command == "check":
-            from ._check import run_check
+            from .check import run_check
 
             return run_check(args)
     except UsageError as e:

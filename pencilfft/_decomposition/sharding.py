@@ -9,7 +9,7 @@ import operator
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ._decomposition import batch_axes, check_mesh, mesh_axes
+from .rules import batch_axes, check_mesh, mesh_axes
 
 __all__ = ["real_space_spec", "k_space_spec", "real_space_sharding", "k_space_sharding",
            "get_fft_output_sharding", "LAYOUTS"]

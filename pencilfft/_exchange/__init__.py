@@ -11,10 +11,13 @@ mesh axis.  The modules:
   inside processes, `mpi` along the others;
 * `_common`: what the custom calls share (the traced mesh, a device's coordinates, which
   processes hold a group, the linear rules); registration with XLA and the compiler rule are
-  `pencilfft._native`'s.
+  `pencilfft._native.build`'s.
 
 The transpose around the exchange (splitting, interleaving, reordering) is
-`pencilfft._transpose`'s.
+`pencilfft._transforms.transpose`'s.  Data flow: a per-device block inside the traced body of a
+transform (or a halo, a paint) -> `ALGORITHMS[name].send` -> the peers' blocks.  May import:
+jax, numpy, `_jax_private`, `_native` (the custom calls' build and threads), `_decomposition`;
+mpi4py lazily.  The transforms and the particle-mesh tools build on it.
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ from . import local, mixed, mpi, xla
 from ._common import in_mesh
 
 __all__ = ["ALGORITHMS", "AUTO_ORDER", "Algorithm", "EXCHANGES", "PAIRWISE_MIN_BYTES",
-           "PLAIN_ALLTOALL_MAX", "choose", "in_mesh", "local", "mixed", "mpi", "xla"]
+           "PLAIN_ALLTOALL_MAX", "choose", "in_mesh", "local", "local_status", "mixed", "mpi",
+           "xla"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +50,7 @@ class Algorithm:
 
 
 # Mesh axes of at most this many devices run "alltoall" on the blocks as they are
-# (`_transpose.transpose_blocks`).
+# (`_transforms.transpose.transpose_blocks`).
 PLAIN_ALLTOALL_MAX = 4
 
 # Per-device blocks at least this large take the pairwise exchange under "auto" on CPUs.
@@ -101,3 +105,17 @@ def choose(exchange: str, mesh_size: int | None, platform: str, pdims: tuple[int
         return (exchange,) * len(pdims)
     return tuple(next(name for name in AUTO_ORDER if ALGORITHMS[name].auto(n, platform, block_bytes))
                  for n in pdims)
+
+
+def local_status(platform: str | None = None) -> str:
+    """One line for `pencilfft check`: how the devices of this process exchange, and why."""
+    platform = platform or jax.default_backend()
+    why = local.unavailable_reason(None, platform)
+    if why is not None:
+        return f"XLA's collectives (the local exchange does not run: {why})"
+    if jax.process_count() == 1:
+        return "the local exchange (pencilfft's custom call, one pass; exchange='auto' and 'local')"
+    if mixed.auto(platform):
+        return ("the local exchange, along the mesh axes whose devices are all in this process "
+                "(exchange='auto' takes 'mixed')")
+    return "XLA's collectives (exchange='auto' takes 'mixed' only with several devices per process)"

@@ -1,10 +1,10 @@
 """The pencil transpose between the CPU devices of one process, in one pass (exchange="local").
 
 XLA's all_to_all between devices of one process copies the chunks out, through per-peer
-buffers and back into one block, and the transpose around it (`_transpose`) adds two local
+buffers and back into one block, and the transpose around it (`_transforms.transpose`) adds two local
 passes: on 8 CPU devices the exchange was the costliest step of a slab transform
 (benchmarks/RESULTS.md, issue 36).  The devices of one process share its memory, so this
-custom call (`csrc/local.cc`, compiled on first use with the C++ compiler found then,
+custom call (`local.cc`, compiled on first use with the C++ compiler found then,
 `_native.load`) writes every device's transposed block straight from its peers' blocks: the
 split, the exchange, the concatenation and the reordering `order` in one pass.
 
@@ -21,6 +21,7 @@ XLA's collectives.  The plain install never needs a compiler.
 from __future__ import annotations
 
 import functools
+import pathlib
 import warnings
 
 import jax
@@ -29,10 +30,10 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from .. import _malloc, _native, _threads
+from .._native import build as _native, malloc as _malloc, threads as _threads
 from ._common import coordinates, def_linear, traced_mesh, within_processes
 
-__all__ = ["auto", "build_failure", "exchange", "status", "unavailable_reason", "TARGET"]
+__all__ = ["auto", "build_failure", "exchange", "unavailable_reason", "TARGET"]
 
 TARGET = "pencilfft_local_exchange"
 INSTANCE_TYPE = "pencilfft_local_instance"  # the FFI state where a call's devices meet
@@ -46,7 +47,7 @@ def _library():
     if missing is not None:
         return missing
     try:
-        lib = _native.load("local")
+        lib = _native.load(pathlib.Path(__file__).with_name("local.cc"))
         return _native.register(lib, {TARGET: ("PencilfftLocalInstantiate",
                                                "PencilfftLocalExchange")}, INSTANCE_TYPE)
     except (_native.BuildError, AttributeError, OSError, jax.errors.JaxRuntimeError) as e:
@@ -77,29 +78,13 @@ def auto(platform: str) -> bool:
     return jax.process_count() == 1 and unavailable_reason(None, platform) is None
 
 
-def status(platform: str | None = None) -> str:
-    """One line for `pencilfft check`: how the devices of this process exchange, and why."""
-    platform = platform or jax.default_backend()
-    why = unavailable_reason(None, platform)
-    if why is not None:
-        return f"XLA's collectives (the local exchange does not run: {why})"
-    if jax.process_count() == 1:
-        return "the local exchange (pencilfft's custom call, one pass; exchange='auto' and 'local')"
-    from . import mixed  # (mixed imports this module)
-
-    if mixed.auto(platform):
-        return ("the local exchange, along the mesh axes whose devices are all in this process "
-                "(exchange='auto' takes 'mixed')")
-    return "XLA's collectives (exchange='auto' takes 'mixed' only with several devices per process)"
-
-
 # ----------------------------------------------------------------------------------------------
 # The primitive
 
 
 def exchange(x: jax.Array, axis_name: str, n: int, split: int, gather: int,
              order: tuple[int, ...]) -> jax.Array:
-    """Inside shard_map: `_transpose.transpose_blocks` of per-device block x over mesh axis
+    """Inside shard_map: `_transforms.transpose.transpose_blocks` of per-device block x over mesh axis
     `axis_name` of n devices (chunk j of axis `split` to peer j, the chunks received
     concatenated along `gather` in peer order, then the axes in `order`)."""
     mesh = traced_mesh()

@@ -2,7 +2,7 @@
 
 jax's cross-process CPU collectives go through gloo over TCP; MPI moves the same bytes through
 shared memory (one node) or the cluster's fabric, several times faster (benchmarks/RESULTS.md,
-issues 14 and 37).  This exchange is a custom call of our own (`csrc/mpi.cc`, compiled on first
+issues 14 and 37).  This exchange is a custom call of our own (`mpi.cc`, compiled on first
 use with the MPI compiler wrapper that mpi4py was built with, `_native.load`): XLA hands it the
 chunk-major block (n, ...) in its own buffers and it sends chunk j to peer j with MPI_Isend /
 MPI_Irecv, with no copy to or from the host and no Python in the loop.
@@ -25,20 +25,21 @@ mixes data.  A process may hold several devices of a group ("mixed" sends throug
 the axes that span processes): every message between two devices carries a tag of its own,
 the pair's, so the messages of the devices of one process are never matched with each other.
 
-Ordering (see csrc/mpi.cc): every exchange of a compiled program has an MPI tag of its own,
+Ordering (see mpi.cc): every exchange of a compiled program has an MPI tag of its own,
 and the handler is asynchronous (it posts its messages and returns a future that a progress
 thread completes), so exchanges that XLA runs in different orders on different processes are
 never matched with each other and never wait for each other.  The tag is given to each call of
 the compiled program when XLA instantiates it (two uses of one jitted function that jax lowered
 once are two calls there), from the call's `key` (a hash of its shapes and peers, `_key`) and
 its number among the calls of that key compiled so far (and, for each message, the pair of
-devices: `csrc/mpi.cc`'s `Tag`): every process must compile the same programs in the same
+devices: `mpi.cc`'s `Tag`): every process must compile the same programs in the same
 order, as SPMD code does.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import pathlib
 import sys
 import warnings
 import zlib
@@ -49,7 +50,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from .. import _native
+from .._native import build as _native
 from .._jax_private import invariant_over
 from ._common import concrete, coordinates, def_linear, process_groups, traced_mesh
 
@@ -71,7 +72,7 @@ def _library():
     """The handler's library, built once per machine and environment and registered with
     XLA; a string (the compiler's message) if it could not be built, after one warning."""
     try:
-        lib = _native.load("mpi", mpi=True)
+        lib = _native.load(pathlib.Path(__file__).with_name("mpi.cc"), mpi=True)
     except _native.BuildError as e:
         warnings.warn(f"pencilfft: the MPI exchange could not be built, cross-process exchanges "
                       f"use jax's gloo collectives instead (docs: howto/cpu-layouts): {e}",
@@ -191,7 +192,7 @@ def _abstract_eval(y, where, **params):
 
 def _key(ctx, target: str, **params) -> np.int64:
     """The same number on every process for calls with the same target, block and peers (not
-    Python's hash: salted per process).  csrc/mpi.cc numbers the compiled calls of one key and
+    Python's hash: salted per process).  mpi.cc numbers the compiled calls of one key and
     makes their MPI tags from both."""
     (aval, *_) = ctx.avals_in
     text = repr((target, aval.shape, str(aval.dtype), sorted(params.items())))

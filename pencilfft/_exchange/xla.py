@@ -10,7 +10,7 @@ __all__ = ["alltoall", "pairwise"]
 
 
 def alltoall(y: jax.Array, axis_name: str, n: int) -> jax.Array:
-    # ("alltoall" runs on the block as it is in `_transpose.transpose_blocks`; this form of it
+    # ("alltoall" runs on the block as it is in `_transforms.transpose.transpose_blocks`; this form of it
     # is for callers that have a chunk-major block.)
     return jax.lax.all_to_all(y, axis_name, 0, 0, tiled=True)
 

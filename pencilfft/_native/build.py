@@ -33,8 +33,6 @@ import jax
 
 __all__ = ["BuildError", "cache_dir", "compiler", "load", "missing_compiler", "register"]
 
-SOURCE_DIR = pathlib.Path(__file__).parent / "csrc"
-
 
 class BuildError(RuntimeError):
     """A handler could not be compiled or loaded (no compiler, missing library, ...)."""
@@ -108,15 +106,17 @@ def _command(compiler: Sequence[str], source: pathlib.Path, output: pathlib.Path
             *link]
 
 
-def load(name: str, *, mpi: bool = False, include_dirs: Sequence[str] = (),
+def load(source: str | os.PathLike, *, mpi: bool = False, include_dirs: Sequence[str] = (),
          library_dirs: Sequence[str] = (), link: Sequence[str] = ()) -> ctypes.CDLL:
-    """The handler library built from `csrc/<name>.cc`, compiled now if not cached.
+    """The handler library built from `source` (a .cc file beside the module that binds its
+    handlers), compiled now if not cached.
 
     `mpi`: it calls MPI (built with the MPI compiler wrapper, `compiler`); `link`: extra link
     arguments (libraries as full paths or -l names).  A cached library that does not load
     (truncated, built for another machine) is rebuilt once.  Raises `BuildError`.
     """
-    source = SOURCE_DIR / f"{name}.cc"
+    source = pathlib.Path(source)
+    name = source.stem
     if not source.is_file():
         raise BuildError(f"no source {source}")
     command = compiler(mpi)

@@ -1,7 +1,7 @@
 """How many threads pencilfft's CPU kernels use: one rule for every kernel of this process.
 
-The FFTW kernel (`_kernel`, csrc/fftw.cc), the local exchange's copies (`_local_exchange`,
-csrc/local.cc) and any later CPU kernel (a particle painter, say) ask here, so that the devices
+The FFTW kernel (`_transforms.kernel`, fftw.cc), the local exchange's copies (`_exchange.local`,
+local.cc) and any later CPU kernel (a particle painter, say) ask here, so that the devices
 of a process share its cores without oversubscribing them:
 
 * `available_cores()`: the cores pencilfft may use in this process.  $PENCILFFT_THREADS if set

@@ -7,7 +7,7 @@ cell it lies in, with one all_to_all of fixed-size buckets: `capacity` particles
 receiver) pair, so every shape is static under jit and nothing is gathered.  The owner paints
 them into its block padded by a halo of (s + 1) // 2 cells (a window of support s reaches at most
 that far from the particle's own cell), and the pads are folded into the neighbours as in the
-lattice form (`_paint.fold_halos`).  Readout sends the particles the same way, reads on the owner's
+lattice form (`grid.fold_halos`).  Readout sends the particles the same way, reads on the owner's
 block with filled halos, and sends the values back along the reverse all_to_all.
 
 Capacity policy (explicit): a particle that does not fit in its bucket (more than `capacity`
@@ -24,17 +24,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from ._decomposition import mesh_axes
-from ._paint import GridPlan, fill_halos, fold_halos
-from ._paint_kernel import paint_block, read_block
-from ._window import WINDOWS, check_window
+from .._decomposition.mesh import is_tracer
+from .._decomposition.rules import mesh_axes
+from .grid import GridPlan, fill_halos, fold_halos
+from .kernel import paint_block, read_block
+from .window import WINDOWS, check_window
 
 __all__ = ["CatalogPlan", "plan_catalog", "paint_catalog", "read_catalog"]
 
@@ -175,7 +174,7 @@ def _read_body(f, pos, *, p: CatalogPlan):
 
 
 # ----------------------------------------------------------------------------------------------
-# Entry points (from _paint.paint / readout)
+# Entry points (from paint.paint / readout)
 
 
 def _max_bucket(pos, p: CatalogPlan) -> int:
@@ -191,9 +190,7 @@ def _max_bucket(pos, p: CatalogPlan) -> int:
 
 
 def _check_eager(pos, p, mesh) -> None:
-    from ._plan import _is_tracer
-
-    if _is_tracer(pos):
+    if is_tracer(pos):
         return
     with jax.ensure_compile_time_eval():  # also for a concrete catalog closed over by a jit
         m = _max_bucket(pos, p)

@@ -19,7 +19,7 @@ then Y: the X round carries
 whole X-halo rows, the Y round whole columns, X halos included, so the corners arrive from the
 diagonal neighbour in two hops without a third round.  Like the transforms, it runs in
 `shard_map` when the mesh is known and through the compiler-partitioned path
-(`_partitioned.py`) when it is not; the adjoint (for grad) is `jax.linear_transpose` of the
+(`_transforms/partitioned.py`) when it is not; the adjoint (for grad) is `jax.linear_transpose` of the
 same body: each halo's cotangent goes back to the cell it was copied from.
 """
 from __future__ import annotations
@@ -34,11 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ._decomposition import check_batch, check_split, mesh_axes
-from ._exchange import mpi as _mpi_exchange
-from ._partitioned import LinearOp, apply, place, run, with_mesh
-from ._plan import _current_spec, _is_tracer, batch_mesh, find_mesh, has_explicit_axes
-from ._sharding import real_space_spec
+from .._decomposition.mesh import (batch_mesh, current_spec, find_mesh, has_explicit_axes,
+                                   is_tracer)
+from .._decomposition.rules import check_batch, check_split, mesh_axes
+from .._decomposition.sharding import real_space_spec
+from .._exchange import mpi as _mpi_exchange
+from .._transforms.partitioned import LinearOp, apply, place, run, with_mesh
 
 __all__ = ["halo_exchange", "HaloExchange"]
 
@@ -144,7 +145,7 @@ class HaloExchange(LinearOp):
     extents: tuple[int, int]
     periods: tuple[bool, bool]
     like_jaxdecomp: bool = False  # jaxdecomp's values at non-periodic edges and size-1 axes
-    deferred: Any = None  # a named mesh whose batch axes x (traced) lacks: see _plan.batch_mesh
+    deferred: Any = None  # a named mesh whose batch axes x (traced) lacks: see _decomposition.mesh.batch_mesh
     mpi: bool = False  # the sends through MPI inside XLA (`_mpi_exchange.auto`)
     transposed: bool = False
 
@@ -257,12 +258,12 @@ def _canonical(spec, mesh, ndim: int) -> tuple:
 
 def _check_spec(x, mesh, spec, ndim: int) -> None:
     """Refuse an array whose blocks are not the P(a, b) blocks the halos belong to."""
-    if _is_tracer(x):  # a traced type shows its sharding only on Explicit mesh axes
+    if is_tracer(x):  # a traced type shows its sharding only on Explicit mesh axes
         typed = getattr(jax.typeof(x), "sharding", None)
         if not (isinstance(typed, NamedSharding) and not typed.mesh.empty
                 and has_explicit_axes(typed.mesh)):
             return
-    current = _current_spec(x)
+    current = current_spec(x)
     if current is None:
         return
     # Only the (X, Y, Z) blocks matter: leading (batch) axes are resharded as need be.
@@ -333,7 +334,7 @@ def exchange_halos(x, halo_extents, halo_periods, mesh, *, like_jaxdecomp: bool)
     op = HaloExchange(shape, np.dtype(x.dtype), extents, periods, like_jaxdecomp, deferred,
                       mpi=_mpi_exchange.auto(jax.default_backend()))
     if mesh is None:
-        if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
+        if is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
             # What can be told without the mesh (the rest is checked when XLA partitions).
             _check_blocks(shape, extents, (1, 1), (None, None), like_jaxdecomp)
             return apply(op, x) if extents != (0, 0) else x

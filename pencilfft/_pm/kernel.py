@@ -1,6 +1,6 @@
-"""Painting and readout on one block of cells: pure JAX, and the CPU kernel (`csrc/paint.cc`).
+"""Painting and readout on one block of cells: pure JAX, and the CPU kernel (`paint.cc`).
 
-The per-device work of `pencilfft.paint` / `readout` (`_paint.py`), on local arrays only:
+The per-device work of `pencilfft.paint` / `readout` (`paint.py`), on local arrays only:
 
     paint_block(dx, v)  -> g (C, nx, ny, nz)   g[c] = sum_p v[c, p] W(x_p - cell)
     read_block(g, dx)   -> (C, bx, by, Z)      out[c, p] = sum_cells g[c, cell] W(x_p - cell)
@@ -15,7 +15,7 @@ under jvp and transposition: readout is paint's transpose in v and g, and the de
 are the deriv=True maps (second derivatives in dx are not provided).
 
 Both are primitives (`paint_p`, `read_p`) when the kernel is in use: on CPU they lower to the
-custom call of `csrc/paint.cc` (threads per device: `_threads_per_device`), on every other
+custom call of `paint.cc` (threads per device: `_threads_per_device`), on every other
 platform (GPUs) and on CPU without the kernel to the pure-JAX code below (XLA's scatter-add and
 gathers).  PENCILFFT_PAINT_KERNEL = "auto" (default: the kernel if it builds, else pure JAX
 with one warning), "native" (the same), or "xla" (the primitives are not even bound: plain JAX,
@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import pathlib
 import warnings
 
 import jax
@@ -34,8 +35,8 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _native, _threads
-from ._window import WINDOWS, derivatives, weights
+from .._native import build as _native, threads as _threads
+from .window import WINDOWS, derivatives, weights
 
 __all__ = ["paint_block", "read_block", "kernel", "TARGETS", "paint_p", "read_p"]
 
@@ -57,7 +58,7 @@ def _setting() -> str:
 
 
 def _threads_per_device() -> int:
-    """Threads each CPU device's painting may use: the FFT kernel's rule (`_threads`: the
+    """Threads each CPU device's painting may use: the FFT kernel's rule (`_native.threads`: the
     cores this process may run on, shared by its CPU devices; PENCILFFT_THREADS)."""
     return _threads.threads_per_device()
 
@@ -66,7 +67,7 @@ def _threads_per_device() -> int:
 def _library():
     """The built, registered paint library, or why it cannot be had (a string)."""
     try:
-        lib = _native.register(_native.load("paint"),
+        lib = _native.register(_native.load(pathlib.Path(__file__).with_name("paint.cc")),
                                {TARGETS[0]: "PencilfftPaint", TARGETS[1]: "PencilfftReadout"})
     except (_native.BuildError, AttributeError, OSError) as e:
         return str(e)

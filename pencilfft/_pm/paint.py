@@ -17,8 +17,8 @@ holding it turns its whole block, and what it sends its neighbours, into NaN, so
 shows in the result instead of passing silently.
 
 Static planning (`plan`: mesh axes, halo widths, limits) is apart from the traced bodies
-(`_paint_body`, `_read_body`).  The per-block work is `_paint_kernel` (the CPU kernel, or XLA's
-scatter/gather elsewhere).  Catalogs (positions (N, 3)) are `_catalog.py`'s; interlacing
+(`_paint_body`, `_read_body`).  The per-block work is `kernel.py` (the CPU kernel, or XLA's
+scatter/gather elsewhere).  Catalogs (positions (N, 3)) are `catalog.py`'s; interlacing
 (`paint(..., interlace=True)`) is `_interlaced` here.  Where the mesh is known (given, in a
 sharding, an Explicit type, `jax.set_mesh`) or only in an Auto type under jit, the bodies run in
 `shard_map` on it; with no mesh at all, on one device.
@@ -29,19 +29,22 @@ import dataclasses
 import functools
 import math
 import numbers
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ._exchange import mpi as _mpi_exchange
-from ._decomposition import mesh_axes
-from ._paint_kernel import paint_block, read_block
-from ._partitioned import place, with_mesh
-from ._plan import _is_tracer, find_mesh, has_explicit_axes, typed_mesh
-from ._window import WINDOWS, check_window
+from .._decomposition.mesh import find_mesh, has_explicit_axes, is_tracer, typed_mesh
+from .._decomposition.rules import mesh_axes
+from .._exchange import mpi as _mpi_exchange
+from .._transforms.fft import pirfft3d, prfft3d
+from .._transforms.freq import rfftfreq3d
+from .._transforms.partitioned import place, with_mesh
+from .catalog import paint_catalog, read_catalog
+from .grid import GridPlan, fill_halos, fold_halos
+from .kernel import paint_block, read_block
+from .window import WINDOWS, check_window
 
 __all__ = ["paint", "readout", "DEFAULT_MAX_DISPLACEMENT"]
 
@@ -50,35 +53,6 @@ DEFAULT_MAX_DISPLACEMENT = 4.0  # cells: the halo's default bound on |dx| along 
 
 # ----------------------------------------------------------------------------------------------
 # Static planning
-
-
-@dataclasses.dataclass(frozen=True)
-class GridPlan:
-    """The grid side of a paint/readout plan (hashable): `shape` (X, Y, Z) is the global grid,
-    `names`/`sizes` the mesh axes splitting X and Y (None/1: not split), `halo` the pad
-    (hx, hy) of each split axis (0 where not split)."""
-
-    shape: tuple[int, int, int]
-    window: str
-    names: tuple[Any, Any]
-    sizes: tuple[int, int]
-    halo: tuple[int, int]
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        """One device's block of the grid (per device)."""
-        return (self.shape[0] // self.sizes[0], self.shape[1] // self.sizes[1], self.shape[2])
-
-    @property
-    def padded(self) -> tuple[int, int, int]:
-        """The block with its halos (per device)."""
-        bx, by, bz = self.block
-        return (bx + 2 * self.halo[0], by + 2 * self.halo[1], bz)
-
-    @property
-    def field_spec(self) -> P:
-        """The (X, Y, Z) part of the real-space spec."""
-        return P(*self.names, None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,52 +119,6 @@ def plan(shape, mesh, window: str, max_displacement, mpi: bool = False) -> Paint
 # Per-device body
 
 
-def _send(x, name, n: int, direction: int, mpi: bool):
-    """x to the neighbour `direction` (+1 / -1) along mesh axis `name` (periodic)."""
-    if mpi:
-        return _mpi_exchange.shift(x, name, n, direction, True)
-    return jax.lax.ppermute(x, name, [(j, (j + direction) % n) for j in range(n)])
-
-
-def _fold(g, axis: int, h: int, name, n: int, mpi: bool):
-    """Add the pads (width h) of `axis` to the neighbours' edge cells; keep the interior."""
-    b = g.shape[axis] - 2 * h
-    part = functools.partial(jax.lax.slice_in_dim, g, axis=axis)
-    low, mid, high = part(0, h), part(h, h + b), part(h + b, b + 2 * h)
-    from_upper = _send(low, name, n, -1, mpi)  # the upper neighbour's low pad: my top cells
-    from_lower = _send(high, name, n, +1, mpi)
-    top = jax.lax.slice_in_dim(mid, b - h, b, axis=axis) + from_upper
-    mid = jax.lax.dynamic_update_slice_in_dim(mid, top, b - h, axis=axis)
-    bottom = jax.lax.slice_in_dim(mid, 0, h, axis=axis) + from_lower
-    return jax.lax.dynamic_update_slice_in_dim(mid, bottom, 0, axis=axis)
-
-
-def _fill(g, axis: int, h: int, name, n: int, mpi: bool):
-    """g padded by h cells on both sides of `axis` with the neighbours' edge cells (the
-    transpose of `_fold`)."""
-    b = g.shape[axis]
-    low = _send(jax.lax.slice_in_dim(g, b - h, b, axis=axis), name, n, +1, mpi)
-    high = _send(jax.lax.slice_in_dim(g, 0, h, axis=axis), name, n, -1, mpi)
-    return jnp.concatenate([low, g, high], axis=axis)
-
-
-def fold_halos(g, p: GridPlan):
-    """`_fold` along each split axis of p's grid (g's axes 1 and 2: X and Y of a block)."""
-    for axis in (0, 1):
-        if p.halo[axis]:
-            g = _fold(g, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
-    return g
-
-
-def fill_halos(f, p: GridPlan):
-    """`_fill` along each split axis of p's grid (f's axes 1 and 2), the transpose of
-    `fold_halos`."""
-    for axis in (0, 1):
-        if p.halo[axis]:
-            f = _fill(f, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
-    return f
-
-
 def check_weights(weights, dtype, shape: tuple, axes: str, expected: str):
     """`weights` as an array of `dtype`: a real number, or an array of `shape` (or a scalar
     array); `axes` and `expected` name that shape in the messages."""
@@ -253,7 +181,7 @@ def _mesh_for(x, mesh):
     found = find_mesh(x, mesh)
     if found is None:
         found = typed_mesh(x)
-    if found is None and not _is_tracer(x):
+    if found is None and not is_tracer(x):
         sharding = getattr(x, "sharding", None)
         if sharding is not None and len(sharding.device_set) > 1:
             raise ValueError(f"`dx` is spread over {len(sharding.device_set)} devices by a "
@@ -264,7 +192,7 @@ def _mesh_for(x, mesh):
 
 def _check_eager(dx, p: PaintPlan) -> None:
     """Concrete displacements: refuse, with the numbers, what the halo cannot take."""
-    if _is_tracer(dx) or not any(p.halo):
+    if is_tracer(dx) or not any(p.halo):
         return
     comps = [d for d in range(2) if p.halo[d]]
     # A concrete dx closed over by a jit-traced function is checked too, now.
@@ -281,8 +209,8 @@ def _run(body, args, in_specs, out_spec, mesh, p: PaintPlan):
     if mesh is None:
         return body(*args)
     # Explicit or concrete inputs split otherwise are resharded (shard_map refuses them).
-    args = [a if (np.ndim(a) == 0 or (_is_tracer(a) and not has_explicit_axes(mesh))
-                  or (not _is_tracer(a) and not isinstance(mesh, jax.sharding.Mesh))) else
+    args = [a if (np.ndim(a) == 0 or (is_tracer(a) and not has_explicit_axes(mesh))
+                  or (not is_tracer(a) and not isinstance(mesh, jax.sharding.Mesh))) else
             place(a, NamedSharding(mesh, spec)) for a, spec in zip(args, in_specs)]
     if p.mpi:  # our MPI sends find their peers in the mesh the body is traced on
         body = with_mesh(body, mesh)
@@ -316,7 +244,7 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
     Catalogs: `dx` of shape (N, 3) holds absolute positions (grid units, periodic), split over
     all the mesh's devices along N in any order, `weights` a scalar or (N,) split alike, and
     `shape` = (X, Y, Z) the grid's.  Particles travel to the devices owning their cells and
-    back in fixed-size buckets of `capacity` per pair of devices (see `_catalog` for the
+    back in fixed-size buckets of `capacity` per pair of devices (see `catalog.py` for the
     policy when one overflows: ValueError eagerly, NaN under jit).
 
     interlace: paint twice, the second time with every particle moved by -1/2 cell along each
@@ -413,7 +341,7 @@ def readout(field, dx, window: str = "cic", *, max_displacement: float | None = 
 
 
 # ----------------------------------------------------------------------------------------------
-# Catalogs (`_catalog.py`)
+# Catalogs (`catalog.py`)
 
 
 def _check_positions(pos) -> None:
@@ -425,8 +353,6 @@ def _check_positions(pos) -> None:
 
 
 def _catalog_call(pos, weights, window, shape, capacity, mesh) -> jax.Array:
-    from ._catalog import paint_catalog
-
     _check_positions(pos)
     if shape is None:
         raise ValueError("`shape` (X, Y, Z) is required to paint a catalog (positions (N, 3))")
@@ -438,8 +364,6 @@ def _catalog_call(pos, weights, window, shape, capacity, mesh) -> jax.Array:
 
 
 def _catalog_read(field, pos, window, capacity, mesh) -> jax.Array:
-    from ._catalog import read_catalog
-
     _check_positions(pos)
     if not (hasattr(field, "shape") and hasattr(field, "dtype")) or len(field.shape) < 3:
         raise ValueError(f"`field` must be an array (..., X, Y, Z); got "
@@ -461,9 +385,6 @@ def _interlaced(dx, weights, window, max_displacement, mesh, shape, capacity) ->
     """(F1 + F2 exp(-i k.h) ) / 2 with h = (1/2, 1/2, 1/2): F2 paints every particle at x - h,
     so F2 ~ W(k) exp(-i k.(x - h)), and the phase realigns it with F1; an aliased image at
     k + 2 pi m gets the factor (-1)^(m_x + m_y + m_z) and the odd ones cancel."""
-    from ._fft import pirfft3d, prfft3d
-    from ._freq import rfftfreq3d
-
     kw = dict(window=window, mesh=mesh, shape=shape, capacity=capacity)
     shifted = dict(kw)
     if getattr(dx, "ndim", None) != 2:  # the lattice form: the bound grows by the shift

@@ -10,7 +10,7 @@ JaxPM user switches by import), computed without gathering anything:
 where h counts each stored mode for the modes of the full grid it stands for: the kz = 0 and
 (Z even) kz = Z/2 planes once, the others twice (themselves and their Hermitian mirrors, whose
 mu and |k| are evaluated too: they differ where a component is a Nyquist frequency), padded
-positions zero.  The binning is a linear map of q (`BinSums`, a `_partitioned.LinearOp`): in
+positions zero.  The binning is a linear map of q (`BinSums`, a `_transforms.partitioned.LinearOp`): in
 shard_map where the mesh is known, through the compiler-partitioned primitive under jit with
 no mesh in scope, its transpose giving the gradient.  Each device computes the wavenumbers, mu
 and bins of its own block from the block's global indices: nothing of size N^3 exists on the
@@ -30,12 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ._decomposition import batch_axes, mesh_axes
-from ._fft import prfft3d
-from ._freq import _wavenumbers
-from ._exchange import mpi as _mpi_exchange
-from ._partitioned import LinearOp, _tile, run, with_mesh
-from ._plan import _is_tracer, plan_forward
+from .._decomposition.mesh import is_tracer
+from .._decomposition.rules import batch_axes, mesh_axes
+from .._exchange import mpi as _mpi_exchange
+from .._transforms.fft import prfft3d
+from .._transforms.freq import wavenumbers
+from .._transforms.partitioned import LinearOp, run, tile, with_mesh
+from .._transforms.plan import plan_forward
 
 __all__ = ["power_spectrum"]
 
@@ -214,9 +215,9 @@ def _block_rows(bins: BinPlan, rows: tuple, q, starts):
     gx = jnp.arange(nx)[None, None, :]
     # fftfreq's wavenumbers along every axis (Z too: the kz = Z/2 plane is the full grid's
     # -Z/2 plane, as JaxPM's fftn sees it), and those of the Hermitian mirror (-m mod n).
-    k = [_wavenumbers("fft", g, n, d).astype(rdtype) for g, n, d in ((gx, X, dx), (gy, Y, dy),
+    k = [wavenumbers("fft", g, n, d).astype(rdtype) for g, n, d in ((gx, X, dx), (gy, Y, dy),
                                                                      (gz, Z, dz))]
-    km = [_wavenumbers("fft", (n - g) % n, n, d).astype(rdtype)
+    km = [wavenumbers("fft", (n - g) % n, n, d).astype(rdtype)
           for g, n, d in ((gx, X, dx), (gy, Y, dy), (gz, Z, dz))]
     k2 = k[0] ** 2 + k[1] ** 2 + k[2] ** 2
     valid = (gy < Y) & (gz < Z // 2 + 1)
@@ -349,7 +350,7 @@ class BinSums(LinearOp):
         # sums are replicated) is local^T on each block, with no collective: jax's transpose of
         # a psum outside shard_map (here, in the partitioner's per-device body) sums again.
         local, in_spec, out_spec, _ = self._blocks_on_mesh(mesh)
-        block = jax.ShapeDtypeStruct(_tile(self.in_shape, in_spec, mesh), self.dtype)
+        block = jax.ShapeDtypeStruct(tile(self.in_shape, in_spec, mesh), self.dtype)
         body = lambda ct: jax.linear_transpose(local, block)(ct)[0]
         return body, NamedSharding(mesh, out_spec), NamedSharding(mesh, in_spec)
 
@@ -432,7 +433,7 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
         mesh = plan_forward(field2, norm="backward", layout="transposed", mesh=None, real=True,
                             argname="field2").mesh
     spectrum = _spectrum
-    if not (_is_tracer(field) or _is_tracer(field2)):
+    if not (is_tracer(field) or is_tracer(field2)):
         spectrum = _spectrum_jit  # called eagerly: one program instead of op-by-op dispatch
     k, pk = spectrum(field, field2, bins=bins, mesh=mesh, deferred=plan.deferred)
     return k, (pk[..., 0, :] if scalar else pk)
@@ -488,7 +489,7 @@ def _check_same_sharding(field, field2) -> None:
     """Two concrete fields on different meshes or in different shardings: refused (the second
     would be resharded, or not run at all, silently).  Traced fields are not compared (their
     types need not show the shardings they will have)."""
-    if _is_tracer(field) or _is_tracer(field2):
+    if is_tracer(field) or is_tracer(field2):
         return
     s1, s2 = _known_sharding(field), _known_sharding(field2)
     if s1 is None or s2 is None:

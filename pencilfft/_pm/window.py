@@ -4,7 +4,7 @@ A window of support s spreads a particle at position p (in grid units; cell c's 
 integer c) over the s cells base, ..., base + s - 1 with base = floor(p + 1 - s/2), and the
 weight of cell base + j is a polynomial in u = p + 1 - s/2 - base, in [0, 1).  Written this way
 (not as W(p - cell)) every window is one formula per cell with no branches, which is what the
-pure-JAX code and the CPU kernel (`csrc/paint.cc`, the same polynomials) both evaluate, and the
+pure-JAX code and the CPU kernel (`paint.cc`, the same polynomials) both evaluate, and the
 derivative with respect to p is the derivative in u.  CIC is JaxPM's `cic_paint` (1 - |d|); the
 others are the B-splines of orders 1-4 (pmesh's and nbodykit's "nnb", "cic", "tsc", "pcs").
 

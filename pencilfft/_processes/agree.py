@@ -21,7 +21,7 @@ from collections import defaultdict
 
 import jax
 
-from ._jax_private import distributed_client  # noqa: F401 - the tests look it up here
+from .._jax_private import distributed_client  # noqa: F401 - the tests look it up here
 
 __all__ = ["least", "TIMEOUT_S"]
 

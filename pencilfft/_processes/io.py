@@ -34,9 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, Sharding
 
-from ._decomposition import check_batch, check_mesh, mesh_axes, split_problem
-from ._memory import MemoryLimitError, check_load
-from ._sharding import real_space_sharding
+from .._decomposition.rules import check_batch, check_mesh, mesh_axes, split_problem
+from .._decomposition.sharding import real_space_sharding
+from .memory import MemoryLimitError, check_load
 
 __all__ = ["scatter", "gather", "save", "load"]
 

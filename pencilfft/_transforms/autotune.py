@@ -16,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType
 
-from . import _memory
-from ._exchange import local as _local_exchange, mixed as _mixed_exchange, mpi as _mpi_exchange
-from ._decomposition import fits, process_grids
-from ._fft import pfft3d, pifft3d, pirfft3d, prfft3d
-from ._measure import median_time
-from ._plan import EXCHANGES
-from ._sharding import LAYOUTS, real_space_sharding
+from .._decomposition.rules import fits, process_grids
+from .._decomposition.sharding import LAYOUTS, real_space_sharding
+from .._exchange import local as _local_exchange, mixed as _mixed_exchange, mpi as _mpi_exchange
+from .._measure import median_time
+from .._processes import memory as _memory
+from .fft import pfft3d, pifft3d, pirfft3d, prfft3d
+from .plan import EXCHANGES
 
 __all__ = ["autotune", "Tuning"]
 

@@ -20,7 +20,7 @@ mesh (a slab is the same chain with a one-device exchange, which is a local move
 Where the sizes differ (real-to-complex first stage, padding, X != Y in the transposed layout)
 a stage writes its pieces into a new output block instead: 2 blocks plus pieces.  The FFTs of
 the natural chain run along strided axes (XLA transposes each piece around them), and each piece
-is a loop step with a smaller exchange: on GPUs the unchunked chain (`_stages.forward_stages`)
+is a loop step with a smaller exchange: on GPUs the unchunked chain (`stages.forward_stages`)
 should be the fast one; on CPUs a piece that stays in cache made chunks=8 faster at 256^3
 (benchmarks/RESULTS.md "Chunked stages").
 """
@@ -29,18 +29,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import operator
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
-from ._stages import Exchange, Stage, _fft, _pad, run_backward, run_forward
+from .plan import Plan
+from .stages import (Exchange, Stage, fft_stages, forward_stages, pad_stages, run_backward,
+                     run_forward)
 
-if TYPE_CHECKING:
-    from ._plan import Plan
-
-__all__ = ["Chunked", "chunked_stages", "check_chunks", "in_place"]
+__all__ = ["Chunked", "chunked_stages", "in_place", "stages_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,18 +111,18 @@ def _groups(plan: Plan) -> tuple[tuple[tuple[Stage, ...], int, int], ...]:
     yc = plan.modes[1]
     if plan.layout == "transposed":
         return (
-            (_fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp)
+            (fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp)
              + (Exchange(name_b, pb, 3, 2, (0, 1, 3, 2), alg_b),), 1, 1),  # (B, x, z, Y)
-            (_fft(plan, (3,), (1,)) + _pad(3, yc, plan.yp)
+            (fft_stages(plan, (3,), (1,)) + pad_stages(3, yc, plan.yp)
              + (Exchange(name_a, pa, 3, 1, (0, 3, 2, 1), alg_a),), 2, 2),  # (B, y', z, X)
-            (_fft(plan, (3,), (0,)), 1, 1),
+            (fft_stages(plan, (3,), (0,)), 1, 1),
         )
     return (
-        (_fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp)
+        (fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp)
          + (Exchange(name_b, pb, 3, 2, (0, 1, 2, 3), alg_b),), 1, 1),  # (B, x, Y, z)
-        (_fft(plan, (2,), (1,)) + _pad(2, yc, plan.yp)
+        (fft_stages(plan, (2,), (1,)) + pad_stages(2, yc, plan.yp)
          + (Exchange(name_a, pa, 2, 1, (0, 1, 2, 3), alg_a),), 3, 3),  # (B, X, y', z)
-        (_fft(plan, (1,), (0,)), 2, 2),
+        (fft_stages(plan, (1,), (0,)), 2, 2),
     )
 
 
@@ -148,18 +145,7 @@ def chunked_stages(plan: Plan) -> tuple[Chunked, ...]:
                  for stages, cut_in, cut_out in _groups(plan))
 
 
-def check_chunks(chunks) -> int | str:
-    """`chunks` as an int >= 1 or "auto"."""
-    if isinstance(chunks, str):
-        if chunks != "auto":
-            raise ValueError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks!r}")
-        return chunks
-    try:
-        if isinstance(chunks, bool):  # operator.index(True) is 1
-            raise TypeError
-        chunks = operator.index(chunks)
-    except TypeError:
-        raise TypeError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks!r}") from None
-    if chunks < 1:
-        raise ValueError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks}")
-    return chunks
+def stages_of(plan: Plan) -> tuple[Stage, ...]:
+    """The forward transform's stages on a per-device block, chunked or not (`plan.chunks`);
+    the backward transform walks them reversed."""
+    return forward_stages(plan) if plan.chunks == 1 else chunked_stages(plan)

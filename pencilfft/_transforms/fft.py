@@ -9,8 +9,8 @@ y' = Yp/Pa):
                                                           (B, X, y', z)   natural (one more move)
 
 Every FFT runs over the last, contiguous axis.  A slab (Pb == 1) does one 2-D FFT over (Y, Z)
-and a single exchange.  The path is the plan's stage list (`_stages.py`), which also runs it:
-forward in order, backward reversed with each stage's inverse; `_partitioned.run` places it
+and a single exchange.  The path is the plan's stage list (`stages.py`), which also runs it:
+forward in order, backward reversed with each stage's inverse; `partitioned.run` places it
 in shard_map, on one device or in the compiler-partitioned primitive.
 """
 from __future__ import annotations
@@ -19,10 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._plan import Plan, _is_tracer, plan_backward, plan_forward
-from ._partitioned import Transform, run
-from ._memory import fit_chunks
-from ._exchange import ALGORITHMS
+from .._decomposition.mesh import is_tracer
+from .._exchange import ALGORITHMS
+from .budget import fit_chunks
+from .partitioned import Transform, run
+from .plan import Plan, plan_backward, plan_forward
 
 CHUNKS_DEFAULT = "auto"
 
@@ -30,11 +31,11 @@ __all__ = ["pfft3d", "pifft3d", "prfft3d", "pirfft3d", "ptransform3d", "pitransf
 
 
 def _run(plan: Plan, forward: bool, x) -> jax.Array:
-    """The transform of `plan` on x: one runner (`_partitioned.run`) for the three paths (one
+    """The transform of `plan` on x: one runner (`partitioned.run`) for the three paths (one
     device, mesh known, mesh left to the compiler), each running the plan's stages."""
     plan = fit_chunks(plan, forward, x)  # too big for the devices? before XLA
     if plan.mesh is None:
-        if _is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
+        if is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
             _check_traced_without_mesh(plan.exchanges)
         else:
             _check_one_device(x)
@@ -71,7 +72,7 @@ def _refuse_placeholder(x, argname: str) -> None:
 
 
 def _cast(x, dtype):
-    return x.astype(dtype) if isinstance(x, jax.Array) or _is_tracer(x) else np.asarray(x, dtype)
+    return x.astype(dtype) if isinstance(x, jax.Array) or is_tracer(x) else np.asarray(x, dtype)
 
 
 def _forward(x, kinds, norm, padding, layout, mesh, exchange, chunks) -> jax.Array:
@@ -284,7 +285,7 @@ def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
 _CHUNKS_DOC = """chunks: an int >= 1 or "auto" (default): each stage (FFT, exchange, local moves)
         runs in this many pieces, each written back in place, so that a device holds about
         1 + 2/chunks blocks (donated input) or 2 + 2/chunks (input kept) instead of 3-4
-        (`_chunks.py`; docs/howto/memory.md: the time it costs or saves).  The same values.
+        (`chunks.py`; docs/howto/memory.md: the time it costs or saves).  The same values.
         "auto" is 1 unless the memory check finds that the unchunked transform does not fit
         (then the fewest pieces of 2, 4, ..., 64 that fit, under jax.jit even if the input
         is not donated); 1 under jax.jit with no mesh in scope."""

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from ._plan import plan_backward, three_numbers
+from .plan import plan_backward, three_numbers
 
-__all__ = ["fftfreq3d", "rfftfreq3d", "wavenumbers3d"]
+__all__ = ["fftfreq3d", "rfftfreq3d", "wavenumbers", "wavenumbers3d"]
 
 
 def _spacings(d) -> tuple[float, float, float]:
@@ -67,7 +67,7 @@ def _make_vectors(*, plan, lengths, spacings):
             start = jax.lax.axis_index(name) * local if name is not None else 0
             g = start + jnp.arange(local)
             n_valid = n_true // 2 + 1 if kind == "rfft" else n_true
-            v = jnp.where(g < n_valid, _wavenumbers(kind, g, n_true, d), 0)
+            v = jnp.where(g < n_valid, wavenumbers(kind, g, n_true, d), 0)
             shape3 = [1, 1, 1]
             shape3[pos] = local
             out.append(v.astype(fdtype).reshape(shape3))
@@ -78,7 +78,7 @@ def _make_vectors(*, plan, lengths, spacings):
     return jax.shard_map(block, mesh=plan.mesh, in_specs=(), out_specs=tuple(specs))()
 
 
-def _wavenumbers(kind: str, m, n: int, d: float):
+def wavenumbers(kind: str, m, n: int, d: float):
     """The angular wavenumber of mode m of an n-point transform of `kind` with spacing d: the
     k of its basis function (cos(k x) or sin(k x) for the DCTs and DSTs, on the grid each type
     samples: nodes n*d for types 1 and 3, cell centres (n + 1/2)*d for types 2 and 4)."""

@@ -1,13 +1,13 @@
 """Every local FFT as one primitive, run by FFTW on CPU devices (the `fftw` extra), else by XLA.
 
 `fft(x, fft_type, axes, norm, sizes)` and `r2r(x, kind, axis, norm, forward)` are what the
-stages (`_stages.Fft`) call on their per-device blocks.  They bind `local_fft_p`
+stages (`stages.Fft`) call on their per-device blocks.  They bind `local_fft_p`
 ("pencilfft_local_fft"), whose params say everything about the transform:
 
-* on CPU it lowers to a custom call of `csrc/fftw.cc` (FFTW's guru interface: transformed axes
+* on CPU it lowers to a custom call of `fftw.cc` (FFTW's guru interface: transformed axes
   anywhere, the others "howmany" dimensions, so no transposes; the norm is applied inside);
 * on every other platform, and on CPU when the kernel is unavailable, it lowers to exactly the
-  jnp.fft (or `_r2r`) code the stages ran before, so programs for GPUs are today's;
+  jnp.fft (or `r2r`) code the stages ran before, so programs for GPUs are today's;
 * it is linear: its jvp is itself and its transpose is another `local_fft_p` (jax's lax.fft
   rules, with the norm carried along), its batching rule adds a leading howmany axis, and its
   abstract value keeps the input's sharding and varying axes (Explicit meshes, shard_map).
@@ -17,10 +17,10 @@ PENCILFFT_FFT_KERNEL = "auto" (default: FFTW where the `fftw` extra is installed
 where it is not), "fftw" (FFTW, and a warning when it cannot be had) or "xla" (the primitive is
 not even bound: the programs are exactly those without the kernel); PENCILFFT_FFTW_PLANNER =
 "measure" (default, see `PLANNERS`) or "estimate"; PENCILFFT_FFTW_HUGE_PAGES = "1" (default: the
-kernel asks for transparent huge pages on its large output buffers, csrc/fftw.cc `HugePages`)
-or "0"; PENCILFFT_THREADS (`_threads`: the cores of the process, default its affinity, shared
+kernel asks for transparent huge pages on its large output buffers, fftw.cc `HugePages`)
+or "0"; PENCILFFT_THREADS (`_native.threads`: the cores of the process, default its affinity, shared
 by its CPU devices: each call runs FFTW's threaded plans on `_threads.threads_per_device()`
-threads, baked into the program when it is lowered); PENCILFFT_MALLOC (`_malloc`, applied when
+threads, baked into the program when it is lowered); PENCILFFT_MALLOC (`_native.malloc`, applied when
 the first CPU program is lowered).  A kernel that fails to build or load falls
 back to XLA's FFT with one warning per process, never an error.
 
@@ -43,7 +43,8 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _malloc, _native, _r2r, _threads
+from .._native import build as _native, malloc as _malloc, threads as _threads
+from . import r2r as _r2r
 
 __all__ = ["fft", "r2r", "kernel", "describe", "plan_count", "local_fft_p", "TARGET"]
 
@@ -140,7 +141,7 @@ def _library():
     """The built, registered kernel library, or why it cannot be had (a string)."""
     try:
         folder, libs = fftw_libraries()
-        lib = _native.register(_native.load("fftw", library_dirs=[folder], link=libs),
+        lib = _native.register(_native.load(pathlib.Path(__file__).with_name("fftw.cc"), library_dirs=[folder], link=libs),
                                {TARGET: "PencilfftFftw"})
     except (_native.BuildError, AttributeError, OSError) as e:
         return str(e)
@@ -176,7 +177,7 @@ def _scale(norm: str, n: int, forward: bool) -> float:
 
 def _xla_fft(x, *, fft_type: str, axes: tuple[int, ...], norm: str, sizes: tuple[int, ...],
              kind: str | None = None, order: tuple[int, ...] | None = None):
-    """What the stages ran before the kernel: jnp.fft's n-dimensional calls, `_r2r`'s forward,
+    """What the stages ran before the kernel: jnp.fft's n-dimensional calls, `r2r`'s forward,
     then the output's axes in `order` (None: as they are)."""
     y = _xla_fft_only(x, fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind)
     return y if order is None else jnp.transpose(y, order)
@@ -195,7 +196,7 @@ def _xla_fft_only(x, *, fft_type, axes, norm, sizes, kind):
 
 
 def _configure_malloc_on_cpu() -> None:
-    """The allocator settings (`_malloc`) where the primitive, whose CPU lowering makes them,
+    """The allocator settings (`_native.malloc`) where the primitive, whose CPU lowering makes them,
     is not bound: with XLA's kernel, the fresh buffers fault just the same."""
     if jax.default_backend() == "cpu":
         _malloc.configure()
@@ -239,8 +240,8 @@ def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
 def r2r(x: jax.Array, kind: str, axis: int, norm: str, forward: bool) -> jax.Array:
     """scipy.fft.dct/dst (forward) or idct/idst of kind 'dct<t>'/'dst<t>' along `axis`."""
     if not forward:  # scipy: the inverse is the inverse type with the opposite norm
-        kind, norm = _r2r._INVERSE_KIND[kind], _r2r._INVERSE_NORM[norm]
-    _r2r._check(kind, norm)
+        kind, norm = _r2r.INVERSE_KIND[kind], _r2r.INVERSE_NORM[norm]
+    _r2r.check(kind, norm)
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         x = x.astype(float)
@@ -316,15 +317,15 @@ def _transpose(ct, x, *, fft_type, axes, norm, sizes, kind, order):
     # r2r, D = (c/co) diag(g/go) O diag(h/ho) with O the orthogonal ("ortho") kind, whose
     # transpose is its inverse: D^T = (c/co) diag(h/ho) O^-1 diag(g/go).
     axis, n = axes[0], sizes[0]
-    c, h, g = _r2r._weights(kind, n, norm)
-    co, ho, go = _r2r._weights(kind, n, "ortho")
+    c, h, g = _r2r.weights(kind, n, norm)
+    co, ho, go = _r2r.weights(kind, n, "ortho")
     shape = [1] * ct.ndim
     shape[axis] = n
     real = ct.real.dtype
     if not np.allclose(g, go):
         ct = ct * jnp.asarray((g / go).reshape(shape), real)
     out = local_fft_p.bind(ct, fft_type="r2r", axes=axes, norm="ortho", sizes=sizes,
-                           kind=_r2r._INVERSE_KIND[kind], order=None)
+                           kind=_r2r.INVERSE_KIND[kind], order=None)
     return (out * jnp.asarray((c / co * h / ho).reshape(shape), real),)
 
 
@@ -366,8 +367,8 @@ def _fftw(x, *, fft_type, axes, norm, sizes, kind, order):
     # FFTW's REDFT/RODFT are scipy's kinds under norm="backward" (2 sum h_n x_n trig, h the
     # half-weighted ends); other norms: y = c g_k sum h_n x_n trig = (c g_k / 2) FFTW(x h / h_b).
     axis = axes[0]
-    c, h, g = _r2r._weights(kind, sizes[0], norm)
-    _, hb, _ = _r2r._weights(kind, sizes[0], "backward")
+    c, h, g = _r2r.weights(kind, sizes[0], norm)
+    _, hb, _ = _r2r.weights(kind, sizes[0], "backward")
     shape = [1] * x.ndim
     shape[axis] = sizes[0]
     real = x.real.dtype

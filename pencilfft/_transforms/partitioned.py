@@ -1,7 +1,7 @@
 """Transforms whose mesh is decided by the compiler (jit on Auto meshes, no mesh in scope).
 
 Under `jax.jit`, an array sharded over a mesh with `AxisType.Auto` axes carries no mesh in its
-traced type, so the planner (`_plan.find_mesh`) finds none.  Tracing the one-device transform
+traced type, so the planner (`_decomposition.mesh.find_mesh`) finds none.  Tracing the one-device transform
 would then let XLA's partitioner gather the whole grid onto every device.  Instead the transform
 is staged out as one primitive whose lowering is a `custom_partitioning` call: when XLA
 partitions the program it hands us the input's sharding (and so the mesh), and we return the
@@ -37,13 +37,15 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import Mesh, NamedSharding
 
-from . import _exchange
-from ._jax_private import needs_devices_when_lowered
-from ._decomposition import check_batch
-from ._plan import Plan, _is_tracer, check_k_shape, has_explicit_axes
-from ._stages import run_backward, run_forward
+from .. import _exchange
+from .._decomposition.mesh import has_explicit_axes, is_tracer
+from .._decomposition.rules import check_batch
+from .._jax_private import needs_devices_when_lowered
+from .chunks import stages_of
+from .plan import Plan, check_k_shape
+from .stages import run_backward, run_forward
 
-__all__ = ["LinearOp", "Transform", "apply", "place", "run", "with_mesh"]
+__all__ = ["LinearOp", "Transform", "apply", "place", "run", "tile", "with_mesh"]
 
 
 class LinearOp:
@@ -85,7 +87,7 @@ class LinearOp:
         return self.primal_local(x)
 
     # A mesh with batch axes that the caller named (mesh=, jax.set_mesh, an Explicit type) while
-    # the traced input had too few leading axes for them (`_plan.batch_mesh`): under vmap the
+    # the traced input had too few leading axes for them (`_decomposition.mesh.batch_mesh`): under vmap the
     # batching rule adds the axis before anything runs; otherwise running it on one device
     # would ignore that mesh, so `check_local` refuses it.
     deferred: Any = None
@@ -101,7 +103,7 @@ class LinearOp:
         body, in_spec, out_spec = self.primal_on_mesh(mesh)
         in_sharding, out_sharding = NamedSharding(mesh, in_spec), NamedSharding(mesh, out_spec)
         if self.transposed:
-            block = jax.ShapeDtypeStruct(_tile(self.primal_in.shape, in_spec, mesh),
+            block = jax.ShapeDtypeStruct(tile(self.primal_in.shape, in_spec, mesh),
                                          self.primal_in.dtype)
             body = _transposed(body, block)
             in_sharding, out_sharding = out_sharding, in_sharding
@@ -164,7 +166,7 @@ class Transform(LinearOp):
     def body(self, plan: Plan) -> Callable:
         """The per-device map of `plan`'s stages in this direction (global on one device)."""
         run = run_forward if self.forward else run_backward
-        return functools.partial(run, plan.stages)
+        return functools.partial(run, stages_of(plan))
 
     def primal_local(self, x: jax.Array) -> jax.Array:
         return self.body(self.plan)(x)
@@ -196,7 +198,7 @@ def _transposed(f: Callable, primal: jax.ShapeDtypeStruct) -> Callable:
     return lambda ct: jax.linear_transpose(f, primal)(ct)[0]
 
 
-def _tile(shape, spec, mesh) -> tuple[int, ...]:
+def tile(shape, spec, mesh) -> tuple[int, ...]:
     """Per-device block shape of a global shape under `spec` (ceil, as XLA tiles uneven axes)."""
     spec = tuple(spec) + (None,) * (len(shape) - len(spec))
     return tuple(-(-n // (mesh.shape[name] if name is not None else 1))
@@ -350,7 +352,7 @@ def apply(t: LinearOp, x: Any) -> jax.Array:
 
 def place(x, sharding: NamedSharding):
     """x (a global array, numpy or jax, concrete or traced) in `sharding`."""
-    if not _is_tracer(x):
+    if not is_tracer(x):
         if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
             return x
         return jax.device_put(x, sharding)
@@ -364,7 +366,7 @@ def run(t: LinearOp, x, mesh) -> jax.Array:
     primitive for a traced x and on its one device for a concrete one (the caller refuses a
     concrete array spread over several devices with no mesh to read)."""
     if mesh is None:
-        return apply(t, x) if _is_tracer(x) else _local(jnp.asarray(x), t=t)
+        return apply(t, x) if is_tracer(x) else _local(jnp.asarray(x), t=t)
     _, in_sharding, _ = t.on_mesh(mesh)  # validates the sizes at the call
     x = place(x, in_sharding)
     return _on_mesh(x, t=t, mesh=mesh)

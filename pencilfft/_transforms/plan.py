@@ -1,7 +1,7 @@
 """Static planning: which mesh, which axes are split at each stage, padding, shapes and specs.
 
 Nothing here traces jax code: a `Plan` is built from shapes, dtypes and the mesh alone, and the
-traced transform (`_fft.py`) only follows it.  All user-input validation lives here so that bad
+traced transform (`fft.py`, `partitioned.py`) only follows it.  All user-input validation lives here so that bad
 input fails at the call with a message naming the argument, never inside XLA.
 
 Naming: a real-space array has global shape (..., X, Y, Z) and is split P(a, b) over (X, Y)
@@ -20,18 +20,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec as P
 
-from . import _exchange
-from ._decomposition import (batch_axes, check_batch, check_mesh, check_split, mesh_axes,
-                             round_up, split_problem)
-from ._jax_private import legacy_mesh
-from ._sharding import LAYOUTS, k_space_spec, real_space_spec
-from . import _r2r
-from ._chunks import check_chunks, chunked_stages
-from ._stages import FFT_KINDS, KINDS, Stage, forward_stages
+from .. import _exchange
+from .._decomposition.mesh import batch_mesh, find_mesh, is_tracer, typed_mesh
+from .._decomposition.rules import (check_batch, check_mesh, check_split, mesh_axes, round_up,
+                                    split_problem)
+from .._decomposition.sharding import LAYOUTS, k_space_spec, real_space_spec
+from . import r2r as _r2r
 
 NORMS = ("backward", "ortho", "forward")
+FFT_KINDS = ("fft", "rfft")  # Fourier kinds: complex output, padding (dealiasing) allowed
+KINDS = FFT_KINDS + _r2r.KINDS  # every per-axis transform kind (`stages.Fft`)
 EXCHANGES, PAIRWISE_MIN_BYTES = _exchange.EXCHANGES, _exchange.PAIRWISE_MIN_BYTES
 
 
@@ -50,7 +50,7 @@ class Plan:
     pdims: tuple[int, int]  # (Pa, Pb): sizes of those axes (1 where absent)
     batch: tuple[int, ...]  # leading axes
     real_shape: tuple[int, int, int]  # (X, Y, Z)
-    kinds: tuple[str, str, str]  # the transform along X, Y, Z (`_stages.KINDS`)
+    kinds: tuple[str, str, str]  # the transform along X, Y, Z (`KINDS`)
     modes: tuple[int, int, int]
     layout: str
     norm: str
@@ -67,8 +67,8 @@ class Plan:
     # shape, evenly split, as where the mesh is known.  `bind` checks the partitioner's mesh
     # against it.  None: the plan's own `pdims`.
     padded_for: tuple[int, int] | None = None
-    # Pieces each stage runs in (`_chunks.py`); 1: the unchunked chain.  `chunks_asked` is the
-    # argument ("auto" is resolved to a count by the memory check, `_memory.fit_chunks`).
+    # Pieces each stage runs in (`chunks.py`); 1: the unchunked chain.  `chunks_asked` is the
+    # argument ("auto" is resolved to a count by the memory check, `budget.fit_chunks`).
     chunks: int = 1
     chunks_asked: int | str = 1
 
@@ -128,11 +128,6 @@ class Plan:
         return (self.modes[d] / self.real_shape[d]) ** power
 
     @property
-    def stages(self) -> tuple[Stage, ...]:
-        """The forward transform's stages on a per-device block; backward walks them reversed."""
-        return forward_stages(self) if self.chunks == 1 else chunked_stages(self)
-
-    @property
     def real_spec(self) -> P:
         return _spec_for(self, real_space_spec)
 
@@ -166,52 +161,7 @@ def _spec_for(plan: Plan, make) -> P:
 
 
 # ----------------------------------------------------------------------------------------------
-# Mesh discovery
-
-
-def _is_tracer(x) -> bool:
-    return isinstance(x, jax.core.Tracer)
-
-
-def has_explicit_axes(mesh) -> bool:
-    return any(t == AxisType.Explicit for t in mesh.axis_types)
-
-
-def find_mesh(x, mesh):
-    """The mesh to run on, in order: `mesh`, x's NamedSharding, x's type (Explicit axes under
-    jit), the ambient mesh (`jax.set_mesh`).  None when there is none (a local transform)."""
-    if mesh is not None:
-        return check_mesh(mesh)
-    if not _is_tracer(x):
-        sharding = getattr(x, "sharding", None)
-        if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
-            return check_mesh(sharding.mesh)
-    else:
-        # A tracer's type names its mesh; only Explicit axes also name the split, so only then
-        # is it the mesh to run on (an Auto one is the partitioner's: `typed_mesh`).
-        typed = typed_mesh(x)
-        if typed is not None and has_explicit_axes(typed):
-            return check_mesh(typed)
-    ambient = jax.sharding.get_abstract_mesh()
-    if ambient is not None and not ambient.empty:
-        return check_mesh(ambient)
-    legacy = legacy_mesh()
-    if legacy is not None:
-        return check_mesh(legacy)
-    return None
-
-
-def typed_mesh(x):
-    """The Auto mesh in a traced x's type (under jit with nothing in scope, an argument sharded
-    over an Auto mesh carries its abstract mesh, axis names and sizes, with an empty spec), or
-    None.  The transform is still left to the partitioner (the spec is unknown, and the
-    concrete devices too), but its k-space padding can be planned for these sizes."""
-    if not _is_tracer(x):
-        return None
-    sharding = getattr(jax.typeof(x), "sharding", None)
-    if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
-        return sharding.mesh
-    return None
+# The mesh
 
 
 def _padded_for(x, mesh, deferred) -> tuple[int, int] | None:
@@ -222,17 +172,6 @@ def _padded_for(x, mesh, deferred) -> tuple[int, int] | None:
     if typed is None or len(typed.axis_names) == 0:
         return None
     return mesh_axes(typed)[1]
-
-
-def _current_spec(x):
-    """x's PartitionSpec if known statically (concrete array or Explicit type), else None."""
-    if not _is_tracer(x):
-        sharding = getattr(x, "sharding", None)
-    else:
-        sharding = getattr(jax.typeof(x), "sharding", None)
-    if isinstance(sharding, NamedSharding):
-        return tuple(sharding.spec) + (None,) * (np.ndim(x) - len(sharding.spec))
-    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -266,32 +205,14 @@ def _float_dtype(cdtype):
     return np.dtype(np.float64 if np.dtype(cdtype) == np.complex128 else np.float32)
 
 
-def batch_mesh(x, shape, mesh, argname: str) -> tuple[Any, Any]:
-    """(mesh, None), or (None, mesh) where its batch axes must be left to XLA's partitioner.
-
-    A mesh (c, ..., a, b) splits one leading axis of the array per batch axis c, ....  Under
-    `jax.vmap` the transform sees each field without the batch axis that vmap maps (and that
-    the mesh splits); planning on the mesh there would let shard_map gather that axis.  So a
-    traced array with too few leading axes takes the compiler-partitioned path, which sees the
-    batched array and its sharding when XLA partitions it (and says so if it cannot carry them);
-    a concrete one is refused here.
-    """
-    if mesh is None or not batch_axes(mesh)[0]:
-        return mesh, None
-    if _is_tracer(x) and len(shape) - 3 < len(batch_axes(mesh)[0]):
-        return None, mesh
-    check_batch(shape, mesh, argname)
-    return mesh, None
-
-
-def _check_array(x, argname: str) -> tuple[int, ...]:
+def check_array(x, argname: str) -> tuple[int, ...]:
     """x's shape, for an array (jax, numpy or a tracer) with at least 3 non-empty axes."""
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
         raise TypeError(
             f"`{argname}` must be an array (jax.Array or numpy.ndarray), as for jnp.fft.fftn; "
             f"got {type(x).__name__}"
         )
-    if isinstance(x, jax.Array) and not _is_tracer(x) and x.is_deleted():
+    if isinstance(x, jax.Array) and not is_tracer(x) and x.is_deleted():
         raise ValueError(
             f"`{argname}` has been deleted (was it donated to an earlier call, e.g. "
             f"jax.jit(pfft3d, donate_argnums=0)?); pass a live array"
@@ -328,7 +249,7 @@ def _platform(mesh) -> str:
 
 
 def check_kinds(kinds, real: bool = False) -> tuple[str, str, str]:
-    """`kinds` as a 3-tuple of `_stages.KINDS` names for (X, Y, Z); None: "fft" on every axis
+    """`kinds` as a 3-tuple of `KINDS` names for (X, Y, Z); None: "fft" on every axis
     ("rfft" along Z for `real`)."""
     if kinds is None:
         return ("fft", "fft", "rfft" if real else "fft")
@@ -347,6 +268,23 @@ def check_kinds(kinds, real: bool = False) -> tuple[str, str, str]:
                              f"only (kinds[2]), the first axis transformed, where the data are "
                              f"still real; use 'fft' here")
     return kinds
+
+
+def check_chunks(chunks) -> int | str:
+    """`chunks` as an int >= 1 or "auto"."""
+    if isinstance(chunks, str):
+        if chunks != "auto":
+            raise ValueError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks!r}")
+        return chunks
+    try:
+        if isinstance(chunks, bool):  # operator.index(True) is 1
+            raise TypeError
+        chunks = operator.index(chunks)
+    except TypeError:
+        raise TypeError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks!r}") from None
+    if chunks < 1:
+        raise ValueError(f"`chunks` must be an int >= 1 or 'auto'; got {chunks}")
+    return chunks
 
 
 def _as_tuple(v) -> tuple:
@@ -450,7 +388,7 @@ def _checked_args(x, argname: str, *, norm, layout, kinds, real, padding, chunks
     kinds = check_kinds(kinds, real)
     padding = check_padding(padding, kinds)
     chunks = check_chunks(chunks)
-    return kinds, padding, chunks, _check_array(x, argname)
+    return kinds, padding, chunks, check_array(x, argname)
 
 
 def _placed(plan: Plan, mesh, deferred, padded_for, forward: bool, argname: str) -> Plan:
@@ -486,7 +424,7 @@ def plan_forward(x, *, norm, layout, mesh, real: bool = False, kinds=None, paddi
 
 def _with_chunks(plan: Plan, chunks: int | str) -> Plan:
     """`plan` cut into `chunks` pieces per stage ("auto": 1 until the memory check says
-    otherwise, `_memory.fit_chunks`)."""
+    otherwise, `budget.fit_chunks`)."""
     return dataclasses.replace(plan, chunks=1 if chunks == "auto" else chunks,
                                chunks_asked=chunks)
 

@@ -41,16 +41,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["KINDS", "forward", "backward", "min_length"]
+__all__ = ["KINDS", "INVERSE_KIND", "INVERSE_NORM", "forward", "backward", "check", "min_length",
+           "weights"]
 
 KINDS = ("dct1", "dct2", "dct3", "dct4", "dst1", "dst2", "dst3", "dst4")
 _NORMS = ("backward", "ortho", "forward")
-_INVERSE_KIND = {"dct1": "dct1", "dct2": "dct3", "dct3": "dct2", "dct4": "dct4",
-                 "dst1": "dst1", "dst2": "dst3", "dst3": "dst2", "dst4": "dst4"}
-_INVERSE_NORM = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
+INVERSE_KIND = {"dct1": "dct1", "dct2": "dct3", "dct3": "dct2", "dct4": "dct4",
+                "dst1": "dst1", "dst2": "dst3", "dst3": "dst2", "dst4": "dst4"}
+INVERSE_NORM = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
 
 
-def _check(kind: str, norm: str | None = None) -> None:
+def check(kind: str, norm: str | None = None) -> None:
+    """ValueError unless `kind` is a DCT/DST kind (and `norm` one of the norms)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}; got kind={kind!r}")
     if norm is not None and norm not in _NORMS:
@@ -59,7 +61,7 @@ def _check(kind: str, norm: str | None = None) -> None:
 
 def min_length(kind: str) -> int:
     """Shortest axis the kind accepts (2 for dct1, as scipy; 1 otherwise)."""
-    _check(kind)
+    check(kind)
     return 2 if kind == "dct1" else 1
 
 
@@ -68,7 +70,7 @@ def _period(kind: str, n: int) -> int:
     return n + {"dct1": -1, "dst1": 1}.get(kind, 0)
 
 
-def _weights(kind: str, n: int, norm: str) -> tuple[float, np.ndarray, np.ndarray]:
+def weights(kind: str, n: int, norm: str) -> tuple[float, np.ndarray, np.ndarray]:
     """Scale c, input weights h and output weights g (see the module docstring)."""
     m = _period(kind, n)
     c = {"backward": 2.0, "ortho": np.sqrt(2.0 / m), "forward": 1.0 / m}[norm]
@@ -234,7 +236,7 @@ def _last_axis(x: jax.Array, kind: str, norm: str) -> jax.Array:
     n = x.shape[-1]
     alternate = _const((-1.0) ** np.arange(n), x.real.dtype)
     if kind[3] in "23":
-        c, h, g = _weights("dct" + kind[3], n, norm)  # the DST weights are these, mirrored
+        c, h, g = weights("dct" + kind[3], n, norm)  # the DST weights are these, mirrored
         if kind == "dct2":
             return _dct2(x, c, g)
         if kind == "dst2":  # DST-II_k(x) = DCT-II_{N-1-k}((-1)^n x_n)
@@ -242,7 +244,7 @@ def _last_axis(x: jax.Array, kind: str, norm: str) -> jax.Array:
         if kind == "dct3":
             return _dct3(x, c, h)
         return _dct3(x[..., ::-1], c, h) * alternate  # DST-III_k(x) = (-1)^k DCT-III_k(x rev.)
-    c, h, g = _weights(kind, n, norm)
+    c, h, g = weights(kind, n, norm)
     if kind == "dct4":
         return _dct4(x, c)
     if kind == "dst4":  # DST-IV_k(x) = (-1)^k DCT-IV_k(x reversed)
@@ -254,7 +256,7 @@ def _last_axis(x: jax.Array, kind: str, norm: str) -> jax.Array:
 
 def forward(x: jax.Array, kind: str, axis: int, norm: str) -> jax.Array:
     """scipy.fft.dct(x, type=t, axis=axis, norm=norm) (or dst), for kind 'dct<t>' / 'dst<t>'."""
-    _check(kind, norm)
+    check(kind, norm)
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         x = x.astype(float)
@@ -272,6 +274,6 @@ def forward(x: jax.Array, kind: str, axis: int, norm: str) -> jax.Array:
 
 def backward(x: jax.Array, kind: str, axis: int, norm: str) -> jax.Array:
     """scipy.fft.idct(x, type=t, axis=axis, norm=norm) (or idst): the inverse of forward."""
-    _check(kind, norm)
+    check(kind, norm)
     # scipy: idct type t with norm is dct of the inverse type with the opposite norm.
-    return forward(x, _INVERSE_KIND[kind], axis, _INVERSE_NORM[norm])
+    return forward(x, INVERSE_KIND[kind], axis, INVERSE_NORM[norm])

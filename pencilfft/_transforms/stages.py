@@ -15,35 +15,29 @@ A slab over X (Pb == 1) replaces the first three stages with one 2-D `Fft` over 
 exchange over a; a slab over Y (Pa == 1) is a slab in cost too: Fft(Z), the exchange over b to
 (B, z, X, Y), one 2-D Fft over (X, Y) and one move to the layout (the pencil path would add a
 reordering over the size-1 axis; benchmarks/RESULTS.md "margin"); with the local exchange
-(`_local_exchange`, CPU devices of one process), which writes any order in its one pass, the
+(`_exchange.local`, CPU devices of one process), which writes any order in its one pass, the
 exchange writes the layout itself and the 2-D Fft runs on the strided axes there: no move.  One
 device runs one 3-D `Fft` (in the transposed layout writing (B, Y, Z, X) itself, its `order`;
 `Move(1, 3)` after it only where padding or truncation stages come between).
 
-Where to add a transform kind: a per-axis kind is a name in `KINDS` with its 1-D forward and
-inverse in `_one_axis` (or its own module, as `_r2r.py`), and an entry in the public API.
+Where to add a transform kind: a per-axis kind is a name in `plan.KINDS` with its 1-D forward
+and inverse in `_one_axis` (or its own module, as `r2r.py`), and an entry in the public API.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
-from . import _kernel, _r2r
-from ._transpose import transpose_blocks
-
-if TYPE_CHECKING:
-    from ._plan import Plan
-
-FFT_KINDS = ("fft", "rfft")  # Fourier kinds: complex output, padding (dealiasing) allowed
-KINDS = FFT_KINDS + _r2r.KINDS
+from . import kernel as _kernel
+from .plan import FFT_KINDS, Plan
+from .transpose import transpose_blocks
 
 
 def _one_axis(k: jax.Array, kind: str, axis: int, norm: str, forward: bool, size: int) -> jax.Array:
     """One 1-D transform of `kind` along `axis` (`size`: the real length, for irfft).  Every
-    local transform goes through `_kernel` (FFTW on CPU with the fftw extra, else XLA's)."""
+    local transform goes through `kernel` (FFTW on CPU with the fftw extra, else XLA's)."""
     if kind in FFT_KINDS:
         fft_type = {"fft": ("fft", "ifft"), "rfft": ("rfft", "irfft")}[kind][not forward]
         return _kernel.fft(k, fft_type, (axis,), norm, (size,))
@@ -224,7 +218,7 @@ class Pad:
 
 @dataclasses.dataclass(frozen=True)
 class Exchange:
-    """`_transpose.transpose_blocks` over mesh axis `axis_name` of size `n` with `algorithm`.
+    """`transpose.transpose_blocks` over mesh axis `axis_name` of size `n` with `algorithm`.
 
     The inverse exchange splits what was gathered, gathers what was split and undoes `order`."""
 
@@ -298,17 +292,19 @@ def _after(plan: Plan, axes: tuple[int, ...], dims: tuple[int, ...]) -> tuple[St
     return tuple(out)
 
 
-def _fft(plan: Plan, axes: tuple[int, ...], dims: tuple[int, ...]) -> tuple[Stage, ...]:
+def fft_stages(plan: Plan, axes: tuple[int, ...], dims: tuple[int, ...]) -> tuple[Stage, ...]:
+    """The transform of block `axes` (global dims `dims`) and the truncations after it."""
     if len(dims) > 1 and plan.kinds[dims[-1]] == "rfft" and plan.real_shape[2] != plan.modes[2]:
         # A padded half spectrum is truncated while X and Y are still in real space (see
         # `Truncate`): Z alone first.
-        return _fft(plan, axes[-1:], dims[-1:]) + _fft(plan, axes[:-1], dims[:-1])
+        return fft_stages(plan, axes[-1:], dims[-1:]) + fft_stages(plan, axes[:-1], dims[:-1])
     kinds = tuple(plan.kinds[d] for d in dims)
     sizes = tuple(plan.real_shape[d] for d in dims)
     return (Fft(axes, kinds, sizes, plan.norm),) + _after(plan, axes, dims)
 
 
-def _pad(axis: int, length: int, padded: int) -> tuple[Stage, ...]:
+def pad_stages(axis: int, length: int, padded: int) -> tuple[Stage, ...]:
+    """Zero-padding of block `axis` from `length` to `padded` (none where they are equal)."""
     return (Pad(axis, length, padded),) if padded != length else ()
 
 
@@ -320,7 +316,8 @@ def forward_stages(plan: Plan) -> tuple[Stage, ...]:
     if pa == pb == 1:  # one device: nothing to exchange, one 3-D transform
         # (padded all the same when planned for a mesh the partitioner has yet to give: the
         # same global shape wherever the program ends up)
-        stages = _fft(plan, (1, 2, 3), (0, 1, 2)) + _pad(2, yc, plan.yp) + _pad(3, plan.zc, plan.zp)
+        stages = (fft_stages(plan, (1, 2, 3), (0, 1, 2)) + pad_stages(2, yc, plan.yp)
+                  + pad_stages(3, plan.zc, plan.zp))
         if plan.layout != "transposed":
             return stages
         if len(stages) == 1 and stages[0].fourier is not None:
@@ -336,25 +333,25 @@ def forward_stages(plan: Plan) -> tuple[Stage, ...]:
             order, xy, dims = (0, 2, 3, 1), (1, 3), (1, 0)
         else:  # (B, X, Y, z)
             order, xy, dims = (0, 1, 2, 3), (1, 2), (0, 1)
-        return _fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp) + (
+        return fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp) + (
             Exchange(name_b, pb, split=3, gather=2, order=order, algorithm=alg_b),
-        ) + _fft(plan, xy, dims)
+        ) + fft_stages(plan, xy, dims)
     if pa == 1:  # slab over Y
-        stages = _fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp) + (
+        stages = fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp) + (
             Exchange(name_b, pb, split=3, gather=2, order=(0, 3, 1, 2), algorithm=alg_b),
-        ) + _fft(plan, (2, 3), (0, 1))  # (B, z, X, Y)
+        ) + fft_stages(plan, (2, 3), (0, 1))  # (B, z, X, Y)
         # One move to the layout: (B, Y, z, X) transposed, (B, X, Y, z) natural.
         return stages + ((Move(3, 1),) if plan.layout == "transposed" else (Move(1, 3),))
     if pb == 1:  # slab over X: one 2-D transform of the whole local (Y, Z) planes
-        stages = _fft(plan, (2, 3), (1, 2)) + _pad(2, yc, plan.yp) + (
+        stages = fft_stages(plan, (2, 3), (1, 2)) + pad_stages(2, yc, plan.yp) + (
             Exchange(name_a, pa, split=2, gather=1, order=(0, 2, 3, 1), algorithm=alg_a),
         )  # (B, y', Zc, X)
     else:
-        stages = _fft(plan, (3,), (2,)) + _pad(3, plan.zc, plan.zp) + (
+        stages = fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp) + (
             Exchange(name_b, pb, split=3, gather=2, order=(0, 1, 3, 2), algorithm=alg_b),
-        ) + _fft(plan, (3,), (1,)) + _pad(3, yc, plan.yp) + (  # (B, x, z, Y)
+        ) + fft_stages(plan, (3,), (1,)) + pad_stages(3, yc, plan.yp) + (  # (B, x, z, Y)
             Exchange(name_a, pa, split=3, gather=1, order=(0, 3, 2, 1), algorithm=alg_a),
         )  # (B, y', z, X)
-    stages += _fft(plan, (3,), (0,))
+    stages += fft_stages(plan, (3,), (0,))
     return stages + ((Move(3, 1),) if plan.layout == "natural" else ())  # natural: (B, X, y', z)
 

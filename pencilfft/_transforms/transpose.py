@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ._exchange import ALGORITHMS, PLAIN_ALLTOALL_MAX, local, mixed
+from .._exchange import ALGORITHMS, PLAIN_ALLTOALL_MAX, local, mixed
 
 
 def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, gather: int,

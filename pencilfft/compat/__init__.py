@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-from .._sharding import get_fft_output_sharding as _native_output_sharding
+from .._decomposition.sharding import get_fft_output_sharding as _native_output_sharding
 from . import _src, fft, halo, transpose
 from ._config import HaloCommBackend, PencilType, TransposeCommBackend, config
 from ._config import layout as _current_layout

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _fft, _freq
+from .._transforms import fft as _fft, freq as _freq
 from ._config import layout
 
 __all__ = ["fftfreq3d", "pfft3d", "pifft3d", "pirfft3d", "prfft3d", "rfftfreq3d"]

@@ -6,7 +6,7 @@ gradient is the exchange's adjoint (jaxdecomp's applies the exchange again).
 """
 from __future__ import annotations
 
-from .._halo import exchange_halos
+from .._pm.halo import exchange_halos
 from .fft import check_backend
 
 __all__ = ["halo_exchange"]

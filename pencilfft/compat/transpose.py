@@ -30,11 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from .._decomposition import check_batch, mesh_axes
-from .._partitioned import LinearOp, run
-from .._plan import _check_array, batch_mesh, find_mesh
-from .._sharding import real_space_spec
-from .._transpose import transpose_blocks
+from .._decomposition.mesh import batch_mesh, find_mesh
+from .._decomposition.rules import check_batch, mesh_axes
+from .._decomposition.sharding import real_space_spec
+from .._transforms.partitioned import LinearOp, run
+from .._transforms.plan import check_array
+from .._transforms.transpose import transpose_blocks
 from ._config import config
 from .fft import check_backend
 
@@ -74,7 +75,7 @@ class Transpose(LinearOp):
     dtype: Any
     kind: str
     contiguous: bool
-    deferred: Any = None  # see _plan.batch_mesh
+    deferred: Any = None  # see _decomposition.mesh.batch_mesh
     transposed: bool = False
 
     @property
@@ -139,7 +140,7 @@ class Transpose(LinearOp):
 
 def _transpose(x, kind: str, backend: str) -> jax.Array:
     check_backend(backend)
-    shape = _check_array(x, "x")
+    shape = check_array(x, "x")
     mesh, deferred = batch_mesh(x, shape, find_mesh(x, None), "x")
     op = Transpose(shape, np.dtype(x.dtype), kind, config.transpose_axis_contiguous, deferred)
     if mesh is None and not isinstance(x, jax.core.Tracer):

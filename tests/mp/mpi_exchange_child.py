@@ -194,7 +194,7 @@ def shared_function(mesh, a, b, report: dict) -> None:
 def power(mesh, report: dict) -> None:
     """power_spectrum's reduction through MPI (what "auto" does here) against psum's (gloo):
     values, grad, and the compiled program (our sums, no XLA all-reduce)."""
-    from pencilfft import _power
+    from pencilfft._pm import power as _power
 
     rng = np.random.default_rng(3)
     g = rng.standard_normal((8, 12, 10)).astype(np.float32)
@@ -219,7 +219,7 @@ def power(mesh, report: dict) -> None:
 
 def halos(mesh, report: dict) -> None:
     """halo_exchange's sends through MPI (what "auto" does here) against ppermute's (gloo)."""
-    from pencilfft import _halo
+    from pencilfft._pm import halo as _halo
 
     rng = np.random.default_rng(2)
     g = rng.standard_normal((8, 12, 6)).astype(np.float32)

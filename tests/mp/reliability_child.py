@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 import pencilfft
-from pencilfft import _io
+from pencilfft._processes import io as _io
 
 
 def new_array(shape) -> np.ndarray:

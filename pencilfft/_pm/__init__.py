@@ -1,0 +1,18 @@
+"""The particle-mesh tools: painting particles onto a sharded grid, reading fields at them,
+halos, and power spectra.
+
+Holds:
+
+* `window`: the NGP/CIC/TSC/PCS weights, their derivatives, their Fourier compensation;
+* `kernel` (+ `paint.cc`): paint and readout on one block of cells, as primitives (the CPU
+  kernel, XLA's scatter and gather elsewhere);
+* `grid`: the block of a split grid and its halos, folded and filled through the mesh;
+* `paint`: `paint`/`readout` on the lattice (JaxPM's form) and interlacing; `catalog`:
+  particles routed to the devices that own their cells;
+* `halo`: `halo_exchange`; `power`: `power_spectrum`.
+
+Data flow: positions -> the owning device (catalogs) -> its padded block (`kernel`) -> halos
+folded to the neighbours (`grid`) -> the field, split like any real-space array; readout walks
+it back.  May import: jax, numpy, `_jax_private`, `_decomposition`, `_native`, `_exchange`,
+`_transforms` (the power spectrum's and interlacing's FFTs).  `compat` builds on it.
+"""

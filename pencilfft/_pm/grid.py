@@ -1,0 +1,95 @@
+"""The grid a painter works on: one device's block of a split grid, padded by halos that the
+neighbours fold (paint) and fill (readout) through the mesh.
+
+Shared by the lattice form (`paint.py`) and catalogs (`catalog.py`): `GridPlan` is the static
+part of both plans, `fold_halos` / `fill_halos` the traced neighbour exchanges (XLA's
+collective permutes, or MPI inside XLA under mpirun), each the other's transpose.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from .._exchange import mpi as _mpi_exchange
+
+__all__ = ["GridPlan", "fill_halos", "fold_halos"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GridPlan:
+    """The grid side of a paint/readout plan (hashable): `shape` (X, Y, Z) is the global grid,
+    `names`/`sizes` the mesh axes splitting X and Y (None/1: not split), `halo` the pad
+    (hx, hy) of each split axis (0 where not split)."""
+
+    shape: tuple[int, int, int]
+    window: str
+    names: tuple[Any, Any]
+    sizes: tuple[int, int]
+    halo: tuple[int, int]
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        """One device's block of the grid (per device)."""
+        return (self.shape[0] // self.sizes[0], self.shape[1] // self.sizes[1], self.shape[2])
+
+    @property
+    def padded(self) -> tuple[int, int, int]:
+        """The block with its halos (per device)."""
+        bx, by, bz = self.block
+        return (bx + 2 * self.halo[0], by + 2 * self.halo[1], bz)
+
+    @property
+    def field_spec(self) -> P:
+        """The (X, Y, Z) part of the real-space spec."""
+        return P(*self.names, None)
+
+
+def _send(x, name, n: int, direction: int, mpi: bool):
+    """x to the neighbour `direction` (+1 / -1) along mesh axis `name` (periodic)."""
+    if mpi:
+        return _mpi_exchange.shift(x, name, n, direction, True)
+    return jax.lax.ppermute(x, name, [(j, (j + direction) % n) for j in range(n)])
+
+
+def _fold(g, axis: int, h: int, name, n: int, mpi: bool):
+    """Add the pads (width h) of `axis` to the neighbours' edge cells; keep the interior."""
+    b = g.shape[axis] - 2 * h
+    part = functools.partial(jax.lax.slice_in_dim, g, axis=axis)
+    low, mid, high = part(0, h), part(h, h + b), part(h + b, b + 2 * h)
+    from_upper = _send(low, name, n, -1, mpi)  # the upper neighbour's low pad: my top cells
+    from_lower = _send(high, name, n, +1, mpi)
+    top = jax.lax.slice_in_dim(mid, b - h, b, axis=axis) + from_upper
+    mid = jax.lax.dynamic_update_slice_in_dim(mid, top, b - h, axis=axis)
+    bottom = jax.lax.slice_in_dim(mid, 0, h, axis=axis) + from_lower
+    return jax.lax.dynamic_update_slice_in_dim(mid, bottom, 0, axis=axis)
+
+
+def _fill(g, axis: int, h: int, name, n: int, mpi: bool):
+    """g padded by h cells on both sides of `axis` with the neighbours' edge cells (the
+    transpose of `_fold`)."""
+    b = g.shape[axis]
+    low = _send(jax.lax.slice_in_dim(g, b - h, b, axis=axis), name, n, +1, mpi)
+    high = _send(jax.lax.slice_in_dim(g, 0, h, axis=axis), name, n, -1, mpi)
+    return jnp.concatenate([low, g, high], axis=axis)
+
+
+def fold_halos(g, p: GridPlan):
+    """`_fold` along each split axis of p's grid (g's axes 1 and 2: X and Y of a block)."""
+    for axis in (0, 1):
+        if p.halo[axis]:
+            g = _fold(g, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
+    return g
+
+
+def fill_halos(f, p: GridPlan):
+    """`_fill` along each split axis of p's grid (f's axes 1 and 2), the transpose of
+    `fold_halos`."""
+    for axis in (0, 1):
+        if p.halo[axis]:
+            f = _fill(f, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
+    return f
