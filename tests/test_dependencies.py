@@ -29,6 +29,14 @@ def test_plain_install_pulls_only_jax_and_numpy():
     assert "rich" in _requirement_names(extras["cli"])
 
 
+def test_the_licence_file_is_the_one_pyproject_declares():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("MIT License") and "pencilfft developers" in text
+    assert 'THE SOFTWARE IS PROVIDED "AS IS"' in text
+
+
 def test_readme_test_command_installs_the_mpi_extra():
     """tests/run.sh runs under mpirun: the README's (and CI's) command must install it."""
     readme = (ROOT / "README.md").read_text()
