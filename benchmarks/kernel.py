@@ -378,7 +378,7 @@ def allocator(args: argparse.Namespace) -> list[dict[str, Any]]:
     import numpy as np
 
     import pencilfft
-    from pencilfft import _malloc
+    from pencilfft._native import malloc as _malloc
 
     n = args.size
     x = jax.device_put((np.ones((n,) * 3) + 1j).astype(np.complex64))

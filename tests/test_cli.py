@@ -18,7 +18,7 @@ from conftest import MPIRUN, clean_env
 from pencilfft._cli import check as _check
 from pencilfft._transforms import kernel as _kernel
 from pencilfft._cli.check import default_meshes, run_check
-from pencilfft._cli.main import build_parser, main
+from pencilfft._cli.command import build_parser, main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 LEAD = jax.process_index() == 0  # only process 0 prints

@@ -71,8 +71,7 @@ def test_initialize_under_mpirun_without_mpi4py_names_the_extra(monkeypatch):
 
 
 def test_check_without_rich_names_the_extra(monkeypatch):
-    from pencilfft import _cli
-    from pencilfft._cli import check as _check
+    from pencilfft._cli import check as _check, command as _cli
 
     for name in ("rich", "rich.console", "rich.table"):
         monkeypatch.setitem(sys.modules, name, None)

@@ -136,7 +136,8 @@ def test_every_example_is_in_the_docs(site):
 def test_troubleshooting_lists_every_module_that_raises(site):
     """The generated list of messages covers the package (one section per module that raises)."""
     text = (site / "troubleshooting.html").read_text()
-    for module in ("_plan.py", "_io.py", "_memory.py", "_distributed.py", "compat/_config.py"):
+    for module in ("_transforms/plan.py", "_processes/io.py", "_processes/memory.py",
+                   "_processes/launch.py", "compat/_config.py"):
         assert f"pencilfft/{module}" in text, module
 
 

@@ -85,22 +85,41 @@ def test_readme_links_exist():
 
 
 def _layout_rows() -> set[str]:
+    """The files docs/development.md's table names: each row is a part (`_x/`, or "loose" for
+    the top level's modules) and its modules (`name`, `name` + `name.cc`, `sub/name`)."""
     section = DEVELOPMENT.read_text().split("## Layout of the package", 1)[1].split("\n## ", 1)[0]
-    rows = set(re.findall(r"`(pencilfft/[\w/.]+\.py)`", section))
-    # "`pencilfft/compat/fft.py`, `halo.py`": a bare file name continues the folder before it
+    rows = set()
     for line in section.splitlines():
-        folder = re.match(r"\| `(pencilfft/[\w/]+/)\w+\.py`", line)
-        if folder:
-            rows |= {folder.group(1) + f for f in re.findall(r"`(\w+\.py)`", line)}
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) != 3 or not cells[1].startswith("`"):
+            continue
+        folder = re.fullmatch(r"`(_?\w+)/`", cells[0])
+        prefix = f"pencilfft/{folder.group(1)}/" if folder else "pencilfft/"
+        for name in re.findall(r"`([\w/]+(?:\.cc)?)`", cells[1]):
+            rows.add(prefix + (name if name.endswith(".cc") else name + ".py"))
     return rows
 
 
+def _has_code(path: Path) -> bool:
+    """A module with more than a docstring and imports (an `__init__` that holds something)."""
+    import ast
+
+    body = ast.parse(path.read_text()).body
+    return any(not isinstance(node, (ast.Import, ast.ImportFrom, ast.Expr)) and
+               not (isinstance(node, ast.Assign) and
+                    [getattr(t, "id", "") for t in node.targets] == ["__all__"])
+               for node in body)
+
+
 def test_layout_table_matches_the_package():
-    """Every module of the package has a row in docs/development.md's table, and every row names
-    a module that exists."""
+    """Every module of the package (and every compiled handler's source) has a row in
+    docs/development.md's table, and every row names a file that exists; an `__init__.py` is
+    named where it holds code, not only a docstring and re-exports."""
     root = ROOT
-    modules = {str(p.relative_to(root)) for p in (root / "pencilfft").rglob("*.py")
-               if p.name not in ("__init__.py", "__main__.py") or p.parent.name != "pencilfft"}
+    files = [*(root / "pencilfft").rglob("*.py"), *(root / "pencilfft").rglob("*.cc")]
+    modules = {str(p.relative_to(root)) for p in files
+               if p.parent.name != "pencilfft" or p.name not in ("__init__.py", "__main__.py")
+               if p.name != "__init__.py" or _has_code(p)}
     assert _layout_rows() == modules
 
 

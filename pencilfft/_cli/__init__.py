@@ -3,6 +3,6 @@
 Above every other part: it imports the transforms, the exchanges, the kernels' runtime and the
 processes' memory to run and report on them; nothing imports it.
 """
-from .main import main
+from .command import main
 
 __all__ = ["main"]

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
-from pencilfft import _plan  # noqa: E402
+from pencilfft._transforms import plan as _plan  # noqa: E402
 from pencilfft._exchange import mpi as _mpi_exchange  # noqa: E402
 
 
