@@ -18,6 +18,7 @@ only the parts below it:
   spectra);
 * `compat` (jaxdecomp's API) and `_cli` (`pencilfft check`) on top.
 """
+from ._jax_private import warn_if_untested as _warn_if_untested
 from ._decomposition.sharding import (get_fft_output_sharding, k_space_sharding,
                                       real_space_sharding)
 from ._pm.halo import halo_exchange
@@ -33,6 +34,8 @@ from ._transforms.freq import fftfreq3d, rfftfreq3d, wavenumbers3d
 from . import compat  # noqa: E402,F401 - `pencilfft.compat` after `import pencilfft`, as before
 
 __version__ = "0.1.0"
+
+_warn_if_untested()  # once, where jax is outside the releases the suite has passed on
 
 __all__ = [
     "autotune",

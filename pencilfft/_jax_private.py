@@ -1,18 +1,73 @@
 """The private jax names pencilfft relies on, in one place: what to check on a new jax release.
 
-Each has a fallback or fails loudly at import, never silently.
+Each has a fallback or fails loudly, never silently.  Also here: the jax releases the suite has
+passed on (`TESTED_JAX`, the range pyproject.toml declares), and the one warning a newer or
+older jax gets.
 """
 from __future__ import annotations
 
+import re
+import warnings
 from typing import Any
+
+# The jax releases the whole suite (tests/run.sh) has passed on: [first, end).  pyproject.toml
+# declares the same range (tests/test_dependencies.py checks that they agree).  jax 0.11 needs
+# Python 3.12; on it the CPU suite was not green yet (benchmarks/RESULTS.md, "One GPU").
+TESTED_JAX = ((0, 10, 2), (0, 11))
+WHERE_TO_REPORT = ("the project's issue tracker, with the output of `pencilfft check` "
+                   "(docs: troubleshooting, \"A jax outside the tested range\")")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: "0.11.1.dev20260808" -> (0, 11, 1)."""
+    return tuple(int(n) for n in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def tested_range() -> str:
+    """The tested range as pip writes it, e.g. "jax>=0.10.2,<0.11"."""
+    first, end = (".".join(map(str, v)) for v in TESTED_JAX)
+    return f"jax>={first},<{end}"
+
+
+def jax_support(version: str | None = None) -> tuple[str, bool]:
+    """(jax's version, whether the suite has passed on it)."""
+    if version is None:
+        import jax
+
+        version = jax.__version__
+    release = _release(version)
+    first, end = TESTED_JAX
+    return version, first <= release < end
+
+
+def warn_if_untested(version: str | None = None) -> bool:
+    """One warning (per process, Python's default filter) when jax is outside `TESTED_JAX`;
+    whether it warned."""
+    version, ok = jax_support(version)
+    if not ok:
+        warnings.warn(
+            f"pencilfft: jax {version} is outside the releases pencilfft's test suite has passed "
+            f"on ({tested_range()}); it may work, or fail where the suite would have caught it. "
+            f"Please report what you see in {WHERE_TO_REPORT}.", UserWarning, stacklevel=3)
+    return not ok
 
 
 def needs_devices_when_lowered(prim: Any) -> None:
     """jit only hands the device assignment to lowering rules of primitives in this set, and
-    custom_partitioning's and io_callback's lowerings need it (jaxdecomp relies on it too)."""
+    custom_partitioning's and io_callback's lowerings need it (jaxdecomp relies on it too).
+    Kept in jax 0.11 (jax/_src/dispatch.py); on a jax without it, an error that says so when
+    pencilfft is imported rather than an AttributeError deep in a transform."""
     from jax._src import dispatch
 
-    dispatch.prim_requires_devices_during_lowering.add(prim)
+    needing = getattr(dispatch, "prim_requires_devices_during_lowering", None)
+    if needing is None:
+        import jax
+
+        raise ImportError(
+            f"pencilfft: jax {jax.__version__} has no "
+            f"jax._src.dispatch.prim_requires_devices_during_lowering, which the transforms "
+            f"partitioned by XLA need ({tested_range()} has it); install a tested jax")
+    needing.add(prim)
 
 
 def legacy_mesh() -> Any:
@@ -20,9 +75,10 @@ def legacy_mesh() -> Any:
     use), or None."""
     try:
         from jax._src.mesh import thread_resources
-    except ImportError:  # a jax without it: nothing to find
+
+        mesh = thread_resources.env.physical_mesh
+    except (ImportError, AttributeError):  # a jax without it: nothing to find
         return None
-    mesh = thread_resources.env.physical_mesh
     return None if mesh.empty else mesh
 
 

@@ -29,6 +29,43 @@ def test_plain_install_pulls_only_jax_and_numpy():
     assert "rich" in _requirement_names(extras["cli"])
 
 
+def test_pyproject_declares_the_tested_jax():
+    """The jax range pip is told is the one the suite has passed on (`TESTED_JAX`)."""
+    from pencilfft._jax_private import tested_range
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert tested_range() in project["dependencies"]
+    assert tested_range().replace("jax", "jaxlib", 1) in project["dependencies"]
+
+
+@pytest.mark.parametrize("version, warns", [("0.10.2", False), ("0.11.2", True),
+                                             ("0.12.0", True), ("0.9.2", True),
+                                             ("0.10.3.dev20261101", False)])
+def test_a_jax_outside_the_tested_range_warns_once(version, warns):
+    import warnings
+
+    from pencilfft._jax_private import tested_range, warn_if_untested
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert warn_if_untested(version) == warns
+    assert len(caught) == warns
+    if warns:
+        text = str(caught[0].message)
+        assert f"jax {version} is outside" in text and tested_range() in text
+        assert "issue tracker" in text and "pencilfft check" in text
+
+
+def test_the_import_warns_on_an_untested_jax():
+    """The warning comes with `import pencilfft` itself (a fresh process whose jax says 0.12)."""
+    code = ("import jax, warnings; jax.__version__ = '0.12.0'; warnings.simplefilter('always'); "
+            "import pencilfft")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("jax 0.12.0 is outside the releases") == 1
+
+
 def test_the_licence_file_is_the_one_pyproject_declares():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
