@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
+from hlo_text import replica_groups
 from conftest import (MPIRUN, RANK, halo_reference, mpirun_for, put_global, random_field, reference,
                       rel_err, root_only, to_numpy, tol)
 
@@ -133,9 +134,9 @@ def _collective_groups(text, mesh):
     groups = []
     for line in text.splitlines():
         if " all-to-all(" in line:
-            m = re.search(r"replica_groups=\{(\{[\d,]+\}(?:,\{[\d,]+\})*)\}", line)
-            assert m, line
-            groups += [[ids[int(i)] for i in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m.group(1))]
+            found = replica_groups(line)  # explicit, iota or jax 0.11's mesh form
+            assert found, line
+            groups += [[ids[i] for i in g] for g in found]
         elif " collective-permute(" in line:
             pairs = re.search(r"source_target_pairs=\{(.*?)\}\}?", line).group(1)
             groups += [[ids[int(a)], ids[int(b)]] for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs)]

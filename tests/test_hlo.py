@@ -1,4 +1,5 @@
-"""The compiled programs have the structure the design promises (a cheap guard, not a timing).
+"""The compiled programs have the structure the design promises (a cheap guard, not a timing),
+and every XLA fft op has the layout XLA:CPU's FFT thunk demands.
 
 Per transform: no all-gather (every device holds 1/P of the grid at every step); one
 all-to-all per exchange (2 for pencils, 1 for slabs), or n-1 collective permutes with the
@@ -13,11 +14,13 @@ import collections
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import pencilfft
 from conftest import MPIRUN, make_mesh, put_global, to_numpy
+from hlo_text import assert_ffts_dim0_major, fft_layout_problems, replica_groups
 from pencilfft._transforms import kernel as _kernel
 from pencilfft._transforms.plan import plan_forward
 from pencilfft._transforms.chunks import stages_of
@@ -138,3 +141,93 @@ def test_donated_transform_is_correct_and_consumes_its_input():
     back = jax.jit(pencilfft.pifft3d, donate_argnums=0)(k)
     assert k.is_deleted()
     np.testing.assert_allclose(to_numpy(back), data, rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# Every XLA fft reads and writes the default layout (what XLA:CPU's FFT thunk demands)
+
+
+@pytest.mark.parametrize("mesh_shape", [(8,), (4, 2), (2, 4), (1, 8), None],
+                         ids=["8", "4x2", "2x4", "1x8", "one-device"])
+def test_every_xla_fft_is_dim0_major(mesh_shape, monkeypatch):
+    """With XLA's FFTs (PENCILFFT_FFT_KERNEL=xla, as without the fftw extra), one program of
+    every kind of transform (both layouts, r2c, chunks, a DCT, forward and inverse) beside
+    `jnp.fft.fftn` of the same field: every fft op's operand and result are dim0-major, which
+    XLA:CPU's FFT thunk checks at run time (jax 0.11.2 aborted `pencilfft check` there)."""
+    monkeypatch.setenv("PENCILFFT_FFT_KERNEL", "xla")
+    shape = (16, 16, 16)
+    sharding = (pencilfft.real_space_sharding(make_mesh(mesh_shape)) if mesh_shape else None)
+    x = jax.ShapeDtypeStruct(shape, np.complex64, sharding=sharding)
+
+    def program(a):
+        k1 = pencilfft.pfft3d(a)
+        k2 = pencilfft.pfft3d(a, layout="natural", chunks=2)
+        r = pencilfft.prfft3d(a.real)
+        c = pencilfft.ptransform3d(a.real, kinds=("dct2", "fft", "fft"))
+        return (pencilfft.pifft3d(k1), pencilfft.pifft3d(k2, layout="natural", chunks=2),
+                pencilfft.pirfft3d(r, shape), pencilfft.pitransform3d(c, kinds=("dct2", "fft", "fft")),
+                jnp.fft.fftn(a))
+
+    text = jax.jit(program).lower(x).compile().as_text()
+    # at least one fft op per transform and direction, and jnp.fft's: the reader found them
+    assert assert_ffts_dim0_major(text) >= 9
+
+
+def test_a_layout_demand_after_an_fft_stays_off_it():
+    """What jax 0.11's layout assignment did to our programs, made on purpose: a user of the
+    FFT's result asks for another layout.  On jnp.fft's FFT the demand lands on the fft op (the
+    reader flags it: XLA:CPU would refuse it at run time); on ours (`xla_fft`, every local FFT
+    that is not FFTW's) it lands after the FFT, as a copy, and the program runs."""
+    from jax.experimental.layout import Layout, with_layout_constraint
+
+    from pencilfft._transforms import xla_fft
+
+    data = np.random.default_rng(0).standard_normal((8, 16)).astype(np.complex64)
+    column_major = Layout((1, 0))
+    theirs = jax.jit(lambda v: with_layout_constraint(jnp.fft.fft(v), column_major))
+    assert fft_layout_problems(theirs.lower(data).compile().as_text())
+    ours = jax.jit(lambda v: with_layout_constraint(xla_fft.fftn(v, "fft", (-1,)), column_major))
+    compiled_ours = ours.lower(data).compile()
+    assert fft_layout_problems(compiled_ours.as_text()) == []
+    np.testing.assert_allclose(np.asarray(compiled_ours(data)), np.fft.fft(data), atol=1e-5)
+
+
+def test_the_fft_layout_reader():
+    """Both print styles, a bad operand and a bad result (hand-written HLO)."""
+    good = """
+ENTRY %main (p: c64[4,8]) -> c64[4,8] {
+  %p = c64[4,8]{1,0} parameter(0)
+  ROOT %fft.1 = c64[4,8]{1,0} fft(%p), fft_type=FFT, fft_length={8}
+}"""
+    bad = """
+%body (q: c64[2,4,8]) -> c64[2,4,8] {
+  %q = c64[2,4,8]{1,2,0} parameter(0)
+  ROOT %fft.2 = c64[2,4,8]{2,1,0} fft(c64[2,4,8]{1,2,0} %q), fft_type=FFT, fft_length={8}
+}
+ENTRY %main (p: c64[2,4,8]) -> c64[2,4,8] {
+  %p = c64[2,4,8]{2,1,0} parameter(0)
+  %t = c64[2,4,8]{0,2,1} transpose(%p), dimensions={0,1,2}
+  ROOT %fft.3 = c64[2,4,8]{0,2,1} fft(%t), fft_type=FFT, fft_length={8}
+}"""
+    assert fft_layout_problems(good) == []
+    problems = fft_layout_problems(bad)
+    assert len(problems) == 3, problems
+    assert "fft %fft.2: operand %q c64[2,4,8]{1,2,0} is not dim0-major" in problems[0]
+
+
+@pytest.mark.parametrize("text, groups", [
+    ("{{0,1},{2,3}}", [[0, 1], [2, 3]]),
+    ("[2,2]<=[2,2]T(1,0)", [[0, 2], [1, 3]]),
+    ("[2,4]<=[8]", [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    ("mesh['x'=2,'y'=2] {'x'}", [[0, 2], [1, 3]]),
+    ("mesh['c'=2,'x'=2,'y'=2] {'y'}", [[0, 1], [2, 3], [4, 5], [6, 7]]),
+    ("mesh['c'=2,'x'=2,'y'=2] {'x'}", [[0, 2], [1, 3], [4, 6], [5, 7]]),
+    ("mesh['a'=8] {'a':(1)2}", [[0, 4], [1, 5], [2, 6], [3, 7]]),
+    ("mesh['x'=2,'y'=2], device_ids=(0,2,1,3) {'x'}", [[0, 1], [2, 3]]),
+])
+def test_the_replica_group_reader(text, groups):
+    """Every format XLA prints replica groups in: explicit (jax 0.10), iota, and the mesh form
+    of jax 0.11's shard_map (expectations from XLA's own replica_group tests)."""
+    line = f"%a = c64[8] all-to-all(%p), replica_groups={text}, dimensions={{0}}"
+    assert replica_groups(line) == groups
+    assert replica_groups("%p = f32[2] parameter(0)") is None

@@ -44,7 +44,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .._native import build as _native, malloc as _malloc, threads as _threads
-from . import r2r as _r2r
+from . import r2r as _r2r, xla_fft
 
 __all__ = ["fft", "r2r", "kernel", "describe", "plan_count", "local_fft_p", "TARGET"]
 
@@ -177,21 +177,16 @@ def _scale(norm: str, n: int, forward: bool) -> float:
 
 def _xla_fft(x, *, fft_type: str, axes: tuple[int, ...], norm: str, sizes: tuple[int, ...],
              kind: str | None = None, order: tuple[int, ...] | None = None):
-    """What the stages ran before the kernel: jnp.fft's n-dimensional calls, `r2r`'s forward,
-    then the output's axes in `order` (None: as they are)."""
+    """What the stages ran before the kernel: jnp.fft's n-dimensional calls (`xla_fft`: with
+    the FFT's layouts pinned on CPUs), `r2r`'s forward, then the output's axes in `order`
+    (None: as they are)."""
     y = _xla_fft_only(x, fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind)
     return y if order is None else jnp.transpose(y, order)
 
 
 def _xla_fft_only(x, *, fft_type, axes, norm, sizes, kind):
-    if fft_type == "fft":
-        return jnp.fft.fftn(x, axes=axes, norm=norm)
-    if fft_type == "ifft":
-        return jnp.fft.ifftn(x, axes=axes, norm=norm)
-    if fft_type == "rfft":
-        return jnp.fft.rfftn(x, axes=axes, norm=norm)
-    if fft_type == "irfft":
-        return jnp.fft.irfftn(x, s=sizes, axes=axes, norm=norm)
+    if fft_type in xla_fft.FFT_TYPES:  # jnp.fft's, its layouts pinned on CPUs (`xla_fft`)
+        return xla_fft.fftn(x, fft_type, axes, norm, sizes if fft_type == "irfft" else None)
     return _r2r.forward(x, kind, axes[0], norm)
 
 

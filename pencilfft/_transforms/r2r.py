@@ -1,4 +1,5 @@
-"""Real-to-real transforms (DCT and DST, types 1-4) along one axis, built from `jnp.fft`.
+"""Real-to-real transforms (DCT and DST, types 1-4) along one axis, built from XLA's FFT
+(`xla_fft.fftn`: jnp.fft's, with its layouts pinned on CPUs).
 
 Values, normalisations and inverses are scipy.fft's (`dct`, `dst`, `idct`, `idst`; for
 norm="ortho" scipy's default `orthogonalize=True`).  Every kind is
@@ -40,6 +41,8 @@ import operator
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from .xla_fft import fftn
 
 __all__ = ["KINDS", "INVERSE_KIND", "INVERSE_NORM", "forward", "backward", "check", "min_length",
            "weights"]
@@ -138,11 +141,11 @@ def _dct2(x: jax.Array, c: float, g: np.ndarray) -> jax.Array:
         # One complex FFT V of the reordered x; y_k = c g_k Re(e^{-i pi k/2N} V_k) for real
         # parts, which by linearity is (c g_k / 2)(e^{-i pi k/2N} V_k + e^{i pi k/2N} V_{N-k}).
         t = 0.5 * c * g * np.exp(-0.5j * np.pi * np.arange(n) / n)
-        v = jnp.fft.fft(_reorder(x), axis=-1)
+        v = fftn(_reorder(x), "fft", (-1,))
         return v * _const(t, cplx) + _mirror(v) * _const(np.conj(t), cplx)
     half = n // 2 + 1  # the rfft's bins; y_k and y_{N-k} both come from bin k
     k = np.arange(half)
-    w = jnp.fft.rfft(_reorder(x), axis=-1)
+    w = fftn(_reorder(x), "rfft", (-1,))
     w = w * _const(c * g[:half] * np.exp(-0.5j * np.pi * k / n), cplx)
     # y_k = Re w_k and, from the Hermitian symmetry of the spectrum, y_{N-k} = -Im w_k.
     return _join([w.real, -w.imag[..., (n + 1) // 2 - 1:0:-1]])
@@ -161,14 +164,14 @@ def _dct3(x: jax.Array, c: float, h: np.ndarray) -> jax.Array:
         a = t * wz
         b = -1j * t * np.where(k == 0, 0.0, wz[(n - k) % n])  # x_{N-k} enters as x_0, weight 0
         v = x * _const(a, cplx) + _mirror(x) * _const(b, cplx)
-        return _unreorder(jnp.fft.ifft(v, axis=-1))
+        return _unreorder(fftn(v, "ifft", (-1,)))
     half = n // 2 + 1
     k = np.arange(half)
     z = x * _const(wz, x.dtype)
     pad = [(0, 0)] * (x.ndim - 1) + [(1, 0)]
     z_rev = jnp.pad(z[..., ::-1][..., : half - 1], pad)  # z_{N-k}, with z_N = 0
     v = jax.lax.complex(z[..., :half], -z_rev) * _const(n * np.exp(0.5j * np.pi * k / n), cplx)
-    return _unreorder(jnp.fft.irfft(v, n=n, axis=-1))
+    return _unreorder(fftn(v, "irfft", (-1,), s=(n,)))
 
 
 def _dct4(x: jax.Array, c: float) -> jax.Array:
@@ -181,7 +184,7 @@ def _dct4(x: jax.Array, c: float) -> jax.Array:
         # and, complex-linearly, y_k = (c/2)(A_k - A_{2N-1-k}).
         pre = np.exp(-0.5j * np.pi * np.arange(n) / n)
         post = c * np.exp(-0.5j * np.pi * (np.arange(2 * n) + 0.5) / n)
-        a = jnp.fft.fft(x * _const(pre, cplx), n=2 * n, axis=-1) * _const(post, cplx)
+        a = fftn(x * _const(pre, cplx), "fft", (-1,), s=(2 * n,)) * _const(post, cplx)
         if jnp.iscomplexobj(x):
             return 0.5 * (a[..., :n] - a[..., ::-1][..., :n])
         return a[..., :n].real
@@ -193,11 +196,11 @@ def _dct4(x: jax.Array, c: float) -> jax.Array:
     if jnp.iscomplexobj(x):  # the real and imaginary parts as a batch of two such FFTs
         z = jnp.stack([jax.lax.complex(even.real, odd.real),
                        jax.lax.complex(even.imag, odd.imag)], axis=-2)
-        w = jnp.fft.fft(z * pre, axis=-1) * post
+        w = fftn(z * pre, "fft", (-1,)) * post
         first = jax.lax.complex(w[..., 0, :].real, w[..., 1, :].real)
         second = -jax.lax.complex(w[..., 0, :].imag, w[..., 1, :].imag)[..., ::-1]
     else:
-        w = jnp.fft.fft(jax.lax.complex(even, odd) * pre, axis=-1) * post
+        w = fftn(jax.lax.complex(even, odd) * pre, "fft", (-1,)) * post
         first, second = w.real, -w.imag[..., ::-1]
     return _interleave(first, second)  # y_2k, y_2k+1
 
@@ -210,12 +213,12 @@ def _type1_complex(x: jax.Array, kind: str, c: float, h: np.ndarray, g: np.ndarr
         # E = FFT_2M(x_0..x_N-1, x_N-2..x_1) holds u_0 + (-1)^k u_N-1 + 2 sum_interior u_n cos:
         # weight the ends by 2h so that E/2 is the h-weighted cosine sum.
         u = x * _const(np.where(np.arange(n) % (n - 1) == 0, 2 * h, 1.0), x.real.dtype)
-        e = jnp.fft.fft(_join([u, u[..., -2:0:-1]]), axis=-1)
+        e = fftn(_join([u, u[..., -2:0:-1]]), "fft", (-1,))
         return e[..., :n] * _const(0.5 * c * g, x.real.dtype)
     # FFT_2M(0, x, 0, -x reversed)_{k+1} = -2i sum_n x_n sin(pi (n+1)(k+1)/M).
     pad = [(0, 0)] * (x.ndim - 1)
-    e = jnp.fft.fft(jnp.pad(x, pad + [(1, n + 1)]) - jnp.pad(x[..., ::-1], pad + [(n + 2, 0)]),
-                    axis=-1)
+    e = fftn(jnp.pad(x, pad + [(1, n + 1)]) - jnp.pad(x[..., ::-1], pad + [(n + 2, 0)]),
+             "fft", (-1,))
     return e[..., 1:n + 1] * _const(0.5j * c * g, cplx)
 
 
@@ -226,7 +229,7 @@ def _type1_real(x: jax.Array, kind: str, c: float, h: np.ndarray, g: np.ndarray)
     m = _period(kind, n)
     s = int(kind == "dst1")
     z = jnp.pad(x * _const(h, x.dtype), [(0, 0)] * (x.ndim - 1) + [(s, 0)])
-    f = jnp.fft.rfft(z, n=2 * m, axis=-1)[..., s: s + n]
+    f = fftn(z, "rfft", (-1,), s=(2 * m,))[..., s: s + n]
     trig = f.real if kind == "dct1" else -f.imag
     return trig * _const(c * g, x.dtype)
 
