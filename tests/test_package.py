@@ -26,10 +26,10 @@ MAY_IMPORT = {
     "_native": set(),
     "_decomposition": BASE,
     "_processes": BASE | {"_decomposition"},
-    "_exchange": BASE | {"_native", "_decomposition"},
+    "_exchange": BASE | {"_native", "_decomposition", "_processes"},
     "_transforms": BASE | {"_native", "_decomposition", "_processes", "_exchange"},
     "_pm": BASE | {"_native", "_decomposition", "_processes", "_exchange", "_transforms"},
-    "compat": BASE | {"_decomposition", "_exchange", "_transforms", "_pm"},
+    "compat": BASE | {"_decomposition", "_processes", "_exchange", "_transforms", "_pm"},
     "_cli": BASE | {"_native", "_decomposition", "_processes", "_exchange", "_transforms",
                     "_pm"},
 }

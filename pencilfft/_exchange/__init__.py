@@ -16,8 +16,8 @@ mesh axis.  The modules:
 The transpose around the exchange (splitting, interleaving, reordering) is
 `pencilfft._transforms.transpose`'s.  Data flow: a per-device block inside the traced body of a
 transform (or a halo, a paint) -> `ALGORITHMS[name].send` -> the peers' blocks.  May import:
-jax, numpy, `_jax_private`, `_native` (the custom calls' build and threads), `_decomposition`;
-mpi4py lazily.  The transforms and the particle-mesh tools build on it.
+jax, numpy, `_jax_private`, `_native` (the custom calls' build and threads), `_decomposition`,
+`_processes` (what every process must decide alike); mpi4py lazily.  The transforms and the particle-mesh tools build on it.
 """
 from __future__ import annotations
 

@@ -52,6 +52,7 @@ from jax.interpreters import ad, batching, mlir
 
 from .._native import build as _native
 from .._jax_private import invariant_over
+from .._processes import agree
 from ._common import concrete, coordinates, def_linear, process_groups, traced_mesh
 
 __all__ = ["allreduce", "available", "exchange", "shift", "status", "unavailable_reason"]
@@ -132,12 +133,20 @@ def available(mesh_size: int | None, platform: str) -> bool:
     return unavailable_reason(mesh_size, platform) is None
 
 
-def auto(platform: str) -> bool:
+def auto(platform: str, mesh=None) -> bool:
     """Whether "auto" sends through it: across processes on CPUs, whenever MPI runs and the
     handler is built (a failed build warns once and leaves gloo).  The transforms' exchanges
     take "mixed" instead where the processes hold several devices each (`_exchange.mixed`);
-    halo_exchange's sends and power_spectrum's sum take this whatever the devices."""
-    return platform == "cpu" and jax.process_count() > 1 and available(None, platform)
+    halo_exchange's sends, power_spectrum's sum and the painters' take this whatever the
+    devices.  Where `mesh` holds the devices of several processes, their answers are compared
+    (`agree.same`): one process sending through MPI and another through gloo would wait for
+    each other forever, so that is one error on every process instead."""
+    mine = platform == "cpu" and jax.process_count() > 1 and available(None, platform)
+    if agree.spans_processes(mesh):
+        why = None if mine or platform != "cpu" else unavailable_reason(None, platform)
+        agree.same({"sends through MPI inside XLA": mine}, "how to send between processes",
+                   settings={"why not": why})
+    return mine
 
 
 def status(platform: str | None = None) -> str:

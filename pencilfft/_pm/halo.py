@@ -332,7 +332,7 @@ def exchange_halos(x, halo_extents, halo_periods, mesh, *, like_jaxdecomp: bool)
     shape = _check_array(x)
     mesh, deferred = batch_mesh(x, shape, find_mesh(x, mesh), "x")
     op = HaloExchange(shape, np.dtype(x.dtype), extents, periods, like_jaxdecomp, deferred,
-                      mpi=_mpi_exchange.auto(jax.default_backend()))
+                      mpi=_mpi_exchange.auto(jax.default_backend(), mesh))
     if mesh is None:
         if is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
             # What can be told without the mesh (the rest is checked when XLA partitions).

@@ -462,7 +462,7 @@ _spectrum_jit = jax.jit(_spectrum, static_argnames=("bins", "mesh", "deferred"))
 
 def _bin(bins: BinPlan, rows, q, deferred, mesh):
     t = BinSums(bins, tuple(rows), tuple(q.shape), q.dtype, deferred=deferred,
-                mpi=_mpi_exchange.auto(jax.default_backend()))
+                mpi=_mpi_exchange.auto(jax.default_backend(), mesh))
     return run(t, q, mesh)
 
 

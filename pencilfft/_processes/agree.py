@@ -1,29 +1,37 @@
-"""One decision on every process: the numbers a plan depends on that each process reads for
-itself (free memory, say) are agreed across the job before they decide anything.
+"""One decision on every process: what a plan depends on is the same on every process of the
+job before anything runs that they must all run alike.
 
-Every process of an SPMD job must compile the same program: a chunk count chosen from one
-process's free memory could differ on another, and the two would then wait for each other in
-exchanges that never match.  `least(value, what)` returns the smallest of the values every
-process passed, through MPI where it runs (one MPI_Allreduce), else through jax.distributed's
-key-value store; a process that never gets there makes the others fail after `TIMEOUT_S`
-seconds with an error that says so, never hang.
+Every process of an SPMD job must compile the same programs: a chunk count chosen from one
+process's free memory or its own `PENCILFFT_MEMORY_LIMIT`, or an exchange that one process could
+build and another could not, would compile different programs, whose exchanges never match:
+the job would wait forever.  Two tools:
 
-Every process must ask the same questions in the same order, as SPMD code does: each `what` is
-numbered per process, and the n-th question of a kind on one process is matched with the n-th
-on the others.
+* `least(value, what)`: the smallest of the values every process passed (the free memory each
+  one reads for itself: every process then plans with the least);
+* `same(decisions, what, settings)`: every process's decisions side by side; where they differ,
+  the same error on every process naming each process's values (and the settings that fed
+  them), instead of a hang.
+
+Both go through MPI where it runs (one collective), else through jax.distributed's key-value
+store; a process that never gets there makes the others fail after `TIMEOUT_S` seconds with an
+error that says so, never hang.  Every process must ask the same questions in the same order,
+as SPMD code does: each `what` is numbered per process, and the n-th question of a kind on one
+process is matched with the n-th on the others.
 """
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
 
 import jax
 
 from .._jax_private import distributed_client  # noqa: F401 - the tests look it up here
 
-__all__ = ["least", "TIMEOUT_S"]
+__all__ = ["least", "gather", "same", "spans_processes", "DifferentPlansError", "TIMEOUT_S"]
 
 TIMEOUT_S = float(os.environ.get("PENCILFFT_AGREE_TIMEOUT", "300"))
 
@@ -31,28 +39,112 @@ TIMEOUT_S = float(os.environ.get("PENCILFFT_AGREE_TIMEOUT", "300"))
 _asked: defaultdict[str, itertools.count] = defaultdict(itertools.count)
 
 
+class DifferentPlansError(RuntimeError):
+    """The processes of a job decided differently what every one of them must do alike (the
+    same message on every process, naming each one's values)."""
+
+
+def _mpi():
+    """mpi4py's MPI if MPI runs in this process (never imported here: it is started by
+    `pencilfft.initialize`, jax's cluster detection or the user)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi
+    return None
+
+
+def spans_processes(mesh) -> bool:
+    """Whether `mesh` (a Mesh, an AbstractMesh or None) holds devices of several processes:
+    only then must the processes decide alike (a process may run transforms of its own
+    devices alone, as often as it likes)."""
+    if mesh is None or jax.process_count() == 1:
+        return False
+    if isinstance(mesh, jax.sharding.Mesh):
+        return len({d.process_index for d in mesh.devices.flat}) > 1
+    return mesh.size > jax.local_device_count()  # an abstract mesh names no devices
+
+
 def least(value: int, what: str) -> int:
     """The smallest `value` over the processes of the job (`value` itself in one process)."""
     if jax.process_count() == 1:
         return value
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+    mpi = _mpi()
+    if mpi is not None:
         return int(mpi.COMM_WORLD.allreduce(int(value), op=mpi.MIN))
+    return min(int(v) for v in _store_gather(str(int(value)), what))
+
+
+def gather(value: str, what: str) -> list[str]:
+    """Every process's `value`, in process order (`[value]` in one process)."""
+    if jax.process_count() == 1:
+        return [value]
+    mpi = _mpi()
+    if mpi is not None:
+        return [str(v) for v in mpi.COMM_WORLD.allgather(str(value))]
+    return _store_gather(str(value), what)
+
+
+def _store_gather(value: str, what: str) -> list[str]:
     client = distributed_client()
     if client is None:
         raise RuntimeError(f"pencilfft: cannot agree on {what} across the {jax.process_count()} "
                            f"processes: neither MPI nor jax.distributed's key-value store runs")
     number = next(_asked[what])
-    prefix = f"pencilfft/agree/{what}/{number}"
-    client.key_value_set(f"{prefix}/{jax.process_index()}", str(int(value)))
+    prefix = f"pencilfft/agree/{what}"
+    me = jax.process_index()
+    client.key_value_set(f"{prefix}/{number}/{me}", value)
     values = []
     for rank in range(jax.process_count()):
         try:
-            values.append(int(client.blocking_key_value_get(f"{prefix}/{rank}",
-                                                            int(TIMEOUT_S * 1000))))
+            values.append(client.blocking_key_value_get(f"{prefix}/{number}/{rank}",
+                                                        int(TIMEOUT_S * 1000)))
         except Exception as e:  # noqa: BLE001 - the store's timeout error
             raise RuntimeError(
                 f"pencilfft: process {rank} did not say its {what} within {TIMEOUT_S:g} s "
                 f"(PENCILFFT_AGREE_TIMEOUT); every process must make the same calls in the same "
                 f"order: {e}") from e
-    return min(values)
+    if number:
+        # Every process has written this round, so every one has read the last one: our key of
+        # the last round is read by all and can go (the store would grow with every plan).
+        try:
+            client.key_value_delete(f"{prefix}/{number - 1}/{me}")
+        except Exception:  # noqa: BLE001 - a store without deletion keeps it, harmlessly
+            pass
+    return values
+
+
+def same(decisions: Mapping[str, object], what: str,
+         settings: Mapping[str, object] | None = None) -> None:
+    """Raise `DifferentPlansError` on every process unless every process made the same
+    `decisions` (name -> value) for `what`; `settings` (name -> this process's value) are only
+    reported, as what fed the decisions.  Nothing to do in one process."""
+    if jax.process_count() == 1:
+        return
+    mine = json.dumps({"decisions": {k: repr(v) for k, v in decisions.items()},
+                       "settings": {k: repr(v) for k, v in (settings or {}).items()}},
+                      sort_keys=True)
+    every = [json.loads(text) for text in gather(mine, "plan")]
+    if all(e["decisions"] == every[0]["decisions"] for e in every):
+        return
+
+    def table(kind: str, keys) -> str:
+        rows = []
+        for key in keys:
+            values = [e[kind].get(key, "(not set)") for e in every]
+            if kind == "settings" or len(set(values)) > 1:
+                rows.append(f"{key}: " + ", ".join(f"process {i}: {v}"
+                                                   for i, v in enumerate(values)))
+        return "; ".join(rows)
+
+    def keys(kind: str) -> list[str]:  # every process's, in first-seen order
+        return list(dict.fromkeys(k for e in every for k in e[kind]))
+
+    differ = table("decisions", keys("decisions"))
+    fed = table("settings", keys("settings"))
+    raise DifferentPlansError(
+        f"pencilfft: the {len(every)} processes of this job decided {what} differently, and "
+        f"would wait for each other forever in its exchanges: {differ}"
+        + (f". What each process had: {fed}" if fed else "")
+        + ". Give every process the same settings (the environment of `mpirun -x`, `srun "
+        "--export`), and the same software (a handler that builds on one node and not on "
+        "another); detected free memory is agreed by itself.")

@@ -24,7 +24,7 @@ from .._processes.memory import (HOW_TO_SET, MemoryLimitError, available, block_
 from .chunks import in_place, stages_of
 from .stages import Move
 
-__all__ = ["Estimate", "transform_estimate", "fit_chunks", "AUTO_CHUNKS"]
+__all__ = ["Estimate", "transform_estimate", "transform_name", "fit_chunks", "AUTO_CHUNKS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +92,8 @@ def _where(pdims: Sequence[int], mesh: Any) -> str:
     return "on one device (no mesh)" if mesh is None else f"on a {mesh_text(pdims)} mesh"
 
 
-def _transform_name(plan: Any, forward: bool) -> str:
+def transform_name(plan: Any, forward: bool) -> str:
+    """The public function a plan is run by in that direction (for messages)."""
     named = {("fft",) * 3: ("pfft3d", "pifft3d"), ("fft", "fft", "rfft"): ("prfft3d", "pirfft3d")}
     fwd, inv = named.get(tuple(plan.kinds), ("ptransform3d", "pitransform3d"))
     return fwd if forward else inv
@@ -173,7 +174,7 @@ def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> 
         return fit[0]
     first = plans[counts[0]]
     need, est, donated = _need(first, forward, traced, resident)
-    name = _transform_name(plan, forward)
+    name = transform_name(plan, forward)
     pieces = (f"{est.buffers} {'exchange buffers' if est.buffers > 1 else 'work buffer'}"
               if first.chunks == 1 else f"{est.buffers} pieces in flight")
     parts = [f"output {gib(est.out_bytes)}" if not donated else "",

@@ -15,13 +15,17 @@ in shard_map, on one device or in the compiler-partitioned primitive.
 """
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._decomposition.mesh import is_tracer
+from .._decomposition.mesh import is_tracer, typed_mesh
 from .._exchange import ALGORITHMS
-from .budget import fit_chunks
+from .._processes import agree
+from .._processes.memory import ENV as MEMORY_ENV, grid_text, setting as memory_setting
+from .budget import fit_chunks, transform_name
 from .partitioned import Transform, run
 from .plan import Plan, plan_backward, plan_forward
 
@@ -33,13 +37,37 @@ __all__ = ["pfft3d", "pifft3d", "prfft3d", "pirfft3d", "ptransform3d", "pitransf
 def _run(plan: Plan, forward: bool, x) -> jax.Array:
     """The transform of `plan` on x: one runner (`partitioned.run`) for the three paths (one
     device, mesh known, mesh left to the compiler), each running the plan's stages."""
-    plan = fit_chunks(plan, forward, x)  # too big for the devices? before XLA
+    plan = _decided(plan, forward, x)  # too big for the devices? the same everywhere? before XLA
     if plan.mesh is None:
         if is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
             _check_traced_without_mesh(plan.exchanges)
         else:
             _check_one_device(x)
     return run(Transform(plan, forward, tuple(np.shape(x))), x, plan.mesh)
+
+
+def _decided(plan: Plan, forward: bool, x) -> Plan:
+    """`plan` with its chunk count fitted to memory (`budget.fit_chunks`); where its mesh holds
+    the devices of several processes, first the same on every process what that depends on,
+    else one `DifferentPlansError` on every process before anything else is asked of them.
+
+    Compared: the memory limit each process was given (`PENCILFFT_MEMORY_LIMIT`, as read) and
+    the exchanges it chose (from the handlers it could build).  The chunk count then follows
+    from what every process has alike: that limit, the detected free memory (the least over
+    the processes, `agree.least`) and the plan; so does a refusal (`MemoryLimitError`).  Left
+    out: the FFT kernel and the threads, which change no exchange (FFTW's and XLA's FFTs, on
+    any number of threads, take part in the same ones)."""
+    mesh = plan.mesh if plan.mesh is not None else typed_mesh(x)
+    if agree.spans_processes(mesh):
+        try:
+            limit = memory_setting()
+        except ValueError as e:  # raised by fit_chunks below, once every process has compared
+            limit = f"invalid: {e}"
+        agree.same({MEMORY_ENV: limit, "exchanges": plan.exchanges},
+                   f"{transform_name(plan, forward)} of a "
+                   f"{grid_text(plan.real_shape, plan.batch, plan.real_dtype)}",
+                   settings={MEMORY_ENV: os.environ.get(MEMORY_ENV, "(not set)")})
+    return fit_chunks(plan, forward, x)
 
 
 def _check_traced_without_mesh(exchanges) -> None:
