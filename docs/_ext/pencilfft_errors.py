@@ -14,7 +14,8 @@ from typing import Any
 PACKAGE = Path(__file__).resolve().parents[2] / "pencilfft"
 MARKER = re.compile(r"^\.\. pencilfft-errors::[ \t]*$", re.M)
 ERRORS = {"ValueError", "TypeError", "RuntimeError", "MemoryLimitError", "OSError",
-          "ImportError", "FileNotFoundError", "NotImplementedError", "BuildError"}
+          "ImportError", "FileNotFoundError", "NotImplementedError", "BuildError",
+          "DifferentPlansError"}
 
 
 def _text(node: ast.expr) -> str | None:
