@@ -38,11 +38,12 @@ _USER_VARIABLES = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_TH
 
 
 def setting() -> str:
-    value = os.environ.get("PENCILFFT_MALLOC", "").strip().lower() or "pencilfft"
+    given = os.environ.get("PENCILFFT_MALLOC", "")
+    value = given.strip().lower() or "pencilfft"
     if value not in SETTINGS:
         raise ValueError(f"environment variable PENCILFFT_MALLOC must be one of "
                          f"{', '.join(SETTINGS)} (pencilfft: glibc keeps freed memory, glibc: "
-                         f"glibc's defaults); got {value!r}")
+                         f"glibc's defaults); got {given!r}")
     return value
 
 
