@@ -89,9 +89,12 @@ def configure() -> str:
 
 def describe() -> str:
     """One line for `pencilfft check`, without changing anything."""
+    # Read first, even once the settings are made: a bad value fails every CPU program lowered
+    # from now on (`configure`), and the check must say so.
+    value = setting()
     if _apply.cache_info().currsize:
         return _apply()
-    if setting() == "glibc":
+    if value == "glibc":
         return "glibc's defaults (PENCILFFT_MALLOC=glibc)"
     user = _user_choice()
     if user is not None:
