@@ -206,6 +206,20 @@ def test_blank_compiler_variables_count_as_unset(monkeypatch):
         "command came from CXX='no-such-cxx -m64')")
 
 
+@pytest.mark.parametrize("command, says", [
+    ("true", "succeeded but wrote no"),  # exits 0, writes nothing
+    ("false", "failed (1; the command came from PENCILFFT_CXX='false')"),
+])
+def test_a_compiler_that_is_not_one_is_a_build_error(tiny, monkeypatch, command, says):
+    """PENCILFFT_CXX naming a program that does not compile: a BuildError naming the variable
+    (`true` was taken for a successful build, and the move of the missing output into place
+    raised FileNotFoundError)."""
+    monkeypatch.setenv("PENCILFFT_CXX", command)
+    with pytest.raises(_native.BuildError) as info:
+        _native.load(tiny / "tiny.cc")
+    assert says in str(info.value) and "PENCILFFT_CXX='" in str(info.value)
+
+
 MPI_CHILD = """
 import numpy as np
 import pencilfft

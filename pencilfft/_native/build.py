@@ -117,16 +117,21 @@ def compiler(mpi: bool = False) -> tuple[str, ...]:
     return (shutil.which("mpicxx") or "mpicxx",)
 
 
+def _origin(mpi: bool) -> str:
+    """Which variable named the compiler command, as "; the command came from NAME='value'"
+    ("" when none did): a message about the compiler says which setting to change."""
+    names = ("PENCILFFT_MPICXX",) if mpi else ("PENCILFFT_CXX", "CXX")
+    return next((f"; the command came from {name}={os.environ[name]!r}" for name in names
+                 if os.environ.get(name, "").strip()), "")
+
+
 def missing_compiler(mpi: bool = False) -> str | None:
     """Why no handler can be compiled here (the compiler is not found), or None."""
     command = compiler(mpi)
     if shutil.which(command[0]) is None:
         variable = "PENCILFFT_MPICXX" if mpi else "PENCILFFT_CXX"
-        given = next((f"; the command came from {name}={os.environ[name]!r}" for name in
-                      ((variable,) if mpi else (variable, "CXX"))
-                      if os.environ.get(name, "").strip()), "")
         return (f"no C++ compiler ({command[0]!r} not found; set {variable} to a C++ compiler"
-                f"{' wrapper of the MPI that mpi4py uses' if mpi else ''}{given})")
+                f"{' wrapper of the MPI that mpi4py uses' if mpi else ''}{_origin(mpi)})")
     return None
 
 
@@ -245,7 +250,7 @@ def load(source: str | os.PathLike, *, mpi: bool = False, include_dirs: Sequence
             if damage != "missing":
                 warnings.warn(f"pencilfft: the cached library {output} {damage}; rebuilding it",
                               RuntimeWarning, stacklevel=4)
-            _build(build_command, output)
+            _build(build_command, output, _origin(mpi))
 
     with _cache_errors(folder):
         folder.mkdir(parents=True, exist_ok=True)
@@ -264,7 +269,7 @@ def load(source: str | os.PathLike, *, mpi: bool = False, include_dirs: Sequence
             raise BuildError(f"{output} does not load, even rebuilt ({e}; before: {first})") from e
 
 
-def _build(command: list[str], output: pathlib.Path) -> None:
+def _build(command: list[str], output: pathlib.Path, origin: str = "") -> None:
     """Compile into a temporary file, record its size and sha256, then move both into place
     (the library first: a reader that sees the new library with the old record finds them
     apart and waits for the lock, which this build holds)."""
@@ -274,10 +279,11 @@ def _build(command: list[str], output: pathlib.Path) -> None:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BuildError(f"could not run {shlex.join(command)}: {e}") from e
     if done.returncode:
-        raise BuildError(f"{shlex.join(command)} failed ({done.returncode}):\n"
+        raise BuildError(f"{shlex.join(command)} failed ({done.returncode}{origin}):\n"
                          f"{done.stderr.strip()[-4000:]}")
-    if not tmp.is_file():
-        raise BuildError(f"{shlex.join(command)} succeeded but wrote no {tmp}")
+    if not tmp.is_file():  # not a compiler at all (PENCILFFT_CXX=true, say)
+        raise BuildError(f"{shlex.join(command)} succeeded but wrote no {tmp} (is {command[0]!r} "
+                         f"a C++ compiler?{origin})")
     record = _record(output)
     record_tmp = record.with_name(record.name + ".tmp")
     record_tmp.write_text(_fingerprint(tmp) + "\n")
