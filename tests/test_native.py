@@ -215,9 +215,13 @@ def test_a_compiler_that_is_not_one_is_a_build_error(tiny, monkeypatch, command,
     (`true` was taken for a successful build, and the move of the missing output into place
     raised FileNotFoundError)."""
     monkeypatch.setenv("PENCILFFT_CXX", command)
+    tmp = _native.library_path(tiny / "tiny.cc").with_suffix(".tmp")
+    tmp.parent.mkdir(parents=True)
+    tmp.write_bytes(b"half a library, left by a killed build")
     with pytest.raises(_native.BuildError) as info:
         _native.load(tiny / "tiny.cc")
     assert says in str(info.value) and "PENCILFFT_CXX='" in str(info.value)
+    assert not tmp.with_suffix(".so").exists()  # the leftover was not taken for a build
 
 
 MPI_CHILD = """

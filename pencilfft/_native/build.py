@@ -274,6 +274,7 @@ def _build(command: list[str], output: pathlib.Path, origin: str = "") -> None:
     (the library first: a reader that sees the new library with the old record finds them
     apart and waits for the lock, which this build holds)."""
     tmp = output.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)  # a killed build's leftover must not pass for this one's output
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as e:
