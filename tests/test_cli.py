@@ -52,6 +52,64 @@ def test_check_in_process_prints_once_and_passes(capsys):
         assert out == ""
 
 
+@pytest.mark.parametrize("version, ok, says", [
+    (None, True, "jax {version} (tested: jax>=0.10.2,<0.11)"),
+    ("0.12.0", False, "jax 0.12.0 (NOT in the tested range jax>=0.10.2,<0.11: it may work, or "
+                      "fail where the suite would have caught it; please report what you see in "
+                      "the project's issue tracker"),
+], ids=["tested", "untested"])
+def test_header_says_whether_jax_is_in_the_tested_range(capsys, monkeypatch, version, ok, says):
+    """The first thing to know when a check fails: is this jax one the suite has passed on."""
+    if version is not None:
+        monkeypatch.setattr(_check, "jax_support", lambda: (version, ok))
+    args = _check_args("--shape", "8", "--mesh", "8", "--layout", "transposed", "--repeats", "1")
+    assert run_check(args) == 0
+    if LEAD:
+        header = " ".join(capsys.readouterr().out.split("\n┏")[0].split())
+        assert "8 cpu devices in 1 process(es), " + says.format(version=jax.__version__) in header
+
+
+BAD_SETTINGS = [
+    ("PENCILFFT_THREADS", "0", ["local FFT kernel", "CPU threads"], "must be a positive integer"),
+    ("PENCILFFT_MALLOC", "bogus", ["allocator"], "must be one of pencilfft, glibc"),
+    ("PENCILFFT_MEMORY_LIMIT", "lots", ["memory limit"], "must be a size in bytes per device"),
+    ("PENCILFFT_FFT_KERNEL", "cuda", ["local FFT kernel"], "must be one of auto, fftw, xla"),
+]
+
+
+@pytest.mark.parametrize("name, value, lines, expected", [
+    pytest.param(*BAD_SETTINGS[0], marks=MPIRUN),  # every process stops: none waits for another
+    *BAD_SETTINGS[1:]], ids=[b[0] for b in BAD_SETTINGS])
+def test_a_bad_setting_is_reported_on_its_line(capsys, monkeypatch, name, value, lines,
+                                               expected):
+    """Was a ValueError traceback (issue 51): each header line that reads the setting says
+    "error: " and the reader's message, the rest of the header is printed, and the check stops
+    with status 2 and one line, running no case (the user's transforms would raise too)."""
+    monkeypatch.setenv(name, value)
+    assert run_check(_check_args("--shape", "8", "--repeats", "1")) == 2
+    if LEAD:
+        out = capsys.readouterr().out.splitlines()
+        for label in lines:
+            (line,) = [line for line in out if line.startswith(f"{label}: ")]
+            assert line.startswith(f"{label}: error: environment variable {name} {expected}")
+            assert line.endswith(f"got {value!r}")
+        assert any(line.startswith("exchanges between a process's devices: ") for line in out)
+        assert out[-1] == ("pencilfft check: error: the setting above cannot apply; pencilfft's "
+                           "transforms would raise the same error: no case was run")
+        assert not any("┏" in line or "all checks passed" in line for line in out)
+
+
+def test_a_bad_setting_in_a_fresh_process_is_no_traceback(tmp_path):
+    """`pencilfft check` itself, as the user runs it: one line and status 2."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PENCILFFT_TEST_DEVICES")}
+    env.update(JAX_PLATFORMS="cpu", PENCILFFT_THREADS="0")
+    proc = subprocess.run([sys.executable, "-m", "pencilfft", "check", "--shape", "8"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "CPU threads: error: environment variable PENCILFFT_THREADS" in proc.stdout
+
+
 def test_check_without_jaxdecomp_says_how_to_install_it(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "jaxdecomp", None)  # import jaxdecomp raises ImportError
     args = _check_args("--shape", "8", "--mesh", "2x4", "--layout", "transposed", "--repeats", "1")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -41,9 +42,8 @@ SHAPE = (8, 64, 520)
     (None, 2, None, 8, 2, 1),     # more devices than cores: one each
     (None, 32, None, 8, 32, 4),   # a node with more cores than devices
     (None, 32, "4", 1, 8, 8),     # 4 unbound ranks of a launcher share the node
-    ("6", 32, "4", 4, 6, 1),      # PENCILFFT_THREADS wins
-    ("3", 2, None, 1, 3, 3),      # ... even above the affinity (the user knows)
-], ids=["1dev", "8dev-2cores", "8dev-32cores", "4ranks", "env", "env-above"])
+    ("6", 32, "4", 4, 6, 1),      # PENCILFFT_THREADS wins (up to the affinity: below)
+], ids=["1dev", "8dev-2cores", "8dev-32cores", "4ranks", "env"])
 def test_rule(monkeypatch, env, affinity, ranks, devices, cores, per_device):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(affinity)))
     monkeypatch.setattr(os, "cpu_count", lambda: 32 if affinity == 32 else 2)
@@ -87,6 +87,81 @@ def test_address_space_limit_caps_the_threads(monkeypatch, left_mib, cores):
     assert _threads.available_cores() == cores
 
 
+@pytest.fixture
+def cores(monkeypatch):
+    """The affinity mask this test pretends to have: `cores(n)`."""
+    def pretend(n: int) -> None:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(n)))
+        monkeypatch.setattr(os, "cpu_count", lambda: n)
+    return pretend
+
+
+def _no_address_space_limit(monkeypatch):
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit",
+                        lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def test_more_threads_than_cores_are_capped_with_one_warning(monkeypatch, cores):
+    """PENCILFFT_THREADS=1000 was taken as it was: 1057 OS threads on 57 cores, 4x slower (issue
+    51).  Capped at the affinity, with one warning per process naming the variable, the value
+    and the cap, however often the count is read (it is at every lowering)."""
+    cores(4)
+    _no_address_space_limit(monkeypatch)
+    monkeypatch.setattr(_threads, "local_cpu_devices", lambda: 2)
+    monkeypatch.setenv("PENCILFFT_THREADS", "1000")
+    _threads._warn_capped.cache_clear()
+    with pytest.warns(RuntimeWarning) as record:
+        assert _threads.available_cores() == 4
+        assert _threads.threads_per_device() == 2
+        assert "4 cores (PENCILFFT_THREADS=1000, capped at the 4 CPU(s) this process may run " \
+               "on (os.sched_getaffinity)) for 2 CPU device(s)" in _threads.describe()
+    assert [str(w.message) for w in record] == [
+        "pencilfft: environment variable PENCILFFT_THREADS=1000 asks for more threads than this "
+        "process can run at once; using 4, the 4 CPU(s) this process may run on "
+        "(os.sched_getaffinity)"]
+    monkeypatch.setenv("PENCILFFT_THREADS", "4")  # up to the affinity: as asked, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _threads.available_cores() == 4
+        assert _threads.describe().startswith("4 cores (PENCILFFT_THREADS) ")
+
+
+def test_more_threads_than_the_address_space_allows_are_capped(monkeypatch, cores):
+    """Under `ulimit -v` PENCILFFT_THREADS is held to the threads that fit, as the default is
+    (libgomp aborts the process when it cannot create one)."""
+    import resource
+
+    cores(32)
+    with open("/proc/self/status") as f:
+        used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    limit = used + (1024 << 20)  # room for one thread
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY))
+    monkeypatch.setenv("PENCILFFT_THREADS", "16")
+    _threads._warn_capped.cache_clear()
+    with pytest.warns(RuntimeWarning, match=r"PENCILFFT_THREADS=16 .*; using 1, the 1 "
+                                            r"thread\(s\) whose stacks .* \(ulimit -v\)"):
+        assert _threads.available_cores() == 1
+
+
+def test_capped_thread_count_warns_once_in_a_fresh_process():
+    """The whole path in a process of its own: a transform lowered twice, one warning."""
+    code = ("import os, jax, numpy as np, pencilfft\n"
+            "from pencilfft._transforms import kernel\n"
+            "x = np.ones((4, 4, 4), np.complex64)\n"
+            "for n in (4, 8):\n"
+            "    jax.jit(lambda a: kernel.fft(a, 'fft', (0, 1, 2), 'backward', ()))(x[:n])\n"
+            "print(len(os.sched_getaffinity(0)))\n")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "PENCILFFT_THREADS": "1000"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    warned = [line for line in out.stderr.splitlines() if "PENCILFFT_THREADS=1000" in line]
+    assert len(warned) == 1, out.stderr
+    assert f"using {out.stdout.split()[-1]}, the {out.stdout.split()[-1]} CPU(s)" in warned[0]
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
 def test_bad_thread_count(monkeypatch, value):
     monkeypatch.setenv("PENCILFFT_THREADS", value)
@@ -116,7 +191,8 @@ def _x(dtype, complex_: bool, shape=SHAPE):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("axes", [(0, 1, 2), (1,)], ids=["012", "1"])
 @pytest.mark.parametrize("fft_type", ["fft", "ifft", "rfft", "irfft"])
-def test_threaded_fourier_values(monkeypatch, fft_type, axes, dtype):
+def test_threaded_fourier_values(monkeypatch, cores, fft_type, axes, dtype):
+    cores(64)  # more threads than this machine's cores: capped otherwise
     monkeypatch.setenv("PENCILFFT_THREADS", str(3 * len(jax.local_devices(backend="cpu"))))
     monkeypatch.setenv("PENCILFFT_FFTW_PLANNER", "estimate")  # quick plans, threads all the same
     sizes = tuple(SHAPE[a] for a in axes)
@@ -141,7 +217,8 @@ def test_threaded_fourier_values(monkeypatch, fft_type, axes, dtype):
 @needs_fftw
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("kind", ["dct2", "dst3"])
-def test_threaded_r2r_values(monkeypatch, kind, dtype):
+def test_threaded_r2r_values(monkeypatch, cores, kind, dtype):
+    cores(64)
     monkeypatch.setenv("PENCILFFT_THREADS", str(2 * len(jax.local_devices(backend="cpu"))))
     monkeypatch.setenv("PENCILFFT_FFTW_PLANNER", "estimate")
     x = _x(dtype, True)
@@ -153,7 +230,8 @@ def test_threaded_r2r_values(monkeypatch, kind, dtype):
 
 
 @needs_fftw
-def test_thread_count_is_part_of_the_plan_key(monkeypatch):
+def test_thread_count_is_part_of_the_plan_key(monkeypatch, cores):
+    cores(64)
     monkeypatch.setenv("PENCILFFT_FFTW_PLANNER", "estimate")
     x = _x(np.float32, True, (4, 8, 24))
     devices = len(jax.local_devices(backend="cpu"))
@@ -167,9 +245,10 @@ def test_thread_count_is_part_of_the_plan_key(monkeypatch):
 
 
 @pytest.mark.parametrize("threads", [1, 5], ids=["1", "5"])
-def test_local_exchange_on_threads(monkeypatch, threads):
+def test_local_exchange_on_threads(monkeypatch, cores, threads):
     """A slab transform between the devices of this process with the copying pool at 1 and 5
     threads (the pool grows to the largest count asked)."""
+    cores(64)
     monkeypatch.setenv("PENCILFFT_THREADS", str(threads))
     n = len(jax.devices())
     mesh = make_mesh((n, 1) if n > 1 else (1, 1))
@@ -185,8 +264,8 @@ def test_local_exchange_on_threads(monkeypatch, threads):
 
 
 def test_malloc_setting(monkeypatch):
-    monkeypatch.setenv("PENCILFFT_MALLOC", "bogus")
-    with pytest.raises(ValueError, match=r"PENCILFFT_MALLOC.*pencilfft, glibc.*'bogus'"):
+    monkeypatch.setenv("PENCILFFT_MALLOC", "Bogus")  # named as given (was lower-cased)
+    with pytest.raises(ValueError, match=r"PENCILFFT_MALLOC.*pencilfft, glibc.*'Bogus'"):
         _malloc.configure()
     monkeypatch.setenv("PENCILFFT_MALLOC", "glibc")
     assert "glibc" in _malloc.describe()

@@ -7,14 +7,29 @@ speedup over jnp.fft.fftn on the sharded array (which all-gathers the grid onto 
 A spectrum the mesh pads (docs/concepts.md, "Grids the mesh does not divide") is sliced back to the exact
 spectrum before the comparison, and its padding must be zero.  Only process 0 prints.
 
+The header says what runs: jax's version and whether it is in the range the suite has passed
+on, the exchanges, the local FFT kernel, the CPU threads and the allocator.
+
+A setting of the environment that cannot apply (`PENCILFFT_THREADS=0`,
+`PENCILFFT_MALLOC=bogus`, `PENCILFFT_FFT_KERNEL`, `PENCILFFT_FFTW_PLANNER`,
+`PENCILFFT_MEMORY_LIMIT`: anything a setting's reader refuses with a ValueError) is reported,
+not raised: its header line reads "error: " and the reader's one-line message (the variable,
+the value, what is expected), the rest of the header is printed, and the check stops with exit
+status 2 and one line saying so, without running a case.  Not "the cases run with the setting
+ignored": every transform of the user's own programs raises that same error, so a table of
+passed cases would say the opposite of what the user will meet.  Under mpirun the processes
+agree on it (`_processes.agree`): if any process has a bad setting, every one stops.
+
 Exit status of `run_check`: 0 every case passed, 1 a case failed or no mesh could be checked,
-2 an option that cannot apply (a mesh of the wrong size or number of axes, a grid too big for
-the check's reference).
+2 an option or a setting that cannot apply (a mesh of the wrong size or number of axes, a grid
+too big for the check's reference, a bad environment variable).
 """
 from __future__ import annotations
 
 import argparse
 import math
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -25,9 +40,10 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from .._decomposition.rules import check_mesh, process_grids, split_problem
 from .._decomposition.sharding import real_space_sharding
 from .._exchange import local_status, mpi as _mpi_exchange
+from .._jax_private import WHERE_TO_REPORT, jax_support, tested_range
 from .._measure import max_rel_err, median_time
 from .._native import malloc as _malloc, threads as _threads
-from .._processes import memory as _memory
+from .._processes import agree as _agree, memory as _memory
 from .._transforms import kernel as _kernel
 from .._transforms.fft import pfft3d, pifft3d
 
@@ -205,6 +221,32 @@ def _reference_problem(shape, dtype: str) -> str | None:
             f"({free.source}); use a smaller --shape")
 
 
+def jax_line() -> str:
+    """jax's version and whether the suite has passed on it, for the header."""
+    version, ok = jax_support()
+    if ok:
+        return f"jax {version} (tested: {tested_range()})"
+    return (f"jax {version} (NOT in the tested range {tested_range()}: it may work, or fail "
+            f"where the suite would have caught it; please report what you see in "
+            f"{WHERE_TO_REPORT})")
+
+
+class _Settings:
+    """The settings the header reads, each reported on its line: its description, or "error: "
+    and the message of the ValueError its reader raised (collected in `errors`)."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def line(self, describe: Callable[[], str]) -> str:
+        try:
+            return describe()
+        except ValueError as e:
+            if str(e) not in self.errors:  # one setting read by several lines counts once
+                self.errors.append(str(e))
+            return f"error: {e}"
+
+
 def run_check(args: argparse.Namespace) -> int:
     try:
         from rich.console import Console
@@ -224,7 +266,10 @@ def run_check(args: argparse.Namespace) -> int:
     console = Console(quiet=not lead, stderr=False)
     console.width = max(console.width, 112)  # the table is wider than a pipe's default 80
     problems = [p for p in (_mesh_problem(m, n) for m in meshes) if p]
-    problems += [p for p in [_reference_problem(args.shape, args.dtype)] if p]
+    settings = _Settings()
+    memory_limit = settings.line(lambda: str(_memory.setting()))  # before it is used below
+    if not settings.errors:
+        problems += [p for p in [_reference_problem(args.shape, args.dtype)] if p]
     if problems:
         console.print(f"pencilfft check: error: {problems[0]}", style="red", markup=False)
         return 2
@@ -233,16 +278,32 @@ def run_check(args: argparse.Namespace) -> int:
     x_np = (rng.standard_normal(args.shape) + 1j * rng.standard_normal(args.shape)).astype(args.dtype)
     console.print(
         f"pencilfft check: grid {X}x{Y}x{Z} {args.dtype}, {n} {jax.devices()[0].platform} devices "
-        f"in {jax.process_count()} process(es), jax {jax.__version__}"
-    )
-    console.print(f"cross-process exchanges: {_mpi_exchange.status()}", markup=False)
-    console.print(f"exchanges between a process's devices: {local_status()}",
-                  markup=False, soft_wrap=True)
-    if jax.devices()[0].platform == "cpu":  # the local FFTs' kernel (docs/howto/cpu-performance.md)
-        console.print(f"local FFT kernel: {_kernel.describe()}", markup=False, soft_wrap=True)
-        # the threads of the CPU kernels and the allocator (docs: cpu-threads-and-allocator)
-        console.print(f"CPU threads: {_threads.describe()}", markup=False, soft_wrap=True)
-        console.print(f"allocator: {_malloc.describe()}", markup=False, soft_wrap=True)
+        f"in {jax.process_count()} process(es), {jax_line()}", markup=False, soft_wrap=True)
+    lines = [("cross-process exchanges", _mpi_exchange.status),
+             ("exchanges between a process's devices", local_status)]
+    if jax.devices()[0].platform == "cpu":
+        lines += [("local FFT kernel", _kernel.describe),  # docs/howto/cpu-performance.md
+                  # the threads of the CPU kernels and the allocator (docs:
+                  # cpu-threads-and-allocator)
+                  ("CPU threads", _threads.describe), ("allocator", _malloc.describe)]
+    if settings.errors:
+        console.print(f"memory limit: {memory_limit}", markup=False, soft_wrap=True)
+    for label, describe in lines:
+        console.print(f"{label}: {settings.line(describe)}", markup=False, soft_wrap=True)
+    if settings.errors and not lead:  # only process 0 prints: say it where it is wrong
+        for error in settings.errors:
+            print(f"pencilfft check (process {jax.process_index()}): error: {error}",
+                  file=sys.stderr)
+    # Every process stops if one has a bad setting: the others would wait for it forever.
+    if _agree.least(int(not settings.errors), "check's settings") == 0:
+        console.print("pencilfft check: error: "
+                      + ("the setting above cannot apply" if len(settings.errors) == 1 else
+                         f"the {len(settings.errors)} settings above cannot apply"
+                         if settings.errors else "a setting cannot apply on another process "
+                         "(it says which on its stderr)")
+                      + "; pencilfft's transforms would raise the same error: no case was run",
+                      style="red", markup=False, soft_wrap=True)
+        return 2
     tol = TOLERANCE[args.dtype]
     table = Table(title="pfft3d / pifft3d vs jnp.fft.fftn")
     for col in ("mesh", "layout", "err vs fftn", "err vs jaxdecomp", "round trip",

