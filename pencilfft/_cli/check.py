@@ -6,6 +6,9 @@ padding), the round-trip error of pifft3d(pfft3d(x), s=shape), the median forwar
 speedup over jnp.fft.fftn on the sharded array (which all-gathers the grid onto every device).
 A spectrum the mesh pads (docs/concepts.md, "Grids the mesh does not divide") is sliced back to the exact
 spectrum before the comparison, and its padding must be zero.  Only process 0 prints.
+jnp.fft.fftn is called as `_transforms.xla_fft` calls it: its FFT's layouts pinned on CPUs,
+as pencilfft's own are (jax 0.11's XLA:CPU refused an unpinned one on this path, aborting the
+check); the same computation.
 
 The header says what runs: jax's version and whether it is in the range the suite has passed
 on, the exchanges, the local FFT kernel, the CPU threads and the allocator.
@@ -44,7 +47,7 @@ from .._jax_private import WHERE_TO_REPORT, jax_support, tested_range
 from .._measure import max_rel_err, median_time
 from .._native import malloc as _malloc, threads as _threads
 from .._processes import agree as _agree, memory as _memory
-from .._transforms import kernel as _kernel
+from .._transforms import kernel as _kernel, xla_fft
 from .._transforms.fft import pfft3d, pifft3d
 
 TOLERANCE = {"complex64": 1e-5, "complex128": 1e-12}
@@ -164,12 +167,12 @@ def check_case(x_np: np.ndarray, mesh_shape, layout: str, dtype: str, repeats: i
     fwd = jax.jit(lambda a: pfft3d(a, layout=layout))
     bwd = jax.jit(lambda a: pifft3d(a, s=shape[-3:], layout=layout))
     axes = (-3, -2, -1)
-    fftn_sharded = jax.jit(lambda a: jnp.fft.fftn(a, axes=axes))
+    fftn_sharded = jax.jit(lambda a: xla_fft.fftn(a, "fft", axes))
     lead = tuple(range(n_lead))
     order = lead + ((n_lead + 1, n_lead + 2, n_lead) if layout == "transposed"
                     else (n_lead, n_lead + 1, n_lead + 2))
     reference = jax.jit(lambda a: jax.sharding.reshard(
-        jnp.transpose(jnp.fft.fftn(a, axes=axes), order), replicated))
+        jnp.transpose(xla_fft.fftn(a, "fft", axes), order), replicated))
     k = fwd(x)
     exact, pad = _exact_spectrum(k, tuple(shape[i] for i in order), replicated)
     ref = reference(x)
