@@ -1,5 +1,5 @@
-"""The measurement tools benchmarks/steps.py (per-step costs) and benchmarks/memory.py (per-device
-memory), run in process on small grids.
+"""The comparisons steps, memory, batch, margin, power and kinds of benchmarks/, run in process on
+small grids through the harness's command line.
 
 Single process only: the one-device reference of steps.py needs the whole array on one device,
 and both tools refuse to run under several processes.
@@ -46,7 +46,7 @@ def test_steps_cli_rows_and_floor(tmp_path, capsys):
     out = tmp_path / "steps.jsonl"
     argv = ["--shape", "16", "--pdims", "4x2", "8x1", "--repeats", "2", "--warmup", "1",
             "--exchange", "alltoall", "--out", str(out)]
-    assert steps.main(argv) == 0
+    assert harness.main(steps, argv) == 0
     printed = capsys.readouterr().out
     records = read_jsonl(out)
     for pdims in ((4, 2), (8, 1)):
@@ -123,7 +123,7 @@ def test_memory_cli_every_combination(tmp_path, capsys):
     tests/test_memory_floor.py's), with the mesh column of the table."""
     out = tmp_path / "memory.jsonl"
     argv = ["--shape", "16", "--pdims", "4x2", "--exchange", "alltoall", "--out", str(out)]
-    assert memory.main(argv) == 0
+    assert harness.main(memory, argv) == 0
     printed = capsys.readouterr().out
     records = read_jsonl(out)
     keys = [(tuple(r["pdims"]), r["layout"], r["transform"], r["direction"], r["donate"])
@@ -150,7 +150,7 @@ def test_batch_benchmark_runs_every_implementation(tmp_path, capsys):
     """benchmarks.batch: pencilfft (vmap and 4-D) beside jaxdecomp's vmap on a (c, x, y) mesh."""
     pytest.importorskip("jaxdecomp")
     out = tmp_path / "batch.jsonl"
-    assert batch.main(["--fields", "2", "--shape", "8", "--meshes", "2x2x2", "--repeats", "1",
+    assert harness.main(batch, ["--fields", "2", "--shape", "8", "--meshes", "2x2x2", "--repeats", "1",
                        "--out", str(out)]) == 0
     records = harness.load_records([out])
     assert [r["impl"] for r in records] == list(batch.IMPLS)
@@ -160,7 +160,7 @@ def test_batch_benchmark_runs_every_implementation(tmp_path, capsys):
     table = batch.table(records)
     assert table.splitlines()[2].startswith("| 2x2x2 |") and "2 fields of 8x8x8" in table
     with pytest.raises(SystemExit):
-        batch.main(["--meshes", "4x2"])
+        harness.main(batch, ["--meshes", "4x2"])
     assert "3 positive sizes (c, x, y)" in capsys.readouterr().err
 
 
@@ -168,7 +168,7 @@ def test_margin_benchmark_times_the_users_form(tmp_path, capsys):
     """benchmarks.margin: the jit round trip on an Auto mesh beside one device (and jaxdecomp
     where installed), the floor counting one exchange for a mesh with a size-1 axis."""
     out = tmp_path / "margin.jsonl"
-    assert margin.main(["--shapes", "8", "--meshes", "1x8", "4x2", "--repeats", "1",
+    assert harness.main(margin, ["--shapes", "8", "--meshes", "1x8", "4x2", "--repeats", "1",
                         "--label", "t", "--out", str(out)]) == 0
     records = harness.load_records([out])
     by = {(tuple(r["pdims"]), r["program"]): r for r in records}
@@ -182,7 +182,7 @@ def test_margin_benchmark_times_the_users_form(tmp_path, capsys):
     table = margin.table(records)
     assert "| 8x8x8 | 1x8 | t |" in table and "| 8x8x8 | 4x2 | t |" in table
     with pytest.raises(SystemExit):
-        margin.main(["--meshes", "8"])
+        harness.main(margin, ["--meshes", "8"])
     assert "2 positive sizes" in capsys.readouterr().err
 
 
@@ -191,7 +191,7 @@ def test_power_benchmark_runs_beside_one_device(tmp_path):
     partitioner) beside one-device fftn + bincount, equal to it, with no all-gather (JaxPM's
     row needs its source: absent here)."""
     out = tmp_path / "power.jsonl"
-    assert power.main(["--shape", "16", "--meshes", "4x2", "--repeats", "1", "--warmup", "0",
+    assert harness.main(power, ["--shape", "16", "--meshes", "4x2", "--repeats", "1", "--warmup", "0",
                        "--out", str(out)]) == 0
     records = harness.load_records([out])
     assert [r["program"] for r in records] == ["pencilfft", "pencilfft-jit", "fftn-1dev"]
@@ -208,7 +208,7 @@ def test_kinds_benchmark_times_every_kind_beside_scipy(tmp_path):
     from benchmarks import kinds
 
     out = tmp_path / "kinds.jsonl"
-    assert kinds.main(["--shape", "16", "--meshes", "4x2", "--repeats", "1", "--warmup", "0",
+    assert harness.main(kinds, ["--shape", "16", "--meshes", "4x2", "--repeats", "1", "--warmup", "0",
                        "--out", str(out)]) == 0
     records = read_jsonl(out)
     assert sorted((r["where"], r["kinds"], r["direction"]) for r in records) == sorted(

@@ -1,0 +1,40 @@
+"""Every name the benchmarks take from pencilfft's private modules, in one place.
+
+The benchmarks measure pencilfft's pieces (its timing rule, plan, stages, kernels, exchanges),
+which are private and move as the package is reorganised: a move is then a change to
+`_WHERE` alone.  Names resolve on first use (`private.time_once(...)`), so that importing a
+benchmark module never starts jax before the harness has set the device count.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> (module, attribute; None: the module itself)
+_WHERE: dict[str, tuple[str, str | None]] = {
+    "time_once": ("pencilfft._measure", "time_once"),
+    "max_rel_err": ("pencilfft._measure", "max_rel_err"),
+    "split_problem": ("pencilfft._decomposition", "split_problem"),
+    "plan_forward": ("pencilfft._plan", "plan_forward"),
+    "fit_chunks": ("pencilfft._memory", "fit_chunks"),
+    "with_mesh": ("pencilfft._partitioned", "with_mesh"),
+    "Exchange": ("pencilfft._stages", "Exchange"),
+    "Fft": ("pencilfft._stages", "Fft"),
+    "ALGORITHMS": ("pencilfft._exchange", "ALGORITHMS"),
+    "in_mesh": ("pencilfft._exchange", "in_mesh"),
+    "mpi_exchange": ("pencilfft._exchange.mpi", "exchange"),
+    "plan_bins": ("pencilfft._power", "plan_bins"),
+    "WINDOWS": ("pencilfft._window", "WINDOWS"),
+    "weights": ("pencilfft._window", "weights"),
+    "kernel": ("pencilfft._kernel", None),
+    "malloc": ("pencilfft._malloc", None),
+    "threads": ("pencilfft._threads", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"benchmarks.private has no {name!r}; add it to _WHERE")
+    module, attr = _WHERE[name]
+    mod = importlib.import_module(module)
+    return mod if attr is None else getattr(mod, attr)
