@@ -30,24 +30,15 @@ SIZES = ("arg", "out", "temp", "alias", "peak")
 
 def transform_fns(transform: str, layout: str, shape: Sequence[int],
                   exchange: str) -> dict[str, Callable[[Any], Any]]:
-    """direction -> the pencilfft call on a global array (the mesh comes from its sharding).
-
-    `shape` is the global real-space (X, Y, Z): the inverse crops a padded spectrum with it.
-    """
+    """direction -> the pencilfft call (the inverse crops to the real-space `shape`)."""
     fwd, inv = (getattr(pencilfft, name) for name in TRANSFORMS[transform])
-    opts = {"layout": layout, "exchange": exchange}
-    if transform == "r2c":
-        return {"forward": lambda x: fwd(x, **opts), "inverse": lambda k: inv(k, tuple(shape), **opts)}
+    opts = {"layout": layout, "exchange": exchange}  # (s: a keyword of both inverses)
     return {"forward": lambda x: fwd(x, **opts), "inverse": lambda k: inv(k, s=tuple(shape), **opts)}
 
 
 def arguments(fns: dict[str, Callable[[Any], Any]], shape: Sequence[int], dtype: str,
               transform: str, layout: str, mesh) -> dict[str, Any]:
-    """direction -> abstract global argument with its sharding (ShapeDtypeStruct, no data).
-
-    The forward takes the real-space array (real for r2c); the inverse the forward's k-space
-    output, padded where the mesh does not divide it, on pencilfft's k-space sharding.
-    """
+    """direction -> its abstract argument: real space, or the forward's k-space output."""
     in_dtype = harness.REAL_DTYPE[dtype] if transform == "r2c" else dtype
     x = jax.ShapeDtypeStruct(tuple(shape), in_dtype, sharding=pencilfft.real_space_sharding(mesh))
     k = jax.eval_shape(fns["forward"], x)
@@ -99,20 +90,8 @@ def case_records(case: harness.Case, args: argparse.Namespace,
     return records
 
 
-def markdown(records: Sequence[dict[str, Any]]) -> str:
-    """One row per record: sizes in local input blocks, the block and the peak in MiB (3
-    significant digits: test grids have blocks of a few KiB)."""
-    rows = [[fmt_dims(r["pdims"]), r["layout"], r["transform"], r["direction"],
-             "yes" if r["donate"] else "no", f"{r['block_bytes'] / 2**20:.3g}",
-             *(f"{r[f'{k}_blocks']:.2f}" for k in SIZES), f"{r['peak_bytes'] / 2**20:.3g}"]
-            for r in records]
-    return harness.md_table(["pdims", "layout", "transform", "direction", "donate", "block MiB",
-                             *SIZES, "peak MiB"], rows)
-
-
 def memory_table(records: list[dict]) -> str:
-    """The peaks in local input blocks (RESULTS.md): one row per (transform, mesh, layout), one
-    column per direction and donation."""
+    """Peaks in local input blocks per (transform, mesh, layout), direction and donation."""
     latest = harness.latest(records, lambda r: (r["transform"], tuple(r["pdims"]), r["layout"],
                                                 r["direction"], r["donate"]))
     keys = list(dict.fromkeys(k[:3] for k in latest))
@@ -149,12 +128,7 @@ def run(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str
         yield case_records(case, args, ctx)
 
 
-def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
-    return (f"per-device bytes in local input blocks (arg = 1), peak = arg + out + temp - alias, "
-            f"exchange {args.exchange}, {args.axis_type} mesh\n\n{markdown(records)}")
-
-
-TABLES = {"memory": memory_table, "records": markdown}
+TABLES = {"memory": memory_table}
 
 
 if __name__ == "__main__":

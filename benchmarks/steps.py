@@ -29,16 +29,13 @@ from benchmarks.harness import Program, fmt_dims, fmt_ms
 REFERENCE = "fftn-1dev"
 FLOOR_FFTS = "3 local FFTs"
 LOCAL_COPY = "local copy"
-FLOOR_LINE = "floor (3 local FFTs + bare exchanges)"
 # Name of each exchange algorithm in the floor rows: "bare all_to_all over x".
 BARE_NAMES = {"alltoall": "all_to_all", "pairwise": "pairwise", "local": "local"}
 
 
 # Per-device pieces (traced inside shard_map: every shape here is a local block)
 def pipeline_steps(plan) -> list[tuple[str, Callable[[Any], Any]]]:
-    """(label, step) of the forward transform's stages, in order: one FFT (with the padding
-    after it) or one exchange, run by the stage's own `forward` (so the last prefix is the
-    transform), on a per-device block with a leading batch axis of 1, as the stages see it."""
+    """(label, step) of the forward's stages: each FFT (with its padding) or exchange."""
     if plan.pdims[0] * plan.pdims[1] == 1:
         raise ValueError("a one-device mesh has no exchange to measure: use pdims with >1 device")
     remaining = ["Z", "Y", "X"]  # the axes still to transform, in the order the stages take them
@@ -58,27 +55,18 @@ def pipeline_steps(plan) -> list[tuple[str, Callable[[Any], Any]]]:
         groups.append((label if not groups else f"+ {label}", [stage]))
 
     def step(stages):
-        def run(k):
-            for stage in stages:
-                k = stage.forward(k)
-            return k
-        return run
+        return lambda k: functools.reduce(lambda a, stage: stage.forward(a), stages, k)
 
     return [(label, step(stages)) for label, stages in groups]
 
 
 def prefix_block(steps: Sequence[Callable[[Any], Any]], x):
     """The composition of `steps` on a per-device real-space block (x, y, Z); 3-D block out."""
-    k = x[None]  # the batch axis of 1 that the stages work with
-    for step in steps:
-        k = step(k)
-    return k[0]
+    return functools.reduce(lambda k, step: step(k), steps, x[None])[0]  # (the stages' batch axis)
 
 
 def three_ffts_block(lengths: Sequence[int], x):
-    """Three FFTs of lengths (Z, Y, X) over one per-device block, no data movement: each along
-    the last axis of the block seen (a free reshape) as rows of that length, the batch and
-    length of its pipeline step (over Z where the block does not split so)."""
+    """Three FFTs of lengths (Z, Y, X) along the last axis of the block, no data movement."""
     shape = x.shape
     for n in lengths:
         rows = x.reshape(-1, n) if x.size % n == 0 else x
@@ -87,8 +75,7 @@ def three_ffts_block(lengths: Sequence[int], x):
 
 
 def bare_exchange_block(algorithm: str, axis_name: str, n: int, x):
-    """The collective of one exchange over `axis_name` (n devices), no local reordering: the
-    block seen (a free reshape) as (n, size/n) chunks, what the exchanges' packing makes."""
+    """One exchange's collective over `axis_name`, no reordering: (n, size/n) chunks."""
     return private.ALGORITHMS[algorithm].send(x.reshape(n, -1), axis_name, n).reshape(x.shape)
 
 
@@ -99,8 +86,7 @@ def local_copy_block(x):
 
 def build_programs(shape: Sequence[int], pdims: Sequence[int], dtype: str, exchange: str,
                    seed: int = 0) -> tuple[list[Program], Any]:
-    """Every program of one case (not compiled yet) on random data in pencilfft's real-space
-    sharding, and the plan of `pfft3d` on it."""
+    """Every program of one case (not compiled yet), and the plan of `pfft3d` on it."""
     mesh = harness.make_mesh(pdims)
     x = harness.make_input(tuple(shape), pencilfft.real_space_sharding(mesh), dtype, seed)
     plan = private.plan_forward(x, norm="backward", layout="transposed", mesh=mesh, real=False,
@@ -142,9 +128,7 @@ def exchange_algorithms(plan) -> dict[str, str]:
 
 def case_records(programs: Sequence[Program], plan, shape: Sequence[int], pdims: Sequence[int],
                  dtype: str, ctx: dict[str, Any]) -> list[dict[str, Any]]:
-    """One record per program: median, ratio to the reference, step cost of prefixes: the
-    difference of two medians, each noisy; below `step_noise_s` (the sum of their median
-    absolute deviations) it is reported as noise, not as a cost."""
+    """A record per program; a step's cost below its noise (two MADs) is called noise."""
     ref = statistics.median(programs[0].times)
     records, previous, previous_noise = [], 0.0, 0.0
     for p in programs:
@@ -164,12 +148,9 @@ def case_records(programs: Sequence[Program], plan, shape: Sequence[int], pdims:
 
 
 def step_cell(r: dict[str, Any]) -> str:
-    """A prefix's step cost in ms, or "noise (±n)" where it is within the noise of the two
-    medians it is the difference of (a negative cost is always noise)."""
+    """A prefix's step cost in ms, or "noise (±n)" within the noise of its two medians."""
     noise = r.get("step_noise_s") or 0.0  # (records written before step_noise_s existed)
-    if r["step_s"] <= noise:
-        return f"noise (±{fmt_ms(noise)})"
-    return fmt_ms(r["step_s"])
+    return f"noise (±{fmt_ms(noise)})" if r["step_s"] <= noise else fmt_ms(r["step_s"])
 
 
 def floor_seconds(records: Sequence[dict[str, Any]]) -> float:
@@ -177,22 +158,6 @@ def floor_seconds(records: Sequence[dict[str, Any]]) -> float:
     by = {r["program"]: r["median_s"] for r in records}
     exchanges = records[0]["exchanges"]
     return by[FLOOR_FFTS] + sum(by[f"bare {BARE_NAMES[alg]} over {name}"] for name, alg in exchanges.items())
-
-
-def markdown(records: Sequence[dict[str, Any]]) -> str:
-    """The table of one case and the floor line under it."""
-    rows = [[r["program"], fmt_ms(r["median_s"]), f"{r['ratio_to_fftn_1dev']:.2f}",
-             "" if r["step_s"] is None else step_cell(r)] for r in records]
-    floor, ref = floor_seconds(records), records[0]["median_s"]
-    return harness.md_table(["program", "ms", "ratio to fftn-1dev", "step cost ms"], rows, note=(
-        f"{FLOOR_LINE} = {fmt_ms(floor)} ms = {floor / ref:.2f}x of one-device fftn"))
-
-
-def case_title(records: Sequence[dict[str, Any]]) -> str:
-    r = records[0]
-    algs = ", ".join(f"{alg} over {name}" for name, alg in r["exchanges"].items())
-    return (f"{fmt_dims(r['shape'])} {r['dtype']}, pdims {fmt_dims(r['pdims'])}, "
-            f"exchange {algs}; median of {r['repeats']}, interleaved")
 
 
 STEP_ROWS = (  # (row label, how to find its record: program names for pencils / slabs)
@@ -236,8 +201,7 @@ def _step_table_cell(r: dict | None) -> str:
 
 
 def steps_table(records: list[dict]) -> str:
-    """The cases side by side (RESULTS.md): one column per (mesh, exchange), the prefixes'
-    times with their step costs (or "noise"), the floors, and the floor line."""
+    """The cases side by side: prefixes with step costs, floors, the floor line."""
     cases: dict[tuple, dict[str, dict]] = {}
     for r in records:
         case = (tuple(r["pdims"]), tuple(sorted(set(r["exchanges"].values()))))
@@ -273,14 +237,6 @@ def run(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str
         harness.time_programs(programs, args.repeats, args.warmup)
         yield case_records(programs, plan, case.shape, case.pdims, case.dtype, ctx)
         harness.say(args, f"{case.label} done")
-
-
-def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> str:
-    """Each case's table and floor line."""
-    cases: dict[tuple, list] = {}
-    for r in records:
-        cases.setdefault((tuple(r["shape"]), r["dtype"], tuple(r["pdims"])), []).append(r)
-    return "\n\n".join(f"{case_title(rs)}\n\n{markdown(rs)}" for rs in cases.values())
 
 
 TABLES = {"steps": steps_table}
