@@ -7,11 +7,12 @@ Here, once: `bash benchmarks/device_prep.sh` (the py3.12 wheels into .whl/, JaxP
     PYTHONUNBUFFERED=1 python3 -m benchmarks.device --wheels .whl --jaxpm .carry/JaxPM --out $OUT
     python -m benchmarks.device table threads.jsonl          # the `threads16` table
 
-Under 8 minutes (`--deadline` 450 s), each part stopped at its budget, into the folder --out (6
+Under 8 minutes (`--deadline` 450 s), each part stopped at its budget, into the folder --out (5
 files): suite.log (the single-process suite but the docs and benchmarks' tests, JAX_PLATFORMS=cpu,
 pytest-xdist on its cores); the GPU checks (tests/test_gpu.py, into device.log), then gpu.jsonl
 (`benchmarks.gpu`: 512^3, 1024^3, 2048^3 r2c if it fits) and gpu-paint.jsonl (`benchmarks.paint`
-at 256^3 beside JaxPM), or "no GPU"; threads.jsonl; device.log and summary.md (the tables).
+at 256^3 beside JaxPM), or "no GPU"; threads.jsonl; device.log (every command, its time, the end
+of its output).  `python -m benchmarks.<gpu|paint|device> table FILE` makes their tables.
 
 threads: layouts PxDxT (P processes of D devices, T threads per device), each a
 `benchmarks.fft` run (c2c, transposed layout) in processes of its own (thread pools and
@@ -65,8 +66,7 @@ class Run:
 
     def call(self, cmd: Sequence[str], budget: float, env: dict | None = None,
              log: Path | None = None) -> int | None:
-        """Run `cmd` for at most `budget` seconds (and what is left of the deadline); its output
-        to `log` or the end of it to device.log.  The exit status, None when stopped."""
+        """`cmd` for at most `budget` s (and the deadline's rest): its exit status, None if stopped."""
         limit = min(budget, self.left())
         if limit < 5:
             self.say(f"not run (no time left): {' '.join(cmd)}")
@@ -88,9 +88,7 @@ class Run:
 
 
 def install(run: Run, wheels: str | None) -> None:
-    """The carried wheels into PREFIX (a prefix, not --target: pip's --target drops mpich's
-    lib/, libmpi), and the parts' environment pointed at them (mpi4py finds libmpi through
-    LD_LIBRARY_PATH, mpirun through PATH)."""
+    """The wheels into PREFIX (--target would drop mpich's lib/) and PATH, LD_LIBRARY_PATH to it."""
     found = sorted(glob.glob(os.path.join(wheels, "*.whl"))) if wheels else []
     if not found:
         run.say(f"no wheels in {wheels!r}: the machine's packages only")
@@ -166,8 +164,7 @@ def layout_command(layout: tuple[int, int, int], args: argparse.Namespace, out: 
 
 
 def threads(run: Run, gpus: str | None) -> None:
-    """Each layout that the cores allow, with what is left of the budget less 15 s for each
-    layout still to come."""
+    """Each layout the cores allow, its budget what is left less 15 s per layout to come."""
     a, cores = run.args, len(os.sched_getaffinity(0))
     layouts = [harness.parse_dims(n, "layout", "PxDxT", (3,)) for n in (QUICK_LAYOUTS if a.quick else LAYOUTS)]
     runnable = [lay for lay in layouts if math.prod(lay) <= cores]
@@ -178,24 +175,6 @@ def threads(run: Run, gpus: str | None) -> None:
         env = {"PENCILFFT_THREADS": str(lay[1] * lay[2]), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
         run.call(layout_command(lay, a, run.out / "threads.jsonl"),
                  stop - time.monotonic() - 15 * (len(runnable) - i - 1), env)
-
-
-def summary(run: Run, gpus: str | None) -> None:
-    """summary.md: the tables of what was measured, as RESULTS.md will show them."""
-    parts = []
-    for kind, name in (("threads16", "threads.jsonl"), ("gpu", "gpu.jsonl"), ("paint", "gpu-paint.jsonl")):
-        path = run.out / name
-        try:
-            from benchmarks import results  # (pencilfft with it: a failure is this part's only)
-
-            text = ("no GPU" if gpus is None and kind != "threads16" else
-                    results.TABLES[kind][0](harness.load_records([path])) if path.exists()
-                    and path.read_text().strip() else "not measured in this run")
-        except Exception as e:  # noqa: BLE001 - the data are kept whatever the table does
-            text = f"table failed: {type(e).__name__}: {e}"
-        parts.append(f"## {kind} ({name})\n\n{text}")
-    (run.out / "summary.md").write_text("\n\n".join(parts) + "\n")
-    run.say("summary.md:\n" + "\n\n".join(parts))
 
 
 def _seconds(records: list[dict], impl: str) -> float | None:
@@ -209,8 +188,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def threads_table(records: list[dict]) -> str:
-    """One row per (grid, layout, mesh): pencilfft's forward + inverse beside jnp.fft and pyFFTW
-    on the same cores, and beside one device on the most threads measured."""
+    """One row per (grid, layout, mesh): pencilfft beside jnp.fft and pyFFTW."""
     cases: dict[tuple, list[dict]] = {}
     for r in records:
         if r.get("tag", "").startswith("threads "):
@@ -265,7 +243,6 @@ def run(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str
                 f"{platform.python_version()}; GPUs: {gpus}")
     for part in args.parts:
         {"suite": suite, "gpu": gpu, "threads": threads}[part](session, gpus)
-    summary(session, gpus)
     session.say(f"done, {session.left():.0f} s of the deadline left")
     yield []
 
