@@ -7,7 +7,7 @@ Checked first by tests/test_gpu.py (JAX_PLATFORMS=cuda python -m pytest tests/te
 transforms, a gradient, paint and readout against numpy in float64; the device script runs it).
 Per N^3, complex64 (up to `--c2c-max`) and float32:
 forward, inverse and both in one jit of each implementation in the harness's loop, XLA's memory
-of each program and the device's peak.  Programs that would not fit are recorded as skipped.
+of each program and the device's peak.  A grid that does not fit is recorded as an error.
 Without a GPU it measures nothing unless `--cpu`.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
 from benchmarks import harness, private
@@ -32,13 +32,11 @@ PROGRAMS = ("forward", "inverse", "both")
 
 def _sharding() -> NamedSharding:
     """A 1x1 Auto mesh's: how jaxdecomp's users (and pencilfft's jit path) hold an array."""
-    return NamedSharding(jax.make_mesh((1, 1), ("x", "y"), axis_types=(AxisType.Auto,) * 2),
-                         P("x", "y"))
+    return NamedSharding(harness.make_mesh((1, 1), "auto"), P("x", "y"))
 
 
 def implementations(real: bool, names: Sequence[str]) -> dict[str, tuple[Any, Any]]:
-    """name -> (forward, inverse) on a (1, 1) Auto mesh's array (jaxdecomp: if installed, and
-    complex only: it has no real transform)."""
+    """name -> (forward, inverse); jaxdecomp has no real transform."""
     impls = {"jnp.fft": (jnp.fft.rfftn, jnp.fft.irfftn) if real else (jnp.fft.fftn, jnp.fft.ifftn),
              "pencilfft": (pencilfft.prfft3d, lambda k: pencilfft.pirfft3d(k, s=(k.shape[2],) * 3))
              if real else (pencilfft.pfft3d, pencilfft.pifft3d)}
@@ -54,8 +52,7 @@ def implementations(real: bool, names: Sequence[str]) -> dict[str, tuple[Any, An
 
 
 class _Timed:
-    """One implementation in the harness's loop: forward, inverse of that forward's output,
-    then both in one jit; only the input stays resident between calls."""
+    """An implementation in the harness's loop: forward, inverse of its output, both in one jit."""
 
     ok = True
 
@@ -74,18 +71,6 @@ class _Timed:
                 self.times[p].append(t)
 
 
-def _does_not_fit(compiled: dict[str, Any]) -> str | None:
-    """Why an implementation's programs would not fit the device's free memory, or None: the
-    input, the spectrum, the inverse's output and the larger temporaries (XLA's analysis)."""
-    stats = jax.devices()[0].memory_stats() or {}
-    free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
-    f, i, b = (harness.memory_stats(compiled[p]) for p in PROGRAMS)
-    if None in (f["total"], i["total"], b["total"]) or not free:
-        return None
-    need = max(f["total"] + i["output"] + i["temp"], b["total"])
-    return f"does not fit: needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free" if need > 0.95 * free else None
-
-
 def time_case(n: int, real: bool, args: argparse.Namespace, info: dict,
               ctx: dict[str, Any]) -> list[dict[str, Any]]:
     """Every implementation's forward, inverse and both-in-one-jit of one N^3, interleaved."""
@@ -101,21 +86,17 @@ def time_case(n: int, real: bool, args: argparse.Namespace, info: dict,
             "both": jax.jit(lambda x, f=fwd, i=inv: i(f(x))).lower(spec).compile()}
     base = {"n": n, "dtype": dtype.name, "block_bytes": n**3 * dtype.itemsize, "info": info,
             "checks": None, **harness.stamp(ctx)}
-    skipped = {name: why for name, c in compiled.items() if (why := _does_not_fit(c))}
-    records = [{**base, "impl": name, "status": "skipped", "note": why} for name, why in skipped.items()]
-    if len(skipped) == len(compiled):
-        return records
     try:
         key = jax.random.key(n)
         x = jax.random.normal(key, (n,) * 3, np.float32)
         if not real:
             x = jax.lax.complex(x, jax.random.normal(jax.random.fold_in(key, 1), (n,) * 3, np.float32))
         x = jax.device_put(x, sharding)
-        timed = [_Timed(name, c, x) for name, c in compiled.items() if name not in skipped]
+        timed = [_Timed(name, c, x) for name, c in compiled.items()]
         harness.time_programs(timed, args.repeats, args.warmup)
-    except Exception as e:  # noqa: BLE001 - out of memory after all: a result, not the end
-        return records + [{**base, "impl": name, "status": "error", "note": harness.failure(e)}
-                          for name in compiled if name not in skipped]
+    except Exception as e:  # noqa: BLE001 - a grid that does not fit (2048^3) is a result too
+        return [{**base, "impl": name, "status": "error", "note": harness.failure(e)} for name in compiled]
+    records = []
     for t in timed:
         ms = {p: statistics.median(v) * 1e3 for p, v in t.times.items()}
         records.append({

@@ -97,8 +97,7 @@ def fmt_dims(dims: Sequence[int]) -> str:
 
 
 def validate_case(shape: Sequence[int], pdims: Sequence[int]) -> str | None:
-    """Why this (shape, mesh) cannot be measured, or None: the library's own rule (X split over
-    the first mesh axis and Y over the second must divide exactly)."""
+    """Why this (shape, mesh) cannot be measured (pencilfft's own rule), or None."""
     problem = private.split_problem(shape, pdims, ("x", "y"))
     return None if problem is None else problem[1]
 
@@ -115,8 +114,7 @@ class Case:
 
 
 def make_cases(args: argparse.Namespace, n_devices: int | None, exact: bool = False) -> list[Case]:
-    """Every (shape, dtype, mesh) of `args` ('auto': most square over `n_devices`); SystemExit
-    on an impossible one.  `exact`: every mesh uses all the devices (several processes)."""
+    """Every (shape, dtype, mesh) ('auto': most square); `exact`: all devices in every mesh."""
     pdims = list(dict.fromkeys(square_pdims(n_devices) if pd == "auto" and n_devices else pd
                                for pd in args.pdims))
     cases = []
@@ -139,8 +137,7 @@ def make_cases(args: argparse.Namespace, n_devices: int | None, exact: bool = Fa
 
 
 def pin_cores(n: int | None) -> None:
-    """Run this process on `n` of its cores, as `taskset` would; under mpirun/srun each process
-    on its own `n` (by local rank), so that processes of one node do not share cores."""
+    """This process on `n` of its cores, as taskset; under mpirun/srun each on its own `n`."""
     if not n:
         return
     rank = next((int(os.environ[k]) for k in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -152,8 +149,7 @@ def pin_cores(n: int | None) -> None:
 
 
 def configure_devices(n: int | None) -> None:
-    """`n` simulated CPU devices per process (harmless on GPUs), unless XLA_FLAGS sets a count
-    (the test suite's runners do) or the backend is up already."""
+    """`n` simulated CPU devices per process, unless XLA_FLAGS sets a count."""
     if n is None or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
         return
     try:
@@ -163,8 +159,7 @@ def configure_devices(n: int | None) -> None:
 
 
 def start(args: argparse.Namespace) -> None:
-    """Cores, device count and precision of `args`, then jax (jax.distributed under mpirun/srun:
-    pencilfft.initialize, a no-op in one process)."""
+    """Cores, device count and precision, then jax (jax.distributed under mpirun/srun)."""
     pin_cores(getattr(args, "cores", None))
     configure_devices(getattr(args, "devices", None))
     import pencilfft  # (here: an orchestrator that starts no jax must not fail on pencilfft)
@@ -201,8 +196,7 @@ def loadavg() -> float | None:
 
 
 def load_range(records: Iterable[dict[str, Any]]) -> str:
-    """"a-b" (or "a"): the 1-minute load averages recorded with `records` (machine.loadavg_1m),
-    for a table's note; "not recorded" where none was."""
+    """"a-b": the load averages recorded with `records`, for a table's note."""
     loads = sorted(r["machine"].get("loadavg_1m") for r in records
                    if r.get("machine", {}).get("loadavg_1m") is not None)
     if not loads:
@@ -223,8 +217,7 @@ def versions() -> dict[str, Any]:
 
 
 def _git_commit() -> str | None:
-    """HEAD of the checkout the harness runs from, "+dirty" if tracked files changed
-    (GIT_OPTIONAL_LOCKS=0: `git status` must not rewrite the index of a tree someone else uses)."""
+    """HEAD of this checkout, "+dirty" if tracked files changed (git status takes no lock)."""
     root, env = Path(__file__).resolve().parents[1], dict(os.environ, GIT_OPTIONAL_LOCKS="0")
     try:
         head, changed = (subprocess.run(["git", *c], cwd=root, capture_output=True, text=True,
@@ -257,8 +250,7 @@ def make_mesh(pdims: Sequence[int], axis_type: str = "explicit", names: Sequence
 
 
 def make_input(shape: Sequence[int], sharding: Any, dtype: str, seed: int) -> Any:
-    """A global random array built block by block (no process holds more than its blocks), each
-    seeded with (seed, block start): the same data whatever the number of processes."""
+    """A random global array built block by block, seeded by block: the same on any process count."""
     real = np.dtype(dtype).kind == "f"
     rdt = np.dtype(dtype) if real else np.dtype(REAL_DTYPE[dtype])
 
@@ -284,8 +276,7 @@ def to_numpy(x: Any) -> Any:
 
 
 def memory_stats(compiled: Any) -> dict[str, int | None]:
-    """Per-device bytes of a compiled program: arguments, outputs, temporaries, aliased, and
-    total = arguments + outputs + temporaries (None where the backend does not say)."""
+    """Per-device bytes of a compiled program (None where the backend does not say)."""
     try:
         ma = compiled.memory_analysis()
     except Exception:  # noqa: BLE001 - not implemented on every backend
@@ -313,8 +304,7 @@ def failure(e: BaseException) -> str:
 
 @dataclasses.dataclass
 class Program:
-    """One timed program: `fn` applied to `arg`, compiled ahead of time into `compiled` (any
-    callable where jax has nothing to compile); `kind` tells its comparison what it is."""
+    """One timed program: `fn` on `arg`, compiled ahead of time into `compiled` (or any callable)."""
 
     name: str
     kind: str
@@ -357,6 +347,18 @@ def time_calls(calls: dict[str, Callable[[], Any]], repeats: int, warmup: int,
                 for name, call in calls.items()]
     time_programs(programs, repeats, warmup, barrier)
     return {p.name: p.times for p in programs}
+
+
+def median_times(calls: dict[str, Callable[[], Any]], repeats: int, warmup: int, comm: Any = None,
+                 rounds: int = 1) -> dict[str, list[float]]:
+    """name -> per round, the median of its `repeats` calls; with an MPI `comm`, every call
+    started together (a barrier before it) and the slowest process's median counted."""
+    out: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, times in time_calls(calls, repeats, warmup, comm and comm.Barrier).items():
+            out[name].append(comm.allreduce(statistics.median(times), op=max) if comm else
+                             statistics.median(times))
+    return out
 
 
 def compile_programs(programs: Sequence[Program]) -> None:
@@ -404,8 +406,7 @@ def fmt_ms(s: float | None) -> str:
 
 def md_table(head: Sequence[str], rows: Iterable[Sequence[Any]], align: str = "",
              note: str | None = None) -> str:
-    """The markdown table of every benchmark: `align` one letter per column ('r' right, else
-    left), `note` a paragraph under it."""
+    """The markdown table of every benchmark: `align` 'r' per right column, `note` under it."""
     aligns = align[: len(head)].ljust(len(head), "l")
     lines = ["| " + " | ".join(head) + " |",
              "|" + "".join("---:|" if a == "r" else "---|" for a in aligns)]
@@ -441,8 +442,7 @@ def prog(mod: ModuleType) -> str:
 
 
 def parts(mod: ModuleType) -> dict[str, tuple[Callable, str]]:
-    """part -> (run, its table); a comparison with only `run_case(shape, pdims, args, ctx)` runs
-    it for every grid and mesh."""
+    """part -> (run, its table); `run_case` alone runs for every grid and mesh."""
     run = getattr(mod, "run", None) or (lambda args, ctx: (
         mod.run_case(shape, pdims, args, ctx) for shape in args.shapes for pdims in args.pdims))
     return getattr(mod, "PARTS", None) or {"run": (run, next(iter(mod.TABLES)))}
@@ -496,8 +496,7 @@ def table_command(mod: ModuleType, argv: Sequence[str]) -> int:
 
 
 def main(mod: ModuleType, argv: Sequence[str] | None = None) -> int:
-    """The command line of comparison `mod`: `table ...`, or a run of one of its parts.
-    Exit status 1 when a result was wrong (a failed check)."""
+    """The command line of comparison `mod`; exit status 1 when a result was wrong."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["table"]:
         return table_command(mod, argv[1:])

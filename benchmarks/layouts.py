@@ -32,7 +32,7 @@ def run_case(shape, pdims: tuple[int, int], args: argparse.Namespace, ctx: dict[
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-    n, mesh = shape[0], harness.make_mesh(pdims)
+    mesh = harness.make_mesh(pdims)
     rng = np.random.default_rng(0)
     data = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
     x = jax.make_array_from_callback(shape, pencilfft.real_space_sharding(mesh), lambda idx: data[idx])
@@ -50,19 +50,12 @@ def run_case(shape, pdims: tuple[int, int], args: argparse.Namespace, ctx: dict[
         err = float(np.abs(np.asarray(shard.data) - data[shard.index]).max())
         if err > 1e-3:
             raise AssertionError(f"exchange={e}: forward + inverse is off by {err}")
-    times = harness.time_calls(calls, args.repeats, args.warmup, comm.Barrier if comm else None)
-    records = []
-    for e, t in times.items():
-        t = statistics.median(t)
-        if comm is not None:
-            t = comm.allreduce(t, op=MPI.MAX)
-        records.append({
-            "layout": f"{jax.process_count()} x {jax.local_device_count()}",
-            "processes": jax.process_count(), "devices_per_process": jax.local_device_count(),
-            "cores": len(os.sched_getaffinity(0)), "shape": n, "pdims": harness.fmt_dims(pdims),
-            "exchange": e, "ms": round(1e3 * t, 2), "kernel": private.kernel.kernel(),
-            "loadavg": harness.loadavg(), **info[e]})
-    return records
+    return [{"layout": f"{jax.process_count()} x {jax.local_device_count()}",
+             "processes": jax.process_count(), "devices_per_process": jax.local_device_count(),
+             "cores": len(os.sched_getaffinity(0)), "shape": shape[0], "pdims": harness.fmt_dims(pdims),
+             "exchange": e, "ms": round(1e3 * t[0], 2), "kernel": private.kernel.kernel(),
+             "loadavg": harness.loadavg(), **info[e]}
+            for e, t in harness.median_times(calls, args.repeats, args.warmup, comm).items()]
 
 
 def table_of(rows) -> str:

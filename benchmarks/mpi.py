@@ -8,11 +8,12 @@ Issue 14's cluster setting (one process per core under mpirun, `pencilfft.initia
 grid and process grid, complex64, forward + inverse: `pencilfft/<exchange>` (auto, alltoall,
 pairwise: gloo; mpi: MPI inside XLA), `mpi4py-fft` (if installed); and one exchange's bytes as a
 bare `jax.lax.all_to_all`, through our MPI custom call and as `comm.Alltoall`, and the local
-FFTs alone (the compute floor).  A time: the median of `--rounds` rounds of `round_times`.
+FFTs alone (the compute floor).  A time: the median of `--rounds` rounds of `harness.median_times`.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import sys
@@ -33,25 +34,11 @@ ROWS = tuple(f"pencilfft/{e}" for e in EXCHANGES) + (
     "local FFTs")
 
 
-def round_times(comm, calls: dict[str, Callable[[], Any]], repeats: int, warmup: int,
-                rounds: int) -> dict[str, list[float]]:
-    """name -> per round, the median of `repeats` calls (the harness's loop, a barrier before
-    every call), the largest over the processes."""
-    from mpi4py import MPI
-
-    out: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, times in harness.time_calls(calls, repeats, warmup, comm.Barrier).items():
-            out[name].append(comm.allreduce(statistics.median(times), op=MPI.MAX))
-    return out
-
-
 def mpi4py_fft_version() -> str | None:
     try:
-        import mpi4py_fft
+        return importlib.import_module("mpi4py_fft").__version__
     except ImportError:
         return None
-    return mpi4py_fft.__version__
 
 
 def _programs(shape: tuple[int, int, int], pdims: tuple[int, int], comm) -> dict[str, Callable]:
@@ -100,9 +87,8 @@ def _mpi4py_fft(comm, shape, pdims, local) -> Callable[[], None]:
 
     plan = PFFT(comm, shape, axes=(0, 1, 2), dtype=np.complex64,
                 grid=pdims if pdims[1] > 1 else pdims[:1], backend="fftw")
-    u = newDistArray(plan, False)
+    u, uh = newDistArray(plan, False), newDistArray(plan, True)
     u[:] = local[: u.shape[0], : u.shape[1], : u.shape[2]]
-    uh = newDistArray(plan, True)
 
     def call():
         plan.forward(u, uh)
@@ -112,8 +98,7 @@ def _mpi4py_fft(comm, shape, pdims, local) -> Callable[[], None]:
 
 
 def _mpi_call(mesh, name: str, n: int, x) -> Callable:
-    """One exchange of x's per-device block through our custom call (chunk-major: the block
-    split along its first axis, which holds the same bytes as the all_to_all row's)."""
+    """One exchange of x's block through our MPI custom call (the all_to_all row's bytes)."""
     def body(b):
         with private.in_mesh(mesh):
             return private.mpi_exchange(b.reshape((n, -1)), name, n).reshape(b.shape)
@@ -134,8 +119,8 @@ def run(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str
             if pdims[0] * pdims[1] != comm.size:
                 raise SystemExit(f"--pdims {pdims[0]}x{pdims[1]} needs {pdims[0] * pdims[1]} "
                                  f"processes; mpirun started {comm.size}")
-            times = round_times(comm, _programs(shape, pdims, comm), args.repeats, args.warmup,
-                                args.rounds)
+            times = harness.median_times(_programs(shape, pdims, comm), args.repeats, args.warmup,
+                                         comm, args.rounds)
             yield [{"row": name, "shape": list(shape), "pdims": list(pdims), "processes": comm.size,
                     "dtype": "complex64", "median_ms": 1e3 * statistics.median(t),
                     "repeats": args.repeats, "rounds": args.rounds,
