@@ -10,6 +10,7 @@ the harness's loop, XLA's memory per device, the round trip's error.
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 from typing import Any
@@ -25,10 +26,7 @@ IMPLS = ("pencilfft-vmap", "pencilfft-4d", "jaxdecomp-vmap")
 
 def _program(impl: str):
     """The jitted forward + inverse pair of `impl` on the (fields, X, Y, Z) array."""
-    if impl.startswith("pencilfft"):
-        lib = pencilfft
-    else:
-        from jaxdecomp import fft as lib  # where its users call it
+    lib = pencilfft if impl.startswith("pencilfft") else importlib.import_module("jaxdecomp.fft")
     pair = lambda v: lib.pifft3d(lib.pfft3d(v))  # noqa: E731
     return jax.jit(pair if impl.endswith("4d") else jax.vmap(pair))
 

@@ -89,8 +89,7 @@ def jaxdecomp_fns() -> dict[str, Callable[[Any], Any]]:
 
 def resolved_chunks(shape: Sequence[int], mesh, layout: str, exchange: str, chunks: int | str,
                     dtype: str, real: bool = False) -> int:
-    """The count a forward call with `chunks` runs in, as pencilfft's memory check decides it
-    for an input of `shape` on `mesh` not yet on the devices ("auto": 1 unless it does not fit)."""
+    """The chunk count pencilfft's memory check gives a forward call with `chunks`."""
     in_dtype = harness.REAL_DTYPE[dtype] if real else dtype
     x = jax.ShapeDtypeStruct(tuple(shape), in_dtype, sharding=pencilfft.real_space_sharding(mesh))
     plan = private.plan_forward(x, norm="backward", layout=layout, mesh=mesh, real=real,
@@ -115,8 +114,7 @@ def _record(part: str, impl: str, case: harness.Case, layout: str, chunks, resol
 
 def memory_records(case: harness.Case, args: argparse.Namespace,
                    ctx: dict[str, Any]) -> list[dict[str, Any]]:
-    """One record per (layout, chunks) of pencilfft and one of jaxdecomp on the case's mesh:
-    peak bytes and complex blocks of every measure (compile only)."""
+    """Peak bytes and complex blocks of every measure, per (layout, chunks) and jaxdecomp."""
     mesh = harness.make_mesh(case.pdims)
     block = math.prod(case.shape) * np.dtype(case.dtype).itemsize // mesh.size  # complex block
     variants = [(PENCILFFT, layout, chunks, pencilfft_fns(layout, case.shape, args.exchange, chunks),
@@ -139,8 +137,7 @@ def memory_records(case: harness.Case, args: argparse.Namespace,
 
 def time_records(case: harness.Case, args: argparse.Namespace,
                  ctx: dict[str, Any]) -> list[dict[str, Any]]:
-    """The forward of every (layout, chunks) and jaxdecomp's on the case's mesh, interleaved;
-    one record each, with its largest relative difference from the unchunked output."""
+    """The forwards, interleaved, each compared with the unchunked output of its layout."""
     mesh = harness.make_mesh(case.pdims)
     x = harness.make_input(case.shape, pencilfft.real_space_sharding(mesh), case.dtype, args.seed)
     programs, meta = [], []
@@ -180,8 +177,7 @@ def time_records(case: harness.Case, args: argparse.Namespace,
 
 # Tables (made from committed records by benchmarks.results)
 def _latest(records, part: str) -> dict[tuple, dict[str, Any]]:
-    """(impl, pdims, layout, chunks) -> the newest record of `part` (re-runs append); the
-    pencilfft records first.  SystemExit if there is none."""
+    """(impl, pdims, layout, chunks) -> the newest `part` record, pencilfft's first."""
     out = harness.latest((r for r in records if r.get("tool") == TOOL and r["part"] == part),
                          lambda r: (r["impl"], tuple(r["pdims"]), r["layout"], r["chunks"]))
     if not any(k[0] == PENCILFFT for k in out):
@@ -205,14 +201,11 @@ def _col_name(pdims, layout: str) -> str:
 
 def _get(latest, impl: str, pdims, layout: str, chunks) -> dict | None:
     """The record of a cell: jaxdecomp has only the transposed column of a mesh."""
-    if impl == JAXDECOMP and layout != "transposed":
-        return None
-    return latest.get((impl, pdims, layout, chunks))
+    return None if impl == JAXDECOMP and layout != "transposed" else latest.get((impl, pdims, layout, chunks))
 
 
 def memory_table(records) -> str:
-    """Peak per device in complex blocks: one row per (measure, chunks) and jaxdecomp's, one
-    column per (mesh, layout); T = transposed, N = natural."""
+    """Peak blocks per (measure, chunks) and (mesh, layout); T transposed, N natural."""
     latest = _latest(records, "memory")
     cols = _columns(latest)
     rows = []
@@ -234,8 +227,7 @@ def memory_table(records) -> str:
 
 
 def time_table(records) -> str:
-    """Forward medians in ms (ratio to chunks=1 of the same mesh and layout): one row per
-    chunk count and jaxdecomp's, one column per (mesh, layout)."""
+    """Forward ms (ratio to chunks=1) per chunk count and (mesh, layout)."""
     latest = _latest(records, "time")
     cols = _columns(latest)
     rows = []
@@ -259,8 +251,7 @@ def time_table(records) -> str:
 
 
 def largest_cube(blocks: float, devices: int, device_bytes: int, itemsize: int = 8) -> int:
-    """The largest power-of-two N whose N^3 grid fits: blocks * N^3 * itemsize / devices
-    <= device_bytes (0 if not even N = 1 does)."""
+    """The largest power-of-two N with blocks * N^3 * itemsize / devices <= device_bytes."""
     if blocks * itemsize > device_bytes * devices:
         return 0
     n = 1
@@ -278,24 +269,20 @@ def max_side(blocks: float, devices: int, device_bytes: int, itemsize: int = 8) 
 
 
 def fit_blocks(records) -> list[tuple[str, float | None, str]]:
-    """(row label, blocks, their measured range) per FIT_ROWS: blocks is the largest over the
-    measured meshes and layouts."""
+    """(row label, the largest blocks measured, their range) per FIT_ROWS."""
     latest = _latest(records, "memory")
     out = []
     for label, impl, chunks, m in FIT_ROWS:
         found = [r["blocks"][m] for k, r in latest.items()
                  if k[0] == impl and k[3] == chunks and r["blocks"].get(m) is not None]
-        if not found:
-            out.append((label, None, ""))
-            continue
-        lo, worst = min(found), max(found)
-        out.append((label, worst, f"{lo:.2f}-{worst:.2f}" if lo != worst else f"{worst:.2f}"))
+        lo, worst = (min(found), max(found)) if found else (None, None)
+        spread = "" if not found else f"{worst:.2f}" if lo == worst else f"{lo:.2f}-{worst:.2f}"
+        out.append((label, worst, spread))
     return out
 
 
 def fits_table(records) -> str:
-    """The largest power-of-two cube that fits per row of FIT_ROWS, devices and device memory
-    (in brackets the largest N of any size)."""
+    """The largest cube that fits, per FIT_ROWS, device count and device memory."""
     r0 = next(iter(_latest(records, "memory").values()))
     itemsize = np.dtype(r0["dtype"]).itemsize
     rows = [[label, f"{worst:.2f} ({spread})"] + [

@@ -191,8 +191,7 @@ class CaseRunner:
         return v
 
     def compile(self, v: Variant) -> None:
-        """Lower+compile both directions, timed; the inverse for the forward's output (so the
-        forward is compiled even when only the inverse is timed)."""
+        """Lower and compile, timed; the inverse for the forward's output."""
         try:
             arg = v.x
             for d in DIRECTIONS:
@@ -237,8 +236,7 @@ class CaseRunner:
 
 def run_case(case: Case, args: argparse.Namespace, builders: Mapping[str, Builder],
              ctx: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every variant of one case (`builders`, in order), interleaved: a record per variant and
-    direction."""
+    """Every variant of one case, interleaved: a record per variant and direction."""
     runner = CaseRunner(case, args, builders)
     variants = []
     for impl, layout in variant_plan(list(builders), args.layouts):
@@ -343,13 +341,16 @@ def build_pencilfft_jit(runner: CaseRunner, v: Variant) -> None:
     v.x = _auto_input(runner, v)
 
 
-def _require(runner: CaseRunner, v: Variant, module: str) -> ModuleType:
-    """`module`, for an implementation that has one layout and needs a 2-axis mesh; Skip (with
-    the reason) when it is not importable, for the other layout, and on a 1-axis mesh."""
+def _import(module: str) -> ModuleType:
     try:
-        mod = importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001
+        return importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - an implementation that is not there is skipped
         raise Skip(f"{module} not importable ({type(e).__name__}: {e})")
+
+
+def _require(runner: CaseRunner, v: Variant, module: str) -> ModuleType:
+    """`module` for a one-layout, 2-axis-mesh implementation, or Skip with the reason."""
+    mod = _import(module)
     if v.layout != ONE_LAYOUT[v.impl]:
         raise Skip(f"{v.impl} has only the {ONE_LAYOUT[v.impl]} layout")
     if len(runner.case.pdims) != 2:
@@ -415,16 +416,11 @@ def _auto_input(runner: CaseRunner, v: Variant) -> Any:
 
 
 def fits_on_one_device(nbytes: int, copies: int, n_sharing_host: int = 1) -> bool:
-    """Would `copies` arrays of `nbytes` fit one device: a GPU's limit, or half the free host
-    memory shared by the `n_sharing_host` CPU devices doing the same?"""
-    try:
-        limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
-    except Exception:  # noqa: BLE001 - some backends do not implement it
-        limit = None
+    """Would `copies` arrays fit a GPU, or half the free host memory per CPU device?"""
+    limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")  # (None on CPUs)
     if limit:
         return copies * nbytes <= 0.9 * limit
-    avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return copies * nbytes * n_sharing_host <= 0.5 * avail
+    return copies * nbytes * n_sharing_host <= 0.5 * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _fftn(runner: CaseRunner, v: Variant, copies: int, n_sharing_host: int = 1) -> None:
@@ -439,11 +435,6 @@ def _fftn(runner: CaseRunner, v: Variant, copies: int, n_sharing_host: int = 1) 
     v.x = _auto_input(runner, v)
 
 
-def build_fftn_sharded(runner: CaseRunner, v: Variant) -> None:
-    # Every device ends up holding the whole array (input gathered, output, temp).
-    _fftn(runner, v, 3, jax.local_device_count())
-
-
 def build_fftn_1dev(runner: CaseRunner, v: Variant) -> None:
     """The same data as the sharded variants (same blocks), moved whole to one device."""
     if not runner.single_process:
@@ -453,14 +444,10 @@ def build_fftn_1dev(runner: CaseRunner, v: Variant) -> None:
 
 
 def build_pyfftw(runner: CaseRunner, v: Variant) -> None:
-    """FFTW's 3-D plans, planned (FFTW_MEASURE: the compile time here) on aligned arrays that
-    hold the case's data, with pencilfft's thread count; a call executes one plan."""
+    """FFTW's 3-D plans (MEASURE: the compile time) on aligned arrays, pencilfft's thread count."""
     if not runner.single_process:
         raise Skip("pyFFTW runs in one process")
-    try:
-        import pyfftw
-    except Exception as e:  # noqa: BLE001
-        raise Skip(f"pyfftw not importable ({type(e).__name__}: {e})")
+    pyfftw = _import("pyfftw")
     if runner.args.norm == "forward":
         raise Skip("pyFFTW scales the inverse or both (norm backward or ortho), not the forward")
     host = harness.to_numpy(_auto_input(runner, v))
@@ -468,9 +455,9 @@ def build_pyfftw(runner: CaseRunner, v: Variant) -> None:
     opts = dict(axes=(0, 1, 2), flags=("FFTW_MEASURE",), threads=private.threads.available_cores(),
                 ortho=runner.args.norm == "ortho", normalise_idft=runner.args.norm == "backward")
     t0 = time.perf_counter()
-    fwd, inv = pyfftw.FFTW(a, b, direction="FFTW_FORWARD", **opts), pyfftw.FFTW(b, a, direction="FFTW_BACKWARD", **opts)
-    for d in DIRECTIONS:
-        v.lower_s[d] = v.compile_s[d] = time.perf_counter() - t0
+    fwd = pyfftw.FFTW(a, b, direction="FFTW_FORWARD", **opts)
+    inv = pyfftw.FFTW(b, a, direction="FFTW_BACKWARD", **opts)
+    v.lower_s = v.compile_s = dict.fromkeys(DIRECTIONS, time.perf_counter() - t0)
     a[...] = host  # (MEASURE planning overwrites the arrays)
     v.n_devices, v.x = 1, host  # (the plans read `a`: calls ignore their argument)
     v.compiled = {"forward": lambda _: fwd(), "inverse": lambda _: inv()}
@@ -485,7 +472,8 @@ IMPLEMENTATIONS: dict[str, Builder] = {
     "naive-pencil": build_naive_pencil,
     "jaxdecomp": functools.partial(_jaxdecomp, backend="jax"),
     "jaxdecomp-cudecomp": functools.partial(_jaxdecomp, backend="cudecomp"),
-    "fftn-sharded": build_fftn_sharded,
+    # (the sharded one gathers the whole array on every device: input, output, temp)
+    "fftn-sharded": lambda r, v: _fftn(r, v, 3, jax.local_device_count()),
     "fftn-1dev": build_fftn_1dev,
     "pyfftw": build_pyfftw,
 }
@@ -557,8 +545,7 @@ def markdown_table(records: Sequence[dict[str, Any]], style: str = "pivot") -> s
 
 
 def processes_table(several: list[dict], one: list[dict]) -> str:
-    """pencilfft (transposed) under several processes against the same case in one process:
-    one row per grid and mesh, "median ms (ratio to one process)" per direction."""
+    """pencilfft (transposed) under several processes beside one process, per grid and mesh."""
     def key(r):
         return (tuple(r["shape"]), tuple(r["pdims"]), r["direction"])
 
@@ -636,10 +623,7 @@ def plan(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
-    if args.devices and jax.default_backend() == "cpu" and jax.local_device_count() != args.devices:
-        harness.say(args, f"note: --devices {args.devices} asked, but this process has "
-                          f"{jax.local_device_count()} CPU devices (XLA_FLAGS or an earlier jax "
-                          "start decided)")
+    """A forward, then an inverse of its output; only the inputs stay resident between calls."""
     builders = {impl: IMPLEMENTATIONS[impl] for impl in selected_impls(args)}
     for case in harness.make_cases(args, jax.device_count(), exact=jax.process_count() > 1):
         yield run_case(case, args, builders, ctx)

@@ -47,8 +47,7 @@ SINGLE_VARIANTS = ("pencilfft", "pencilfft-natural", "pencilfft-1-thread", "jnp.
 
 
 def _kernel_env(value: str | None):
-    """PENCILFFT_FFT_KERNEL[:PLANNER[:HUGE_PAGES]] while a variant is traced and compiled (read
-    then; an empty one is the default)."""
+    """PENCILFFT_FFT_KERNEL[:PLANNER[:HUGE_PAGES]] while compiling (empty: the default)."""
     kernel, planner, huge = ((value or "") + "::").split(":")[:3]
     return mock.patch.dict(os.environ, PENCILFFT_FFT_KERNEL=kernel, PENCILFFT_FFTW_PLANNER=planner,
                            PENCILFFT_FFTW_HUGE_PAGES=huge)
@@ -115,8 +114,7 @@ def block(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[s
 def _rows(records: Sequence[dict[str, Any]], case: str, variants: Sequence[str],
           ratios: Sequence[tuple[str, Callable[[dict[str, float]], float]]],
           fmt: Callable[[tuple], str], digits: int, note: str) -> str:
-    """A table of median ms, one row per (allocator setting, `case` value), one column per
-    variant, then the `ratios` (name, function of the row's {variant: ms})."""
+    """Median ms per (allocator setting, `case`) and variant, then the `ratios`."""
     head = ["malloc", {"axes": "FFT", "pdims": "mesh"}[case], *(f"{v} ms" for v in variants),
             *(name for name, _ in ratios)]
     rows: dict[tuple, dict[str, float]] = {}
@@ -272,9 +270,7 @@ def _one_device_pair(n: int, layout: str = "transposed"):
 
 
 def allocator(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
-    """Page faults, system and user CPU time per forward + inverse call, and resident memory,
-    under this process's allocator settings (process-wide: a process per setting).  Page
-    faults and system time do not depend on other work sharing the machine, unlike wall time."""
+    """Page faults, CPU times and resident memory per call, under this process's allocator."""
     fwd, inv, x, _ = _one_device_pair(args.shapes[0][0])
     for _ in range(args.repeats):  # settle: the heap reaches its size
         inv(fwd(x)).block_until_ready()
@@ -338,8 +334,7 @@ def single(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[
 
 
 def single_table(records: Sequence[dict[str, Any]]) -> str:
-    """One row per run (cores, allocator setting): median ms of each variant, the ratio to
-    jnp.fft, and the process's resident memory."""
+    """One row per run: each variant's median ms, the ratios to jnp.fft, the memory."""
     runs: dict[tuple, dict[str, Any]] = {}
     for r in records:
         runs.setdefault((r["machine"].get("loadavg_1m"), r["affinity"], r["malloc"]), {})[r["variant"]] = r

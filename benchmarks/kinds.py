@@ -21,7 +21,7 @@ band-limited fields given by their N-mode spectra (Nyquist planes zero), norm="f
 (mpi4py-fft's convention): `pencilfft 3/2` (`prfft3d(pirfft3d(a, padding=1.5) *
 pirfft3d(b, padding=1.5), padding=1.5)` under jit), `pencilfft` (padding 1, aliased), and
 `mpi4py-fft 3/2` / `mpi4py-fft` (`PFFT(..., padding=[1.5] * 3 or False, backend="fftw")`, if
-installed).  Times as `mpi.round_times` takes them; memory per process: XLA's analysis for
+installed).  Times as `harness.median_times` takes them; memory per process: XLA's analysis for
 pencilfft, the arrays mpi4py-fft's plan and the caller hold for it; errors: each library
 against the other (all modes, and without the Nyquist planes, where conventions may differ) and
 against a numpy float64 3/2-rule product for N <= `--reference-max`.
@@ -148,8 +148,7 @@ def _kinds_cell(by: dict, name: str, ref_s: float | None) -> str:
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    """One row per (grid, dtype, where, direction): ms of each kind, the DCT rows with their
-    ratio to the complex FFT on the same devices, and pencilfft's DCT against scipy's."""
+    """One row per (grid, dtype, where, direction): each kind's ms, ratios to fft and to scipy."""
     latest = harness.latest(records, lambda r: (tuple(r["shape"]), r["dtype"], r["where"],
                                                 r["direction"], r["kinds"]))
     places = list(dict.fromkeys(r["where"] for r in records))  # scipy, 1 device, meshes as run
@@ -185,8 +184,7 @@ def table(records: list[dict[str, Any]]) -> str:
 
 # The dealiased product, several processes
 def _spectrum(n: int, seed: int):
-    """A real field's N-mode rfftn spectrum (norm="forward": Fourier coefficients), float64, the
-    Nyquist planes zeroed: a band-limited field that both libraries represent alike."""
+    """A band-limited field's N-mode rfftn spectrum (norm "forward"), Nyquist planes zeroed."""
     u = np.random.default_rng(seed).standard_normal((n, n, n))
     uh = np.fft.rfftn(u, norm="forward")
     del u
@@ -196,8 +194,7 @@ def _spectrum(n: int, seed: int):
 
 
 def _padded_product_reference(ah, bh, n: int):
-    """numpy float64 3/2-rule product: zero-pad both spectra to M = 3N/2, multiply the fields,
-    truncate to N modes (inputs without Nyquist: no convention involved except the output's)."""
+    """numpy's float64 3/2-rule product of two spectra (pad to 3N/2, multiply, truncate)."""
     m = 3 * n // 2
     h = n // 2
 
@@ -208,10 +205,7 @@ def _padded_product_reference(ah, bh, n: int):
                 p[i, j, : h + 1] = k[i, j, : h + 1]
         return p
 
-    def field(k):
-        return np.fft.irfftn(pad(k), s=(m,) * 3, axes=(0, 1, 2), norm="forward")
-
-    w = field(ah) * field(bh)
+    w = np.multiply(*(np.fft.irfftn(pad(k), s=(m,) * 3, norm="forward") for k in (ah, bh)))
     wh = np.fft.rfftn(w, norm="forward")
     del w
     out = np.zeros((n, n, h + 1), complex)
@@ -229,25 +223,17 @@ def _no_nyquist(k, n: int):
 
 
 def _array_bytes(*objects) -> int:
-    """Bytes of the distinct numpy buffers reachable from mpi4py-fft objects (one level of
-    attributes and lists): what its plan and the caller's arrays hold."""
+    """Bytes of the distinct numpy buffers mpi4py-fft's objects reach: what they hold."""
     seen: dict[int, int] = {}
 
     def visit(o, depth):
         if isinstance(o, np.ndarray):
-            base = o
-            while isinstance(base.base, np.ndarray):
-                base = base.base
-            seen[base.__array_interface__["data"][0]] = base.nbytes
-            return
-        if depth == 0:
-            return
-        if isinstance(o, (list, tuple)):
-            for v in o:
+            while isinstance(o.base, np.ndarray):  # (a view counts as the buffer it views)
+                o = o.base
+            seen[o.__array_interface__["data"][0]] = o.nbytes
+        elif depth:
+            for v in o if isinstance(o, (list, tuple)) else getattr(o, "__dict__", {}).values():
                 visit(v, depth - 1)
-            return
-        for v in getattr(o, "__dict__", {}).values():
-            visit(v, depth - 1)
 
     for o in objects:
         visit(o, 4)
@@ -266,19 +252,12 @@ def _gather_global(comm, block, index, shape, dtype):
 
 
 def _pencilfft_product(n: int, dtype: str, padding: float, ah, bh, comm):
-    """The jitted product on a slab Px1 mesh, its compiled form, its inputs, and its result's
-    (index, block) in natural (X, Y, N/2+1) order."""
+    """The compiled product on a slab, its inputs, its result's (index, block)."""
     mesh = jax.make_mesh((comm.size, 1), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
     ks = pencilfft.k_space_sharding(mesh)  # transposed: (Y, Z//2+1, X), Y split over "x"
     kshape = (n, n // 2 + 1, n)
-    ctype = COMPLEX[dtype]
-
-    def put(k):
-        return jax.make_array_from_callback(
-            kshape, ks, lambda idx: np.ascontiguousarray(
-                k.transpose(1, 2, 0)[idx]).astype(ctype))
-
-    a, b = put(ah), put(bh)
+    a, b = (jax.make_array_from_callback(kshape, ks, lambda idx, k=k: np.ascontiguousarray(
+        k.transpose(1, 2, 0)[idx]).astype(COMPLEX[dtype])) for k in (ah, bh))
     s = (n, n, n)
 
     def product(a, b):
@@ -286,8 +265,7 @@ def _pencilfft_product(n: int, dtype: str, padding: float, ah, bh, comm):
         v = pencilfft.pirfft3d(b, s, norm="forward", padding=padding)
         return pencilfft.prfft3d(u * v, norm="forward", padding=padding)
 
-    f = jax.jit(product)
-    compiled = f.lower(a, b).compile()
+    compiled = jax.jit(product).lower(a, b).compile()
     out = compiled(a, b)
     shard = out.addressable_shards[0]
     iy, iz, ix = shard.index
@@ -301,14 +279,9 @@ def _mpi4py_fft_product(n: int, dtype: str, padding: float, ah, bh, comm):
     pad = [padding] * 3 if padding != 1 else False
     fft = PFFT(comm, (n, n, n), axes=(0, 1, 2), grid=(comm.size,), dtype=np.dtype(dtype),
                padding=pad, backend="fftw")
-    a = newDistArray(fft, forward_output=True)
-    b = newDistArray(fft, forward_output=True)
-    a[:] = ah[a.local_slice()]
-    b[:] = bh[b.local_slice()]
-    u = newDistArray(fft, forward_output=False)
-    v = newDistArray(fft, forward_output=False)
-    w = newDistArray(fft, forward_output=False)
-    out = newDistArray(fft, forward_output=True)
+    a, b, out = (newDistArray(fft, forward_output=True) for _ in range(3))
+    u, v, w = (newDistArray(fft, forward_output=False) for _ in range(3))
+    a[:], b[:] = ah[a.local_slice()], bh[b.local_slice()]
 
     def call():
         fft.backward(a, u)
@@ -326,8 +299,7 @@ def _rel(got, ref) -> float:
 
 
 def _errors(results: dict[str, Any], ah, bh, n: int, reference_max: int) -> dict[str, dict]:
-    """Each library's product against the other's (all modes, and without the Nyquist planes)
-    and against numpy's 3/2-rule product (rank 0)."""
+    """Each library's product against the other's and against numpy's 3/2 rule."""
     errs: dict[str, dict[str, float]] = {name: {} for name in PRODUCT_ROWS}
     ref = _padded_product_reference(ah, bh, n) if n <= reference_max else None
     for suffix in (" 3/2", ""):
@@ -375,7 +347,7 @@ def product_case(n: int, dtype: str, args: argparse.Namespace, ctx: dict[str, An
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             info["mpi4py-fft" + suffix] = {"bytes": held, "maxrss_delta_bytes": (rss - rss0) * 1024}
             results["mpi4py-fft" + suffix] = _gather_global(comm, block, idx, shape_k, ctype)
-    times = mpi.round_times(comm, calls, args.repeats, args.warmup, args.rounds)
+    times = harness.median_times(calls, args.repeats, args.warmup, comm, args.rounds)
     errs = _errors(results, ah, bh, n, args.reference_max) if comm.rank == 0 else {}
     max_bytes = {name: comm.allreduce(i.get("bytes") or 0, op=MPI.MAX) for name, i in info.items()}
     stamp = harness.stamp(ctx)
@@ -391,9 +363,7 @@ def product_case(n: int, dtype: str, args: argparse.Namespace, ctx: dict[str, An
 
 
 def dealias_table(records: list[dict[str, Any]]) -> str:
-    """One row per (grid, dtype, product): median ms (mpi4py-fft's with its ratio to pencilfft's
-    at the same padding), the bytes per process, the errors (pencilfft against mpi4py-fft, both
-    against numpy)."""
+    """One row per (grid, dtype, product): ms, MiB per process, the errors."""
     latest = {(tuple(r["shape"]), r["dtype"], r["row"]): r for r in records}
     rows = []
     for shape, dtype in sorted({k[:2] for k in latest}):

@@ -101,8 +101,7 @@ def floor_seconds(by: dict[str, dict]) -> float:
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    """One row per (grid, mesh, label): times and ratios to one device, jaxdecomp / pencilfft,
-    the floor and pencilfft / floor."""
+    """One row per (grid, mesh, label): times, ratios, the floor."""
     cases: dict[tuple, dict[str, dict]] = {}
     for r in records:
         cases.setdefault((tuple(r["shape"]), tuple(r["pdims"]), r["label"]), {})[r["program"]] = r
@@ -141,7 +140,6 @@ OPTIONS = dict(devices=8, shapes=["128", "256"],
 
 def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
-
 
 
 TABLES = {"margin": table}

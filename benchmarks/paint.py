@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import statistics
 import sys
-import time
 import types
 from typing import Any
 
@@ -53,8 +53,7 @@ def load_jaxpm(path: str | None):
 
 
 def pm_forces(dx, *, max_displacement=None):
-    """-grad(phi) at the particles, lap(phi) = delta (JaxPM's pm_forces with r_split=0 and
-    displacement painting): pencilfft only.  (X, Y, Z, 3)."""
+    """-grad(phi) at the particles, lap(phi) = delta (JaxPM's pm_forces): pencilfft alone."""
     shape = dx.shape[:3]
     rho = pencilfft.paint(dx, max_displacement=max_displacement)
     k = pencilfft.prfft3d(rho)
@@ -77,9 +76,7 @@ def _paint_read(paint, read, loss: bool = False):
     """(density, readout) of displacements, or the scalar whose gradient in dx is compared."""
     def f(dx):
         rho = paint(dx)
-        if loss:
-            return jnp.sum(read(rho ** 2, dx) * jnp.cos(dx[..., 0]))
-        return rho, read(rho, dx)
+        return jnp.sum(read(rho ** 2, dx) * jnp.cos(dx[..., 0])) if loss else (rho, read(rho, dx))
     return f
 
 
@@ -99,8 +96,7 @@ def programs(painting, pm, shape, sharding, halo: int, max_disp):
 
 
 def _err(a, b) -> dict:
-    """max |a - b| / max |b|, and how many entries differ by more than 1e-4 max |b| (float32
-    rounding is ~1e-6: these are particles or cells computed differently, not rounding)."""
+    """max|a - b| / max|b|, and how many entries differ by more than 1e-4 (not rounding)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     d = np.abs(a - b) / np.max(np.abs(b))
     return {"max": float(d.max()), "n_over_1e-4": int((d > 1e-4).sum()), "n": int(d.size)}
@@ -117,13 +113,9 @@ def run_case(shape, pdims, args, ctx: dict[str, Any]) -> list[dict]:
     progs = programs(painting, pm, tuple(shape), sharding, halo, args.max_displacement)
     records = []
     for what in args.what:
-        compiled, mem = {}, {}
-        for impl, f in progs[what].items():
-            t0 = time.perf_counter()
-            compiled[impl] = f.lower(dx).compile()
-            mem[impl] = harness.memory_stats(compiled[impl])
-            harness.say(args, f"{harness.fmt_dims(shape)} {what} {impl}: compiled in "
-                              f"{time.perf_counter() - t0:.1f} s")
+        harness.say(args, f"{harness.fmt_dims(shape)} {what}: compile")
+        compiled = {impl: f.lower(dx).compile() for impl, f in progs[what].items()}
+        mem = {impl: harness.memory_stats(c) for impl, c in compiled.items()}
         outs = {impl: jax.block_until_ready(c(dx)) for impl, c in compiled.items()}
         load0 = harness.loadavg()
         times = harness.time_calls({impl: functools.partial(c, dx) for impl, c in compiled.items()},
@@ -131,17 +123,14 @@ def run_case(shape, pdims, args, ctx: dict[str, Any]) -> list[dict]:
         a, b = outs["pencilfft"], outs["jaxpm"]
         if what == "paint+readout":
             err = {"density": _err(a[0], b[0]), "readout": _err(a[1], b[1])}
-            err["mass"] = {"jaxpm": float(np.asarray(b[0], np.float64).sum()),
-                           "pencilfft": float(np.asarray(a[0], np.float64).sum()),
-                           "particles": int(np.prod(shape))}
+            err["mass"] = {"jaxpm": float(np.sum(b[0], dtype=np.float64)), "particles": math.prod(shape),
+                           "pencilfft": float(np.sum(a[0], dtype=np.float64))}
         else:
             err = {what: _err(a, b)}
         if what == "forces":  # JaxPM's pm_forces given pencilfft's density: FFTs and readout
             rho = jax.jit(lambda d: pencilfft.paint(d, max_displacement=args.max_displacement))(dx)
-            same = jax.jit(lambda d, r: pm.pm_forces(d, mesh_shape=tuple(shape), delta=r,
-                                                     paint_absolute_pos=False,
-                                                     halo_size=(halo, halo),
-                                                     sharding=sharding))(dx, rho)
+            same = jax.jit(lambda d, r: pm.pm_forces(d, mesh_shape=tuple(shape), delta=r, sharding=sharding,
+                                                     paint_absolute_pos=False, halo_size=(halo, halo)))(dx, rho)
             err["forces, JaxPM given pencilfft's density"] = _err(a, same)
         if what == "grad":  # JaxPM's own gradient on one device (no halos): the reference
             one = jax.jit(jax.grad(_paint_read(*_jaxpm_pair(painting), loss=True)))(jnp.asarray(dx_np))
@@ -169,8 +158,7 @@ def _fmt_err(k, v) -> str:
 
 
 def table(records) -> str:
-    """One row per (grid, mesh, what): both medians (3 digits below 1 s: a GPU's are ms), the
-    speed-up, the differences, the memory per device."""
+    """One row per (grid, mesh, what): medians, speed-up, differences, memory."""
     rows = [[harness.fmt_dims(r["shape"]), harness.fmt_dims(r["pdims"]), r["what"],
              harness.fmt_ms(r["median_s"]["jaxpm"]), harness.fmt_ms(r["median_s"]["pencilfft"]),
              f"{r['speedup']:.1f}x", "; ".join(_fmt_err(k, v) for k, v in r["rel_err"].items()),

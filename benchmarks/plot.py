@@ -42,8 +42,7 @@ def series_label(r: Record) -> str:
 
 
 def _slots() -> tuple[dict[str, int], int]:
-    """label -> its tab20 colour: an implementation with two layouts gets the dark and light
-    shade of one hue, the others a dark shade each; and the first hue left over."""
+    """label -> its tab20 colour (a dark and a light shade per hue), and the next free hue."""
     slots, hue = {}, 0
     for impl in IMPLS:
         if impl in LAYOUT_FREE or impl in ONE_LAYOUT:
@@ -60,14 +59,10 @@ def all_series() -> list[str]:
 
 
 def series_color(label: str):
-    """A colour of its own for every series, the same in every figure (matplotlib's cycle has
-    10 colours for up to 14 series: pairs shared one); labels no implementation gives share
-    the next hue, then grey."""
+    """A colour of its own for every series, the same in every figure."""
     tab20 = colormaps["tab20"].colors
     slots, hue = _slots()
-    if label in slots:
-        return tab20[slots[label]]
-    return tab20[2 * hue] if 2 * hue < len(tab20) else "0.5"
+    return tab20[slots[label]] if label in slots else tab20[2 * hue] if 2 * hue < len(tab20) else "0.5"
 
 
 def _series_order(label: str) -> tuple[int, str]:
@@ -87,8 +82,7 @@ def best_by_devices(records: Sequence[Record]) -> dict[str, dict[int, Record]]:
 
 
 def _figure(ncols: int, nrows: int = 1):
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4.2 * nrows), squeeze=False)
-    return fig, axes
+    return plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4.2 * nrows), squeeze=False)
 
 
 def _save(fig, path: Path) -> Path:
@@ -133,8 +127,7 @@ def _per_grid(records: Sequence[Record]):
 
 
 def _plot_times(ax, series: dict[str, dict[int, Record]]):
-    """Median time vs devices of every series on `ax`: ([(label, devices, times, colour)], every
-    device count drawn)."""
+    """Every series' time vs devices on `ax`: what was drawn, and every device count."""
     drawn, ns_all = [], []
     for label, pts in series.items():
         ns = sorted(pts)

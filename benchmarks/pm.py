@@ -69,15 +69,13 @@ class Physics:
 
     @property
     def amplitude(self) -> float:
-        """Noise amplitude giving rms displacement `sigma` (continuum limit of the sum over k):
-        var(psi_i) = A^2 / (2 pi)^3 * int k_i^2 / k^4 exp(-k^2 R^2) d^3k = A^2 sqrt(pi) / (12 pi^2 R)."""
+        """Noise amplitude of rms displacement `sigma`: A^2 sqrt(pi) / (12 pi^2 R) = sigma^2."""
         return self.sigma / math.sqrt(math.sqrt(math.pi) / (12 * math.pi**2 * self.smoothing))
 
 
 @dataclasses.dataclass(frozen=True)
 class Ops:
-    """The library calls of the pipeline (global arrays): fft, ifft, freqs (spectrum -> kx, ky,
-    kz), halo (jaxdecomp's halo_exchange; None on one device), k_sharding (None: no constraint)."""
+    """The pipeline's library calls: fft, ifft, freqs, halo (None: one device), k_sharding."""
 
     fft: Callable
     ifft: Callable
@@ -107,10 +105,9 @@ def one_device_ops(shape) -> Ops:
 
     def freqs(k):
         dtype = np.float64 if k.dtype == np.complex128 else np.float32
-        vec = [2 * np.pi * np.fft.fftfreq(X), 2 * np.pi * np.fft.fftfreq(Y),
-               2 * np.pi * np.fft.rfftfreq(Z)]
-        return tuple(jnp.asarray(v.astype(dtype).reshape([-1 if i == j else 1 for j in range(3)]))
-                     for i, v in enumerate(vec))
+        vec = [np.fft.fftfreq(X), np.fft.fftfreq(Y), np.fft.rfftfreq(Z)]
+        return tuple(jnp.asarray((2 * np.pi * v).astype(dtype).reshape(
+            [-1 if i == j else 1 for j in range(3)])) for i, v in enumerate(vec))
 
     return Ops(fft=jnp.fft.rfftn, ifft=lambda k: jnp.fft.irfftn(k, s=shape), freqs=freqs,
                halo=None, k_sharding=None)
@@ -156,9 +153,7 @@ class Grid:
 
 
 def _corners(dx, pads):
-    """CIC of particles at (local cell + dx) in a block padded by `pads`: the padded shape and,
-    per neighbour cell, its flat index (XLA compiles a 1-D scatter in half a 3-D one's time) and
-    weights; from dx's floor and fraction only, so that a particle weighs the same on any mesh."""
+    """CIC of particles at cell + dx in a block padded by `pads`: flat indices and weights."""
     bx, by, Z = dx.shape[:3]
     size = (bx + 2 * pads[0], by + 2 * pads[1], Z)
     fl = jnp.floor(dx)
@@ -179,14 +174,12 @@ def _corners(dx, pads):
 
 def _paint_block(dx, pads):
     size, corners = _corners(dx, pads)
-    flat = jnp.stack([f for f, _ in corners]).ravel()
-    w = jnp.stack([w for _, w in corners]).ravel()
+    flat, w = (jnp.stack(c).ravel() for c in zip(*corners))
     return jnp.zeros(math.prod(size), dx.dtype).at[flat].add(w).reshape(size)
 
 
 def _fold_block(grid, pads):
-    """Add the halo cells (filled by the exchange with the neighbours' inner pads) to the edge
-    cells they stand for, then cut the padding."""
+    """Add the filled halo cells to the edge cells they stand for; cut the padding."""
     for axis, p in enumerate(pads):
         if p == 0:
             continue
@@ -241,8 +234,7 @@ def _gradients(k, ops: Ops):
     """(k^2, the 3 gradient kernels): 4th-order finite differences i (8 sin k - sin 2k) / 6."""
     ks = ops.freqs(k)
     k2 = sum(kk**2 for kk in ks)
-    grads = [1j * (8 * jnp.sin(kk) - jnp.sin(2 * kk)) / 6 for kk in ks]
-    return k2, grads
+    return k2, [1j * (8 * jnp.sin(kk) - jnp.sin(2 * kk)) / 6 for kk in ks]
 
 
 def _inv_laplace(k2):
@@ -268,8 +260,7 @@ def lpt(noise, grid: Grid, ops: Ops, phys: Physics):
 
 
 def leapfrog(state, grid: Grid, ops: Ops, phys: Physics, steps: int):
-    """`steps` drift-kick-drift leapfrog steps over phys.t_end in one lax.scan: one force
-    evaluation per step."""
+    """`steps` drift-kick-drift steps over phys.t_end in one lax.scan."""
     dt = phys.t_end / steps
 
     def dkd(carry, _):
@@ -283,11 +274,9 @@ def leapfrog(state, grid: Grid, ops: Ops, phys: Physics, steps: int):
 
 def programs(grid: Grid, ops: Ops, phys: Physics, steps: int) -> dict[str, Callable]:
     """The jitted programs: 'lpt' (noise -> state), 'steps' (state -> state), 'density'."""
-    return {
-        "lpt": jax.jit(lambda n: lpt(n, grid, ops, phys)),
-        "steps": jax.jit(lambda s: leapfrog(s, grid, ops, phys, steps)),
-        "density": jax.jit(lambda dx: paint(dx, grid, ops)),
-    }
+    return {"lpt": jax.jit(lambda n: lpt(n, grid, ops, phys)),
+            "steps": jax.jit(lambda s: leapfrog(s, grid, ops, phys, steps)),
+            "density": jax.jit(lambda dx: paint(dx, grid, ops))}
 
 
 def simulate(noise, grid: Grid, ops: Ops, phys: Physics = Physics(), steps: int = 2):
@@ -369,8 +358,7 @@ def _build(impl: str, shape, pdims, args, phys: Physics, noise) -> Run:
 
 
 def _check(runs: list[Run], dtype: str) -> None:
-    """Each run's final particles and density against the one-device run's; a particle beyond
-    its halo makes a distributed run wrong."""
+    """Every run against the one-device run; a particle beyond its halo is wrong."""
     results = {}
     for r in runs:
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import importlib.util
 import math
 import statistics
@@ -41,16 +42,14 @@ def load_jaxpm(path: str | None):
         spec.loader.exec_module(module)
         return module
     try:
-        from jaxpm import utils
-        return utils
+        return importlib.import_module("jaxpm.utils")
     except Exception:  # noqa: BLE001 - JaxPM's package imports many optional dependencies
         print("JaxPM not found: no jaxpm row (--jaxpm path/to/jaxpm/utils.py)", file=sys.stderr)
         return None
 
 
 def host_bins(shape: Sequence[int]):
-    """(bin index of every mode, n_bins): JaxPM's default bins on a unit-cell box, with the
-    upper bin for modes on an edge (pencilfft's rule), as int32 numpy of the whole grid."""
+    """(bin of every mode, n_bins): JaxPM's default bins, upper bin on edges, on the host."""
     bins, _ = private.plan_bins(tuple(shape))
     kvec = [2 * np.pi * np.fft.fftfreq(n).reshape([-1 if i == d else 1 for i in range(3)])
             for d, n in enumerate(shape)]
@@ -79,8 +78,7 @@ def build(shape, pdims, jaxpm, seed: int) -> tuple[list[Program], dict[str, Any]
     with jax.set_mesh(mesh):  # the mesh known when traced: compiled here, called outside
         known = spectrum.lower(x).compile()
     programs = [Program("pencilfft", "full", spectrum, x, compiled=known),
-                Program("pencilfft-jit", "full", spectrum, x,
-                              compiled=spectrum.lower(x).compile()),
+                Program("pencilfft-jit", "full", spectrum, x, compiled=spectrum.lower(x).compile()),
                 Program("fftn-1dev", "reference", jax.jit(one_device), (one, dig_one))]
     programs[2].compiled = programs[2].fn.lower(one, dig_one).compile()
     memory_of = {p.name: p.compiled for p in programs}
@@ -128,30 +126,20 @@ def run_case(shape, pdims, args: argparse.Namespace, ctx: dict[str, Any]) -> lis
 
 def table(records: Sequence[dict[str, Any]]) -> str:
     """One row per (grid, mesh, program): time, ratio to one device, memory per device."""
-    head = ["grid", "mesh", "program", "median ms", "vs one device", "memory per device MiB",
-            "in field blocks", "all-gather"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * (len(head) - 3)]
     cases: dict[tuple, dict[str, dict]] = {}
     for r in records:
         cases.setdefault((tuple(r["shape"]), tuple(r["pdims"])), {})[r["program"]] = r
-    for (shape, pdims), by in cases.items():
-        one = by["fftn-1dev"]["median_s"]
-        for name in PROGRAMS:
-            r = by.get(name)
-            if r is None:
-                continue
-            mem = r["mem_bytes"]
-            lines.append(
-                f"| {harness.fmt_dims(shape)} | {harness.fmt_dims(pdims)} | {name} | "
-                f"{r['median_s'] * 1e3:.0f} | {r['median_s'] / one:.2f} | "
-                f"{mem / 2**20:.1f} | {mem / r['field_bytes_per_device']:.2f} | "
-                f"{'yes' if r['all_gather'] else 'no'} |")
-    lines += ["", f"float32, auto spectrum with JaxPM's default bins, medians of "
-                  f"{records[0]['repeats']} interleaved rounds; memory: XLA's analysis "
-                  f"(arguments + outputs + temporaries; fftn-1dev's is on its one device, "
-                  f"jaxpm's of its device part); load average when a case ended: "
-                  f"{harness.load_range(records)}."]
-    return "\n".join(lines)
+    rows = [[harness.fmt_dims(shape), harness.fmt_dims(pdims), name, f"{r['median_s'] * 1e3:.0f}",
+             f"{r['median_s'] / by['fftn-1dev']['median_s']:.2f}", f"{r['mem_bytes'] / 2**20:.1f}",
+             f"{r['mem_bytes'] / r['field_bytes_per_device']:.2f}", "yes" if r["all_gather"] else "no"]
+            for (shape, pdims), by in cases.items() for name in PROGRAMS if (r := by.get(name))]
+    return harness.md_table(["grid", "mesh", "program", "median ms", "vs one device",
+                             "memory per device MiB", "in field blocks", "all-gather"], rows,
+                            "lll" + "r" * 5, (
+        f"float32, auto spectrum with JaxPM's default bins, medians of {records[0]['repeats']} "
+        f"interleaved rounds; memory: XLA's analysis (arguments + outputs + temporaries; "
+        f"fftn-1dev's is on its one device, jaxpm's of its device part); load average when a "
+        f"case ended: {harness.load_range(records)}."))
 
 
 OPTIONS = dict(devices=8, shapes=["256"], pdims=dict(default=["4x2", "1x8"], type=harness.parse_pxq),
