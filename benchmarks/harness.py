@@ -1,134 +1,85 @@
-"""Benchmark harness: cases, variants, input data, the round-robin timing loop, JSON records.
+"""The harness of every comparison: one command line, the machine, input data, one timing loop,
+records, and one markdown table writer.
 
-A *case* is one (global shape, dtype, mesh).  Within a case every implementation/layout (a
-*variant*) gets the same input data, is compiled once per direction (compile time measured
-separately), warmed up, then timed `--repeats` times with `block_until_ready`.  The variants run
-round-robin (repeat r of every variant before repeat r+1 of any, the starting variant rotating
-each round) so that drift of the machine (thermal, other users, the OS) spreads over all of them
-instead of favouring whichever ran first.  Each (variant, direction) becomes one record (a JSON
-line, every key of RECORD_FIELDS).
+    python -m benchmarks.<comparison> [PART] [options]     # measure; records appended to --out
+    python -m benchmarks.<comparison> table FILE... [--format NAME] [--status STATUS...]
 
-Under mpirun/srun each process builds only its own blocks of the input (a seeded generator per
-block, `jax.make_array_from_callback`), the per-repeat times are the maximum over processes, and
-the single-device baseline is skipped.
-
-The implementations themselves are builders in `benchmarks.impls`, handed to `run_case` /
-`CaseRunner`; this module knows them only by name (IMPLS, the layout rules).  Also here: the
-parsing helpers the other benchmark tools share (shapes, meshes, `square_pdims`, `fmt_dims`), the
-machine description stored in every record, and `load_records` to read results back.
-
-Only the standard library is imported at module level: `--devices` must take effect before jax
-creates its backend.
+A comparison module holds only what is particular to it: `OPTIONS` (the common options of
+`COMMON` it takes, with its defaults), `add_options(parser)` for its own, `run(args, ctx)` (or
+`run_case(shape, pdims, args, ctx)`, or `PARTS`: part name -> (run, table name)) yielding lists
+of records, `TABLES` (name -> markdown
+table of records, the first the default), and optionally `plan(args)` (what --dry-run prints),
+`validate(args)` and `report(args, records)` (what a run prints instead of its table).
+`main(module)` does the rest: it parses, pins the cores, sets the device count and precision,
+starts jax (jax.distributed under mpirun/srun), appends each list of records to --out as it is
+measured (process 0 only) and prints the table.  Nothing may create jax's backend before
+`start`: the cores, the device count and jax.distributed are set there.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import math
 import os
 import platform
+import shlex
 import socket
 import statistics
 import subprocess
-import time
+import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-SCHEMA = 1
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import AxisType
 
-# Implementation name -> what it runs.  Order = column order in the tables.
-IMPLS: dict[str, str] = {
-    "pencilfft": "pencilfft.pfft3d / pifft3d (complex-to-complex), exchange='auto'",
-    "pencilfft-jit": "pencilfft.pfft3d / pifft3d called as jaxdecomp's users do: jax.jit on an "
-                     "array sharded over an Auto mesh, no mesh= and no mesh in scope (the "
-                     "compiler-partitioned path)",
-    "pencilfft-a2a": "the same with exchange='alltoall' on every mesh axis (the first version)",
-    "pencilfft-r2c": "pencilfft.prfft3d / pirfft3d (real-to-complex, half spectrum), if present",
-    "naive-pencil": "plain shard_map pencil: jnp.fft.fft along strided axes 0 and 1, all_to_all "
-                    "without local reordering (natural layout; the 'before' of issue 6)",
-    "jaxdecomp": "jaxdecomp.pfft3d / pifft3d, backend='jax' (XLA collectives)",
-    "jaxdecomp-cudecomp": "jaxdecomp.pfft3d / pifft3d, backend='cudecomp' (GPU build only)",
-    "fftn-sharded": "jnp.fft.fftn / ifftn on the sharded array (XLA gathers the whole array)",
-    "fftn-1dev": "jnp.fft.fftn / ifftn on one device: the reference for speedups",
-}
-BASELINE = "fftn-1dev"
-# Implementations whose output order does not depend on `--layouts`: their results are in
-# natural order and they run once per case whatever layouts were asked for.
-LAYOUT_FREE = ("fftn-sharded", "fftn-1dev")
-# Implementations that have a single layout: run only when that layout is asked for.
-ONE_LAYOUT = {"naive-pencil": "natural", "jaxdecomp": "transposed", "jaxdecomp-cudecomp": "transposed"}
+from benchmarks import private
+
 DIRECTIONS = ("forward", "inverse")
 LAYOUTS = ("transposed", "natural")
 DTYPES = ("complex64", "complex128")
 REAL_DTYPE = {"complex64": "float32", "complex128": "float64"}
-# Acceptance of --check, max|err| / max|ref|, per precision (loose: 256^3 single precision
-# accumulates ~log2(N) roundings).
-CHECK_TOL = {"complex64": 1e-4, "complex128": 1e-10}
-# Largest global array (points) --check gathers onto every process under mpirun/srun.
+# Largest global array (points) a check gathers onto every process under mpirun/srun.
 CHECK_MAX_POINTS_MP = 256**3
-
-# Every record has these keys (values may be None for skipped/failed variants).
-RECORD_FIELDS = (
-    "schema", "timestamp", "tag", "status", "note",
-    "impl", "layout", "direction", "shape", "n_points", "dtype", "input_dtype", "norm",
-    "pdims", "axis_type", "mesh_devices", "n_devices",
-    "repeats", "warmup", "lower_s", "compile_s", "median_s", "min_s", "max_s", "mean_s", "std_s",
-    "times_s", "flops", "gflops", "gflops_per_device", "speedup_vs_fftn_1dev",
-    "mem_argument_bytes", "mem_output_bytes", "mem_temp_bytes", "mem_alias_bytes", "mem_bytes",
-    "max_rel_err", "machine", "versions", "command",
-)
-# Of these, the ones that must be positive numbers in an "ok" record (speedup_vs_fftn_1dev
-# too, except under several processes, where there is no one-device baseline: None).
-POSITIVE_FIELDS = (
-    "n_points", "mesh_devices", "n_devices", "repeats", "compile_s", "median_s", "min_s",
-    "max_s", "flops", "gflops", "gflops_per_device",
-)
 
 
 class Skip(Exception):
     """A variant that cannot run here (not installed, wrong mesh, too big...): noted, not an error."""
 
 
-# --------------------------------------------------------------------------------------------
-# Parsing and planning (no jax needed: `--dry-run` and the slurm tests use only this part)
-# --------------------------------------------------------------------------------------------
+def parse_dims(text: str, what: str, example: str, counts: Sequence[int]) -> tuple[int, ...]:
+    """'4x2' -> (4, 2), with as many sizes as `counts` allows (ArgumentTypeError otherwise)."""
+    try:
+        dims = tuple(int(p) for p in text.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) not in counts or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"{what} {text!r}: expected {example}")
+    return dims
+
 
 def parse_shape(text: str) -> tuple[int, int, int]:
     """'128' -> (128, 128, 128); '256x128x64' -> (256, 128, 64)."""
-    parts = text.lower().split("x")
-    try:
-        dims = tuple(int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape {text!r}: expected N or XxYxZ, e.g. 128 or 256x128x64")
-    if len(dims) == 1:
-        dims = dims * 3
-    if len(dims) != 3 or min(dims) < 1:
-        raise argparse.ArgumentTypeError(f"shape {text!r}: expected N or XxYxZ with positive sizes")
-    return dims  # type: ignore[return-value]
+    dims = parse_dims(text, "shape", "N or XxYxZ with positive sizes, e.g. 128 or 256x128x64", (1, 3))
+    return dims * 3 if len(dims) == 1 else dims  # type: ignore[return-value]
 
 
 def parse_pdims(text: str) -> tuple[int, ...] | str:
     """'4x2' -> (4, 2) (pencils); '8' -> (8,) (slabs on a 1-axis mesh); 'auto' kept as is."""
-    if text == "auto":
-        return text
-    try:
-        dims = tuple(int(p) for p in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"pdims {text!r}: expected PxQ (e.g. 4x2), P (e.g. 8) or auto")
-    if len(dims) not in (1, 2) or min(dims) < 1:
-        raise argparse.ArgumentTypeError(f"pdims {text!r}: expected 1 or 2 positive sizes")
-    return dims
+    return text if text == "auto" else parse_dims(
+        text, "pdims", "PxQ (e.g. 4x2), P (e.g. 8) or auto, positive sizes", (1, 2))
 
 
 def parse_pxq(text: str) -> tuple[int, int]:
-    """`parse_pdims`, but only PxQ: for tools whose meshes always have two axes."""
-    dims = parse_pdims(text)
-    if not isinstance(dims, tuple) or len(dims) != 2:
-        raise argparse.ArgumentTypeError(f"pdims {text!r}: expected PxQ, 2 positive sizes, e.g. 4x2")
-    return dims
+    """`parse_pdims`, but only PxQ: for comparisons whose meshes always have two axes."""
+    return parse_dims(text, "pdims", "PxQ, 2 positive sizes, e.g. 4x2", (2,))  # type: ignore[return-value]
 
 
 def square_pdims(n: int) -> tuple[int, int]:
@@ -145,39 +96,10 @@ def fmt_dims(dims: Sequence[int]) -> str:
     return "x".join(str(d) for d in dims)
 
 
-def fft_flops(shape: Sequence[int], real: bool) -> float:
-    """Nominal flop count of one 3D transform: 5 N log2 N (complex), 2.5 N log2 N (real-to-complex).
-
-    The usual convention (FFTW's benchFFT): it ignores the algorithm actually used, so GFlop/s
-    is a speed normalised by problem size, comparable across sizes, not a hardware count.
-    """
-    n = math.prod(shape)
-    return (2.5 if real else 5.0) * n * math.log2(n) if n > 1 else 0.0
-
-
 def validate_case(shape: Sequence[int], pdims: Sequence[int]) -> str | None:
-    """Why this (shape, mesh) cannot be benchmarked, or None.
-
-    The library's own rule (`pencilfft._decomposition.rules.split_problem`): the real-space input is
-    split X over the first mesh axis and Y over the second, and these must divide exactly.
-    """
-    from pencilfft._decomposition.rules import split_problem
-
-    problem = split_problem(shape, pdims, ("x", "y"))
+    """Why this (shape, mesh) cannot be measured (pencilfft's own rule), or None."""
+    problem = private.split_problem(shape, pdims, ("x", "y"))
     return None if problem is None else problem[1]
-
-
-def variant_plan(impls: Sequence[str], layouts: Sequence[str]) -> list[tuple[str, str]]:
-    """The (impl, layout) pairs of one case, before anything is known about the machine."""
-    out = []
-    for impl in impls:
-        if impl in LAYOUT_FREE:
-            out.append((impl, "natural"))
-        elif impl in ONE_LAYOUT:
-            out.extend((impl, lay) for lay in layouts if lay == ONE_LAYOUT[impl])
-        else:
-            out.extend((impl, lay) for lay in layouts)
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,83 +113,78 @@ class Case:
         return f"{fmt_dims(self.shape)} {self.dtype} pdims {fmt_dims(self.pdims)}"
 
 
-def resolve_pdims(pdims: Sequence[tuple[int, ...] | str], n_devices: int | None) -> list[tuple[int, ...]]:
-    """Replace 'auto' by the most square mesh of `n_devices` (left as 'auto' if unknown yet)."""
-    out: list[tuple[int, ...]] = []
-    for pd in pdims:
-        pd2 = square_pdims(n_devices) if pd == "auto" and n_devices else pd
-        if pd2 not in out:
-            out.append(pd2)  # type: ignore[arg-type]
-    return out
-
-
 def make_cases(args: argparse.Namespace, n_devices: int | None, exact: bool = False) -> list[Case]:
-    """All cases in run order; raises SystemExit with a clear message on an impossible one.
-
-    `exact`: every mesh must use all `n_devices` (several processes: a process left out of a
-    mesh would have nothing to run).
-    """
+    """Every (shape, dtype, mesh) ('auto': most square); `exact`: all devices in every mesh."""
+    pdims = list(dict.fromkeys(square_pdims(n_devices) if pd == "auto" and n_devices else pd
+                               for pd in args.pdims))
     cases = []
     for shape in args.shapes:
         for dtype in args.dtypes:
-            for pd in resolve_pdims(args.pdims, n_devices):
+            for pd in pdims:
                 if pd == "auto":
-                    cases.append(Case(shape, dtype, ("auto",)))  # type: ignore[arg-type]
+                    cases.append(Case(shape, dtype, ("auto",)))
                     continue
-                why = validate_case(shape, pd)
+                why, n = validate_case(shape, pd), math.prod(pd)
                 if why:
                     raise SystemExit(f"error: shape {fmt_dims(shape)} on pdims {fmt_dims(pd)}: {why}")
-                if n_devices is not None and math.prod(pd) > n_devices:
-                    raise SystemExit(f"error: pdims {fmt_dims(pd)} needs {math.prod(pd)} devices; "
-                                     f"there are {n_devices}")
-                if exact and math.prod(pd) != n_devices:
-                    raise SystemExit(f"error: pdims {fmt_dims(pd)} uses {math.prod(pd)} of the "
-                                     f"{n_devices} devices; with several processes every mesh "
-                                     "must use all of them")
+                if n_devices is not None and n > n_devices:
+                    raise SystemExit(f"error: pdims {fmt_dims(pd)} needs {n} devices; there are {n_devices}")
+                if exact and n != n_devices:
+                    raise SystemExit(f"error: pdims {fmt_dims(pd)} uses {n} of the {n_devices} "
+                                     "devices; with several processes every mesh must use all of them")
                 cases.append(Case(shape, dtype, pd))
     return cases
 
 
-# --------------------------------------------------------------------------------------------
-# The machine and the input data (jax imported in the functions, once devices are set)
-# --------------------------------------------------------------------------------------------
+def pin_cores(n: int | None) -> None:
+    """This process on `n` of its cores, as taskset; under mpirun/srun each on its own `n`."""
+    if not n:
+        return
+    rank = next((int(os.environ[k]) for k in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                               "SLURM_LOCALID") if k in os.environ), 0)
+    cores = sorted(os.sched_getaffinity(0))[rank * n:(rank + 1) * n]
+    if len(cores) < n:
+        raise SystemExit(f"error: --cores {n}: local rank {rank} has only {len(cores)} cores left")
+    os.sched_setaffinity(0, cores)
+
 
 def configure_devices(n: int | None) -> None:
-    """Ask for `n` simulated CPU devices per process, if jax's backend does not exist yet.
-
-    XLA_FLAGS wins when it already sets a count (the test suite and mpirun runners do); the
-    option only affects the CPU backend, so it is harmless on GPU machines.
-    """
+    """`n` simulated CPU devices per process, unless XLA_FLAGS sets a count."""
     if n is None or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
         return
-    import jax
-
     try:
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:
         pass  # backend already up (e.g. called in-process from the tests): the count is fixed
 
 
+def start(args: argparse.Namespace) -> None:
+    """Cores, device count and precision, then jax (jax.distributed under mpirun/srun)."""
+    pin_cores(getattr(args, "cores", None))
+    configure_devices(getattr(args, "devices", None))
+    import pencilfft  # (here: an orchestrator that starts no jax must not fail on pencilfft)
+
+    pencilfft.initialize()
+    if {"complex128", "float64"} & set(getattr(args, "dtypes", None) or ()):
+        jax.config.update("jax_enable_x64", True)
+
+
+def is_main() -> bool:
+    return jax.process_index() == 0
+
+
 def machine_info() -> dict[str, Any]:
     """Where the numbers come from; stored in every record."""
-    import jax
-
-    dev = jax.devices()[0]
     env = {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_JOB_PARTITION", "SLURM_JOB_NUM_NODES",
-                                      "SLURM_NTASKS", "SLURM_JOB_CONSTRAINTS", "XLA_FLAGS")
-           if k in os.environ}
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "backend": jax.default_backend(),
-        "device_kind": dev.device_kind,
-        "device_count": jax.device_count(),
-        "local_device_count": jax.local_device_count(),
-        "process_count": jax.process_count(),
-        "env": env,
-    }
+                                      "SLURM_NTASKS", "SLURM_JOB_CONSTRAINTS", "XLA_FLAGS",
+                                      "PENCILFFT_THREADS") if k in os.environ}
+    return {"hostname": socket.gethostname(), "platform": platform.platform(),
+            "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "cores": len(os.sched_getaffinity(0)),
+            "threads_per_device": private.threads.threads_per_device(),
+            "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+            "device_count": jax.device_count(), "local_device_count": jax.local_device_count(),
+            "process_count": jax.process_count(), "env": env}
 
 
 def loadavg() -> float | None:
@@ -278,9 +195,8 @@ def loadavg() -> float | None:
         return None
 
 
-def load_range(records) -> str:
-    """"a-b" (or "a"): the 1-minute load averages recorded with `records` (their
-    machine.loadavg_1m), for a table's note; "not recorded" where none was."""
+def load_range(records: Iterable[dict[str, Any]]) -> str:
+    """"a-b": the load averages recorded with `records`, for a table's note."""
     loads = sorted(r["machine"].get("loadavg_1m") for r in records
                    if r.get("machine", {}).get("loadavg_1m") is not None)
     if not loads:
@@ -289,54 +205,52 @@ def load_range(records) -> str:
 
 
 def versions() -> dict[str, Any]:
-    import jax
-    import jaxlib
+    from importlib.metadata import PackageNotFoundError, version
 
-    out: dict[str, Any] = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
-    try:
-        import pencilfft
-
-        out["pencilfft"] = getattr(pencilfft, "__version__", None)
-    except Exception:  # noqa: BLE001 - a broken pencilfft is reported by its variants
-        out["pencilfft"] = None
-    try:
-        from importlib.metadata import version
-
-        out["jaxdecomp"] = version("jaxdecomp")
-    except Exception:  # noqa: BLE001
-        out["jaxdecomp"] = None
-    out["git_commit"] = _git_commit()
-    return out
+    out: dict[str, Any] = {}
+    for name in ("jax", "jaxlib", "pencilfft", "jaxdecomp"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:  # (pencilfft from a checkout on PYTHONPATH: not installed)
+            out[name] = getattr(sys.modules.get(name), "__version__", None)
+    return {**out, "git_commit": _git_commit()}
 
 
 def _git_commit() -> str | None:
-    """HEAD of the checkout the harness runs from, '+dirty' if tracked files changed.
-
-    GIT_OPTIONAL_LOCKS=0: `git status` must not rewrite the index of a tree someone else uses.
-    """
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
+    """HEAD of this checkout, "+dirty" if tracked files changed (git status takes no lock)."""
+    root, env = Path(__file__).resolve().parents[1], dict(os.environ, GIT_OPTIONAL_LOCKS="0")
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, env=env,
-                              capture_output=True, text=True, timeout=10)
-        if head.returncode:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               env=env, capture_output=True, text=True, timeout=10)
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        head, changed = (subprocess.run(["git", *c], cwd=root, capture_output=True, text=True,
+                                        timeout=10, env=env)
+                         for c in (["rev-parse", "HEAD"], ["status", "--porcelain", "-uno"]))
     except (OSError, subprocess.SubprocessError):
         return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+dirty" if changed.stdout.strip() else "")
+
+
+def context(prog: str, argv: Sequence[str]) -> dict[str, Any]:
+    """What every record of a run stores about it."""
+    return {"timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": machine_info(), "versions": versions(),
+            "command": f"python -m {prog} " + shlex.join(argv)}
+
+
+def stamp(ctx: dict[str, Any]) -> dict[str, Any]:
+    """`ctx` for one record, with the load when it was measured (the machine may be shared)."""
+    return {**ctx, "machine": {**ctx["machine"], "loadavg_1m": loadavg()}}
+
+
+def make_mesh(pdims: Sequence[int], axis_type: str = "explicit", names: Sequence[str] = ("x", "y")):
+    """A mesh over the first devices, axes `names` (as many as pdims) Explicit or Auto."""
+    kind = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}[axis_type]
+    return jax.make_mesh(tuple(pdims), tuple(names)[: len(pdims)], axis_types=(kind,) * len(pdims),
+                         devices=jax.devices()[: math.prod(pdims)])
 
 
 def make_input(shape: Sequence[int], sharding: Any, dtype: str, seed: int) -> Any:
-    """A global random array built block by block: no process ever holds more than its blocks.
-
-    Each block's generator is seeded with (seed, block start): the data are reproducible for a
-    given block structure whatever the number of processes.
-    """
-    import jax
-    import numpy as np
-
+    """A random global array built block by block, seeded by block: the same on any process count."""
     real = np.dtype(dtype).kind == "f"
     rdt = np.dtype(dtype) if real else np.dtype(REAL_DTYPE[dtype])
 
@@ -354,338 +268,117 @@ def make_input(shape: Sequence[int], sharding: Any, dtype: str, seed: int) -> An
     return jax.make_array_from_callback(tuple(shape), sharding, block)
 
 
-# --------------------------------------------------------------------------------------------
-# Variants and the timing loop
-# --------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Variant:
-    """One implementation/layout inside a case, with its compiled programs and measurements."""
-
-    impl: str
-    layout: str
-    real_input: bool = False
-    n_devices: int = 0
-    status: str = "ok"  # ok | skipped | error | wrong
-    note: str = ""
-    fns: dict[str, Callable] = dataclasses.field(default_factory=dict)  # direction -> python fn
-    x: Any = None  # the forward's input; the inverse's input is each forward's output
-    compiled: dict[str, Any] = dataclasses.field(default_factory=dict)
-    lower_s: dict[str, float] = dataclasses.field(default_factory=dict)
-    compile_s: dict[str, float] = dataclasses.field(default_factory=dict)
-    mem: dict[str, dict[str, int | None]] = dataclasses.field(default_factory=dict)
-    times: dict[str, list[float]] = dataclasses.field(default_factory=dict)
-    err: dict[str, float | None] = dataclasses.field(default_factory=dict)
-
-    def fail(self, status: str, exc: BaseException | str) -> None:
-        self.status = status
-        msg = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-        self.note = " ".join(str(msg).split())[:400]
-        self.compiled.clear()
-        self.x = None
-
-    @property
-    def ok(self) -> bool:
-        """Built, compiled and (so far) correct."""
-        return self.status == "ok"
-
-    @property
-    def ran(self) -> bool:
-        """Ran to the end: correct or not, its timings are real ("wrong" is set by the check)."""
-        return self.status in ("ok", "wrong")
-
-
-# What `benchmarks.impls` provides per implementation: fills the Variant's `fns`, `x` and
-# `n_devices` using the runner's mesh and input, or raises Skip.
-Builder = Callable[["CaseRunner", Variant], None]
-
-
-class CaseRunner:
-    """Builds, compiles, times and checks every variant of one case.
-
-    `builders`: implementation name -> Builder, for every implementation `build` may be asked for.
-    """
-
-    def __init__(self, case: Case, args: argparse.Namespace, builders: Mapping[str, Builder]):
-        import jax
-
-        self.case = case
-        self.args = args
-        self.builders = builders
-        self.single_process = jax.process_count() == 1
-        self._inputs: dict[Any, Any] = {}
-
-    # -- meshes and inputs -------------------------------------------------------------------
-    def mesh(self, axis_type: str) -> Any:
-        """The case's mesh, axes ("x", "y") (or ("x",) for slabs) of `axis_type`, first devices."""
-        import jax
-        from jax.sharding import AxisType
-
-        pd = self.case.pdims
-        kind = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}[axis_type]
-        devices = jax.devices()[: math.prod(pd)]
-        return jax.make_mesh(pd, ("x", "y")[: len(pd)], axis_types=(kind,) * len(pd), devices=devices)
-
-    def input(self, sharding: Any, real: bool) -> Any:
-        """The case's input on `sharding` (cached: variants with equal shardings share it)."""
-        dtype = REAL_DTYPE[self.case.dtype] if real else self.case.dtype
-        key = (sharding, dtype)
-        if key not in self._inputs:
-            self._inputs[key] = make_input(self.case.shape, sharding, dtype, self.args.seed)
-        return self._inputs[key]
-
-    # -- building, compiling, timing, checking ------------------------------------------------
-    def build(self, impl: str, layout: str) -> Variant:
-        """A Variant with fns/args for both directions, or one marked skipped (or error)."""
-        v = Variant(impl, layout)
-        try:
-            self.builders[impl](self, v)
-        except Skip as e:
-            v.fail("skipped", str(e))
-        except Exception as e:  # noqa: BLE001 - a broken implementation must not stop the others
-            v.fail("error", e)
-        return v
-
-    def compile(self, v: Variant) -> None:
-        """Lower+compile both directions, timed; the inverse is compiled for the forward's output.
-
-        The forward is compiled even when only the inverse is timed: it makes the inverse's input.
-        """
-        import jax
-
-        try:
-            arg = v.x
-            for d in DIRECTIONS:
-                if d == "inverse":
-                    if "inverse" not in self.args.directions:
-                        break
-                    arg = jax.block_until_ready(v.compiled["forward"](v.x))
-                t0 = time.perf_counter()
-                lowered = jax.jit(v.fns[d]).lower(arg)
-                t1 = time.perf_counter()
-                v.compiled[d] = lowered.compile()
-                t2 = time.perf_counter()
-                v.lower_s[d], v.compile_s[d] = t1 - t0, t2 - t0
-                v.mem[d] = memory_stats(v.compiled[d])
-                v.times[d] = []
-            del arg
-        except Exception as e:  # noqa: BLE001
-            v.fail("error", e)
-
-    def time_round(self, variants: Sequence[Variant], record: bool) -> None:
-        """One forward then one inverse (of that forward's output) per variant; times kept if `record`.
-
-        Only the inputs stay resident between calls: spectra are dropped after their inverse,
-        so memory does not grow with the number of variants (matters at scale on GPUs).
-        """
-        from pencilfft._measure import time_once
-
-        dirs = self.args.directions
-        for v in variants:
-            if not v.ok:
-                continue
-            try:
-                t_fwd, k = time_once(v.compiled["forward"], v.x)
-                if "inverse" in dirs:
-                    t_inv, back = time_once(v.compiled["inverse"], k)
-                    del back
-            except Exception as e:  # noqa: BLE001
-                v.fail("error", e)
-                continue
-            del k
-            if record:
-                if "forward" in dirs:
-                    v.times["forward"].append(t_fwd)
-                if "inverse" in dirs:
-                    v.times["inverse"].append(t_inv)
-
-    def check(self, v: Variant) -> None:
-        """Forward vs numpy (in natural order, padding cropped) and inverse(forward) vs input."""
-        import numpy as np
-
-        from pencilfft._measure import max_rel_err
-
-        x = to_numpy(v.x)
-        ref_fn = np.fft.rfftn if v.real_input else np.fft.fftn
-        ref = ref_fn(x.astype(np.complex128 if not v.real_input else np.float64), norm=self.args.norm)
-        k_dev = v.compiled["forward"](v.x)
-        k = to_numpy(k_dev)
-        if v.layout == "transposed" and v.impl not in LAYOUT_FREE:
-            k = k.transpose(2, 0, 1)  # (Y, Z, X) -> (X, Y, Z)
-        if any(a < b for a, b in zip(k.shape, ref.shape)):
-            v.status = "wrong"
-            v.note = f"forward output shape {k.shape} (natural order) smaller than {ref.shape}"
-            return
-        k = k[tuple(slice(0, n) for n in ref.shape)]  # pencilfft may zero-pad Y/Z to the mesh
-        errs = [max_rel_err(k, ref)]
-        if "inverse" in v.compiled:
-            back = to_numpy(v.compiled["inverse"](k_dev))
-            errs.append(max_rel_err(back[tuple(slice(0, n) for n in x.shape)], x))
-        v.err = {"forward": errs[0], "inverse": errs[-1]}
-        if max(errs) > CHECK_TOL[self.case.dtype]:
-            v.status, v.note = "wrong", f"max rel err {max(errs):.2e} > {CHECK_TOL[self.case.dtype]:.0e}"
-
-
-
 def to_numpy(x: Any) -> Any:
     """The whole global array on every process (a collective call under mpirun/srun)."""
-    import numpy as np
-
-    if x.is_fully_addressable:
+    if isinstance(x, np.ndarray) or x.is_fully_addressable:
         return np.asarray(x)
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def memory_stats(compiled: Any) -> dict[str, int | None]:
-    """Per-device bytes of the compiled program: arguments, outputs, temporaries (None if unknown)."""
-    keys = ("argument", "output", "temp", "alias")
+    """Per-device bytes of a compiled program (None where the backend does not say)."""
     try:
         ma = compiled.memory_analysis()
     except Exception:  # noqa: BLE001 - not implemented on every backend
         ma = None
-    if ma is None:
-        return {k: None for k in keys} | {"total": None}
-    out = {k: getattr(ma, f"{k}_size_in_bytes", None) for k in keys}
+    out = {k: getattr(ma, f"{k}_size_in_bytes", None) for k in ("argument", "output", "temp", "alias")}
     parts = [out[k] for k in ("argument", "output", "temp")]
-    out["total"] = sum(parts) if all(p is not None for p in parts) else None
-    return out
+    return {**out, "total": sum(parts) if None not in parts else None}
 
 
 def gather_max(values: Any) -> Any:
     """Elementwise max over processes (NaN-aware): the slowest process sets the time."""
-    import jax
-    import numpy as np
-
     arr = np.asarray(values, dtype=np.float64)
     if jax.process_count() == 1:
         return arr
-    from jax.experimental import multihost_utils
-
     allv = np.asarray(multihost_utils.process_allgather(arr))
     with warnings.catch_warnings():  # all-NaN entries (variants that did not run) stay NaN
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmax(allv, axis=0)
 
 
-def run_case(case: Case, args: argparse.Namespace, builders: Mapping[str, Builder],
-             step: Callable[[str], None], context: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every variant of one case, interleaved; returns the records (one per variant and direction).
+def failure(e: BaseException) -> str:
+    """A status for a program that could not run (a result too, not a crash of the run)."""
+    return f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
-    `builders`: the implementations to run, in order (a selection of `benchmarks.impls`).
-    """
-    import numpy as np
 
-    runner = CaseRunner(case, args, builders)
-    variants = []
-    for impl, layout in variant_plan(list(builders), args.layouts):
-        step(f"{case.label}: compile {impl} [{layout}]")
-        v = runner.build(impl, layout)
-        if v.ok:
-            runner.compile(v)
-        variants.append(v)
+@dataclasses.dataclass
+class Program:
+    """One timed program: `fn` on `arg`, compiled ahead of time into `compiled` (or any callable)."""
 
-    dirs = list(args.directions)
-    for r in range(args.warmup + args.repeats):
-        step(f"{case.label}: {'warm-up' if r < args.warmup else 'repeat'} {r - args.warmup + 1 if r >= args.warmup else r + 1}")
-        live = [v for v in variants if v.ok]
+    name: str
+    kind: str
+    fn: Callable[[Any], Any]
+    arg: Any
+    compiled: Any = None
+    times: list[float] = dataclasses.field(default_factory=list)
+    ok = True
+
+    def compile(self) -> None:
+        self.compiled = jax.jit(self.fn).lower(self.arg).compile()
+
+    def run(self, record: bool) -> None:
+        t, out = private.time_once(self.compiled or self.fn, self.arg)
+        del out  # free the result before the next program runs
+        if record:
+            self.times.append(t)
+
+
+def time_programs(programs: Sequence[Any], repeats: int, warmup: int,
+                  barrier: Callable[[], Any] | None = None) -> None:
+    """The timing loop of every comparison: `warmup` + `repeats` rounds, each running every
+    program that is still `ok` once (its `run(record)`), the first one rotating from round to
+    round, so that drift of the machine (other jobs, thermal state, the OS) spreads over all of
+    them instead of favouring whichever runs first.  `barrier` is called before every call
+    (several processes: all start it together)."""
+    for r in range(warmup + repeats):
+        live = [p for p in programs if p.ok]
         k = r % len(live) if live else 0
-        runner.time_round(live[k:] + live[:k], record=r >= args.warmup)
-
-    # Agree across processes: slowest process per repeat, slowest compile.
-    shape = (len(variants), len(dirs), args.repeats)
-    t = np.full(shape, np.nan)
-    c = np.full(shape[:2] + (2,), np.nan)
-    for i, v in enumerate(variants):
-        for j, d in enumerate(dirs):
-            ts = v.times.get(d, [])
-            if v.ok and len(ts) == args.repeats:
-                t[i, j] = ts
-            if d in v.compile_s:
-                c[i, j] = (v.lower_s[d], v.compile_s[d])
-    t, c = gather_max(t), gather_max(c)
-
-    # Correctness after timing (its gathers must not disturb the measurements).  Under several
-    # processes every process gathers the whole array: only for moderate sizes.
-    check = args.check and (runner.single_process or math.prod(case.shape) <= CHECK_MAX_POINTS_MP)
-    if check:
-        for v in variants:
-            if v.ok:
-                try:
-                    runner.check(v)
-                except Exception as e:  # noqa: BLE001
-                    v.note = f"check failed to run: {type(e).__name__}: {e}"[:400]
-
-    base = {d: float(np.median(t[i, j])) for i, v in enumerate(variants) if v.impl == BASELINE and v.ok
-            for j, d in enumerate(dirs) if not np.isnan(t[i, j]).any()}
-    records = []
-    for i, v in enumerate(variants):
-        for j, d in enumerate(dirs):
-            times = None if np.isnan(t[i, j]).any() or not v.ran else [float(x) for x in t[i, j]]
-            records.append(make_record(case, v, d, times, c[i, j], base.get(d), args, context))
-    return records
+        for p in live[k:] + live[:k]:
+            if barrier is not None:
+                barrier()
+            p.run(r >= warmup)
 
 
-# --------------------------------------------------------------------------------------------
-# Records (RECORD_FIELDS): written one JSON line each, read back by `load_records`
-# --------------------------------------------------------------------------------------------
+def time_calls(calls: dict[str, Callable[[], Any]], repeats: int, warmup: int,
+               barrier: Callable[[], Any] | None = None) -> dict[str, list[float]]:
+    """`time_programs` of argument-less calls: name -> its timed seconds."""
+    programs = [Program(name, "full", call, None, compiled=lambda _, c=call: c())
+                for name, call in calls.items()]
+    time_programs(programs, repeats, warmup, barrier)
+    return {p.name: p.times for p in programs}
 
-def make_record(case: Case, v: Variant, direction: str, times: list[float] | None, comp: Any,
-                base_median: float | None, args: argparse.Namespace, context: dict[str, Any]) -> dict[str, Any]:
-    """One JSON line; every key of RECORD_FIELDS present."""
-    import numpy as np
 
-    flops = fft_flops(case.shape, v.real_input)
-    mem = v.mem.get(direction, {})
-    status, note = v.status, v.note
-    if times is None and v.ran:  # e.g. failed on another process, or direction not compiled
-        status, note = "error", note or "no timings"
-    med = statistics.median(times) if times else None
-    rec = {
-        "schema": SCHEMA,
-        "timestamp": context["timestamp"],
-        "tag": args.tag,
-        "status": status,
-        "note": note,
-        "impl": v.impl,
-        "layout": v.layout,
-        "direction": direction,
-        "shape": list(case.shape),
-        "n_points": math.prod(case.shape),
-        "dtype": case.dtype,
-        "input_dtype": REAL_DTYPE[case.dtype] if v.real_input and direction == "forward" else case.dtype,
-        "norm": args.norm,
-        "pdims": list(case.pdims),
-        "axis_type": args.axis_type if v.impl.startswith(("pencilfft", "naive-pencil")) else "auto",
-        "mesh_devices": math.prod(case.pdims),
-        "n_devices": v.n_devices or None,
-        "repeats": args.repeats,
-        "warmup": args.warmup,
-        "lower_s": None if np.isnan(comp[0]) else float(comp[0]),
-        "compile_s": None if np.isnan(comp[1]) else float(comp[1]),
-        "median_s": med,
-        "min_s": min(times) if times else None,
-        "max_s": max(times) if times else None,
-        "mean_s": statistics.fmean(times) if times else None,
-        "std_s": statistics.pstdev(times) if times else None,
-        "times_s": times,
-        "flops": flops,
-        "gflops": flops / med / 1e9 if med else None,
-        "gflops_per_device": flops / med / 1e9 / v.n_devices if med and v.n_devices else None,
-        "speedup_vs_fftn_1dev": base_median / med if med and base_median else None,
-        "mem_argument_bytes": mem.get("argument"),
-        "mem_output_bytes": mem.get("output"),
-        "mem_temp_bytes": mem.get("temp"),
-        "mem_alias_bytes": mem.get("alias"),
-        "mem_bytes": mem.get("total"),
-        "max_rel_err": v.err.get(direction),
-        # The load when the case finished: the machine may be shared (other jobs add noise).
-        "machine": {**context["machine"], "loadavg_1m": loadavg()},
-        "versions": context["versions"],
-        "command": context["command"],
-    }
-    return rec
+def median_times(calls: dict[str, Callable[[], Any]], repeats: int, warmup: int, comm: Any = None,
+                 rounds: int = 1) -> dict[str, list[float]]:
+    """name -> per round, the median of its `repeats` calls; with an MPI `comm`, every call
+    started together (a barrier before it) and the slowest process's median counted."""
+    out: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, times in time_calls(calls, repeats, warmup, comm and comm.Barrier).items():
+            out[name].append(comm.allreduce(statistics.median(times), op=max) if comm else
+                             statistics.median(times))
+    return out
+
+
+def compile_programs(programs: Sequence[Program]) -> None:
+    for p in programs:
+        p.compile()
+
+
+def mad(times: Sequence[float]) -> float:
+    """Median absolute deviation of repeated timings: their noise, robust to outliers."""
+    med = statistics.median(times)
+    return statistics.median(abs(t - med) for t in times)
+
+
+def write_records(path: Path | None, records: Sequence[dict[str, Any]]) -> None:
+    """Append `records` as JSON lines (process 0 only: the records of every process agree)."""
+    if path is None or not records or not is_main():
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
 
 
 def load_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
@@ -694,11 +387,144 @@ def load_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     for path in paths:
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
                 try:
-                    out.append(json.loads(line))
+                    out += [json.loads(line)] if line.strip() else []
                 except json.JSONDecodeError as e:
                     raise SystemExit(f"error: {path}:{n}: not a JSON record ({e})")
     return out
 
+
+def latest(records: Iterable[dict[str, Any]], key: Callable[[dict], Any]) -> dict[Any, dict]:
+    """The last record of each key (re-running a case appends; the newest counts)."""
+    return {key(r): r for r in records}
+
+
+def fmt_ms(s: float | None) -> str:
+    """Seconds as milliseconds, 3 significant digits (whole ms from 1 s up); '' for None."""
+    return "" if s is None else f"{s * 1e3:.3g}" if s < 1 else f"{s * 1e3:.0f}"
+
+
+def md_table(head: Sequence[str], rows: Iterable[Sequence[Any]], align: str = "",
+             note: str | None = None) -> str:
+    """The markdown table of every benchmark: `align` 'r' per right column, `note` under it."""
+    aligns = align[: len(head)].ljust(len(head), "l")
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "".join("---:|" if a == "r" else "---|" for a in aligns)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines + (["", note] if note else []))
+
+
+# The options a comparison may take (its OPTIONS give each one's default, or a dict of
+# argparse overrides): the same flag means the same thing in every comparison.
+COMMON: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "devices": (("--devices",), dict(type=int, metavar="N", help="simulated CPU devices per process")),
+    "cores": (("--cores",), dict(type=int, metavar="N", help="run on N cores, as taskset (each rank its own)")),
+    "shapes": (("--shapes", "--shape"), dict(nargs="+", type=parse_shape, metavar="N|XxYxZ")),
+    "pdims": (("--pdims", "--meshes"), dict(nargs="+", type=parse_pdims, metavar="PxQ|P|auto",
+                                            help="pencils PxQ (X split P, Y Q ways), slabs P, auto")),
+    "dtypes": (("--dtypes", "--dtype"), dict(nargs="+", choices=DTYPES, help="64 bits turn on x64")),
+    "exchange": (("--exchange",), dict(choices=("auto", "alltoall", "pairwise", "local"))),
+    "repeats": (("--repeats",), dict(type=int, help="timed rounds")),
+    "warmup": (("--warmup",), dict(type=int, help="untimed rounds first")),
+    "seed": (("--seed",), dict(type=int, help="seed of the input data")),
+    "check": (("--check",), dict(action=argparse.BooleanOptionalAction, help="check the results")),
+    "out": (("--out",), dict(type=Path, help="JSON-lines file the records are appended to")),
+    "tag": (("--tag", "--label"), dict(help="a free label stored in every record")),
+    "quiet": (("--quiet",), dict(action="store_true", help="no progress lines")),
+    "dry_run": (("--dry-run",), dict(action="store_true", help="print the plan, start nothing")),
+}
+
+
+def prog(mod: ModuleType) -> str:
+    """'benchmarks.fft' also when the module runs as __main__ (python -m)."""
+    spec = getattr(mod, "__spec__", None)
+    return spec.name if spec is not None else mod.__name__
+
+
+def parts(mod: ModuleType) -> dict[str, tuple[Callable, str]]:
+    """part -> (run, its table); `run_case` alone runs for every grid and mesh."""
+    run = getattr(mod, "run", None) or (lambda args, ctx: (
+        mod.run_case(shape, pdims, args, ctx) for shape in args.shapes for pdims in args.pdims))
+    return getattr(mod, "PARTS", None) or {"run": (run, next(iter(mod.TABLES)))}
+
+
+def parser(mod: ModuleType, part: str | None = None) -> argparse.ArgumentParser:
+    """The command line of comparison `mod` (of one of its PARTS)."""
+    names = list(parts(mod))
+    several = len(names) > 1
+    p = argparse.ArgumentParser(
+        prog=f"python -m {prog(mod)}" + (f" {part}" if part and several else ""),
+        description=mod.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(f"parts (the first word): {', '.join(names)}; " if several else "")
+        + "`table FILE...` prints saved records")
+    for name, value in {"quiet": False, "dry_run": False, **mod.OPTIONS}.items():
+        flags, spec = COMMON[name]
+        spec = {**spec, **(value if isinstance(value, dict) else {"default": value})}
+        p.add_argument(*flags, **{**spec, "default": _parsed(spec)})
+    if hasattr(mod, "add_options"):
+        mod.add_options(p)
+    p.set_defaults(**getattr(mod, "PART_DEFAULTS", {}).get(part, {}))
+    return p
+
+
+def _parsed(spec: dict[str, Any]) -> Any:
+    """A default given as the command line would give it, parsed as the option parses it."""
+    value, kind = spec.get("default"), spec.get("type")
+    if kind is None:
+        return value
+    if isinstance(value, list):
+        return [kind(v) if isinstance(v, str) else v for v in value]
+    return kind(value) if isinstance(value, str) else value
+
+
+def say(args: argparse.Namespace, message: str) -> None:
+    """A progress line on stderr (process 0, unless --quiet)."""
+    if not getattr(args, "quiet", False) and is_main():
+        print(message, file=sys.stderr, flush=True)
+
+
+def table_command(mod: ModuleType, argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog=f"python -m {prog(mod)} table",
+                                description="Print saved records (JSON lines) as a markdown table.")
+    p.add_argument("files", nargs="+", type=Path, help="results files written by --out")
+    p.add_argument("--format", choices=list(mod.TABLES), default=next(iter(mod.TABLES)))
+    p.add_argument("--status", nargs="+", metavar="STATUS", help="keep only these statuses")
+    a = p.parse_args(argv)
+    records = [r for r in load_records(a.files) if not a.status or r.get("status") in a.status]
+    print(mod.TABLES[a.format](records))
+    return 0
+
+
+def main(mod: ModuleType, argv: Sequence[str] | None = None) -> int:
+    """The command line of comparison `mod`; exit status 1 when a result was wrong."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["table"]:
+        return table_command(mod, argv[1:])
+    names = parts(mod)
+    part = argv[0] if argv[:1] and argv[0] in names and len(names) > 1 else next(iter(names))
+    args = parser(mod, part).parse_args(argv[1:] if argv[:1] == [part] else argv)
+    args.part = part
+    if getattr(args, "repeats", 1) < 1 or getattr(args, "warmup", 0) < 0:
+        raise SystemExit("error: --repeats must be >= 1 and --warmup >= 0")
+    if hasattr(mod, "validate"):
+        mod.validate(args)
+    if args.dry_run:
+        print("\n".join(mod.plan(args)) if hasattr(mod, "plan") else "nothing to plan")
+        return 0
+    jax_here = getattr(mod, "USES_JAX", True)  # (an orchestrator leaves jax to its children)
+    if jax_here:
+        start(args)
+    ctx = context(prog(mod), argv) if jax_here else {}
+    records: list[dict[str, Any]] = []
+    for batch in names[part][0](args, ctx):
+        write_records(getattr(args, "out", None), batch)
+        records += batch
+    if not records or (jax_here and not is_main()):
+        return 0
+    print(mod.report(args, records) if hasattr(mod, "report") else mod.TABLES[names[part][1]](records))
+    for r in records:
+        if r.get("status") in ("error", "wrong"):
+            print(f"{r['status']}: {r.get('impl', r.get('program', ''))}: {r.get('note', '')}")
+    if getattr(args, "out", None):
+        print(f"{len(records)} records appended to {args.out}")
+    return 1 if any(r.get("status") == "wrong" for r in records) else 0

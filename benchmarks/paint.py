@@ -1,42 +1,36 @@
 """Painting, readout and a PM force computation: pencilfft against JaxPM on jaxdecomp.
 
     python -m benchmarks.paint --devices 8 --shapes 128 256 --pdims 4x2 --jaxpm /path/to/JaxPM
+    python -m benchmarks.paint --devices 1 --pdims 1x1 --shapes 256 --jaxpm ...      (one GPU)
 
-One particle per cell, displacements dx (X, Y, Z, 3) Gaussian with `--rms` cells (0.3) per
-component, float32, split P('x', 'y') over an Auto mesh, everything in `jax.jit`, as JaxPM runs:
-
-* paint + readout: JaxPM's `cic_paint_dx(dx, halo_size, sharding)` then `cic_read_dx(field, dx,
-  halo_size, sharding)` (jaxdecomp's halo_exchange), against `pencilfft.paint(dx)` then
-  `pencilfft.readout(field, dx)` (halo chosen by pencilfft from max_displacement);
-* forces: JaxPM's `pm_forces(dx, mesh_shape, paint_absolute_pos=False, halo_size, sharding)`
-  (jaxdecomp's pfft3d / pifft3d / fftfreq3d), against the same computation from pencilfft alone
-  (`pm_forces` below: paint, prfft3d, -1/k^2 and the 4th-order gradient kernels, 3 pirfft3d,
-  one readout of the 3 components);
-* the gradient of a scalar loss sum(readout(paint(dx)^2, dx) * cos(dx_x)) in dx, both ways.
-
-Each timed program runs `--repeats` times after a warm-up, the implementations interleaved
-(round-robin), and the median is reported; memory per device is XLA's memory analysis of the
-compiled program.  Equality: max |a - b| / max |b|, pencilfft against JaxPM, in float32.
-
-JaxPM is imported from `--jaxpm` (or $JAXPM_PATH): a checkout of
-github.com/DifferentiableUniverseInitiative/JaxPM; its `jax_cosmo` import (used by jaxpm.pm for
-growth functions, not by pm_forces) is stubbed when jax_cosmo is not installed.
+One particle per cell, displacements Gaussian with `--rms` cells, float32, on an Auto mesh, in
+`jax.jit` as JaxPM runs: `paint+readout` (JaxPM's `cic_paint_dx` / `cic_read_dx` against
+`pencilfft.paint` / `readout`), `forces` (JaxPM's `pm_forces` against `pm_forces` below, from
+pencilfft alone), `grad` (of a scalar through both).  Medians of the harness's loop, XLA's
+memory per device, differences max|a - b| / max|b| and how many entries pass 1e-4.  JaxPM from
+`--jaxpm` (or $JAXPM_PATH), its `jax_cosmo` import stubbed when missing.
 """
 from __future__ import annotations
 
 import argparse
 import functools
-import json
+import math
 import os
 import statistics
 import sys
-import time
 import types
-from pathlib import Path
+from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import pencilfft
 from benchmarks import harness
 
 
+@functools.cache
 def load_jaxpm(path: str | None):
     """jaxpm.painting and jaxpm.pm from a checkout (jax_cosmo stubbed if missing)."""
     if path:
@@ -59,12 +53,7 @@ def load_jaxpm(path: str | None):
 
 
 def pm_forces(dx, *, max_displacement=None):
-    """-grad(phi) at the particles, lap(phi) = delta (JaxPM's pm_forces with r_split=0 and
-    displacement painting): pencilfft only.  (X, Y, Z, 3)."""
-    import jax.numpy as jnp
-
-    import pencilfft
-
+    """-grad(phi) at the particles, lap(phi) = delta (JaxPM's pm_forces): pencilfft alone."""
     shape = dx.shape[:3]
     rho = pencilfft.paint(dx, max_displacement=max_displacement)
     k = pencilfft.prfft3d(rho)
@@ -76,66 +65,46 @@ def pm_forces(dx, *, max_displacement=None):
     return jnp.moveaxis(pencilfft.readout(f, dx, max_displacement=max_displacement), 0, -1)
 
 
-def jaxpm_loss(painting, dx, halo=0, sharding=None):
-    """The scalar whose gradient in dx is compared: through paint and readout."""
-    import jax.numpy as jnp
+def _jaxpm_pair(painting, halo=0, sharding=None):
+    """JaxPM's (paint, readout) of displacements, with its halo on `sharding`."""
+    opts = dict(halo_size=(halo, halo), sharding=sharding)
+    return (lambda dx: painting.cic_paint_dx(dx, **opts),
+            lambda f, dx: painting.cic_read_dx(f, dx, **opts))
 
-    rho = painting.cic_paint_dx(dx, halo_size=(halo, halo), sharding=sharding)
-    r = painting.cic_read_dx(rho ** 2, dx, halo_size=(halo, halo), sharding=sharding)
-    return jnp.sum(r * jnp.cos(dx[..., 0]))
+
+def _paint_read(paint, read, loss: bool = False):
+    """(density, readout) of displacements, or the scalar whose gradient in dx is compared."""
+    def f(dx):
+        rho = paint(dx)
+        return jnp.sum(read(rho ** 2, dx) * jnp.cos(dx[..., 0])) if loss else (rho, read(rho, dx))
+    return f
 
 
 def programs(painting, pm, shape, sharding, halo: int, max_disp):
-    import jax
-    import jax.numpy as jnp
-
-    import pencilfft
-
-    def jx_paint_read(dx):
-        rho = painting.cic_paint_dx(dx, halo_size=(halo, halo), sharding=sharding)
-        return rho, painting.cic_read_dx(rho, dx, halo_size=(halo, halo), sharding=sharding)
-
-    def pf_paint_read(dx):
-        rho = pencilfft.paint(dx, max_displacement=max_disp)
-        return rho, pencilfft.readout(rho, dx, max_displacement=max_disp)
-
-    jx_loss = functools.partial(jaxpm_loss, painting, halo=halo, sharding=sharding)
-
-    def pf_loss(dx):
-        rho = pencilfft.paint(dx, max_displacement=max_disp)
-        r = pencilfft.readout(rho ** 2, dx, max_displacement=max_disp)
-        return jnp.sum(r * jnp.cos(dx[..., 0]))
-
+    jx = _jaxpm_pair(painting, halo, sharding)
+    pf = (functools.partial(pencilfft.paint, max_displacement=max_disp),
+          functools.partial(pencilfft.readout, max_displacement=max_disp))
     return {
-        "paint+readout": {"jaxpm": jax.jit(jx_paint_read), "pencilfft": jax.jit(pf_paint_read)},
+        "paint+readout": {"jaxpm": jax.jit(_paint_read(*jx)), "pencilfft": jax.jit(_paint_read(*pf))},
         "forces": {
-            "jaxpm": jax.jit(lambda dx: pm.pm_forces(dx, mesh_shape=shape,
-                                                     paint_absolute_pos=False,
+            "jaxpm": jax.jit(lambda dx: pm.pm_forces(dx, mesh_shape=shape, paint_absolute_pos=False,
                                                      halo_size=(halo, halo), sharding=sharding)),
             "pencilfft": jax.jit(functools.partial(pm_forces, max_displacement=max_disp))},
-        "grad": {"jaxpm": jax.jit(jax.grad(jx_loss)), "pencilfft": jax.jit(jax.grad(pf_loss))},
+        "grad": {"jaxpm": jax.jit(jax.grad(_paint_read(*jx, loss=True))),
+                 "pencilfft": jax.jit(jax.grad(_paint_read(*pf, loss=True)))},
     }
 
 
 def _err(a, b) -> dict:
-    """max |a - b| / max |b|, and how many entries differ by more than 1e-4 max |b| (float32
-    rounding is ~1e-6: these are particles or cells computed differently, not rounding)."""
-    import numpy as np
-
+    """max|a - b| / max|b|, and how many entries differ by more than 1e-4 (not rounding)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     d = np.abs(a - b) / np.max(np.abs(b))
     return {"max": float(d.max()), "n_over_1e-4": int((d > 1e-4).sum()), "n": int(d.size)}
 
 
-def run_case(shape, pdims, args, painting, pm) -> list[dict]:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-
-    import pencilfft
-
-    mesh = jax.make_mesh(pdims, ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+def run_case(shape, pdims, args, ctx: dict[str, Any]) -> list[dict]:
+    painting, pm = load_jaxpm(args.jaxpm)
+    mesh = harness.make_mesh(pdims, "auto")
     sharding = NamedSharding(mesh, P("x", "y"))
     rng = np.random.default_rng(args.seed)
     dx_np = (rng.standard_normal(tuple(shape) + (3,)) * args.rms).astype(np.float32)
@@ -144,42 +113,30 @@ def run_case(shape, pdims, args, painting, pm) -> list[dict]:
     progs = programs(painting, pm, tuple(shape), sharding, halo, args.max_displacement)
     records = []
     for what in args.what:
-        compiled, mem = {}, {}
-        for impl, f in progs[what].items():
-            t0 = time.perf_counter()
-            compiled[impl] = f.lower(dx).compile()
-            mem[impl] = harness.memory_stats(compiled[impl])
-            print(f"{harness.fmt_dims(shape)} {what} {impl}: compiled in "
-                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+        harness.say(args, f"{harness.fmt_dims(shape)} {what}: compile")
+        compiled = {impl: f.lower(dx).compile() for impl, f in progs[what].items()}
+        mem = {impl: harness.memory_stats(c) for impl, c in compiled.items()}
         outs = {impl: jax.block_until_ready(c(dx)) for impl, c in compiled.items()}
-        times = {impl: [] for impl in compiled}
         load0 = harness.loadavg()
-        impls = list(compiled)
-        for rep in range(args.repeats):
-            order = impls[rep % 2:] + impls[:rep % 2]  # round-robin
-            for impl in order:
-                t0 = time.perf_counter()
-                jax.block_until_ready(compiled[impl](dx))
-                times[impl].append(time.perf_counter() - t0)
+        times = harness.time_calls({impl: functools.partial(c, dx) for impl, c in compiled.items()},
+                                   args.repeats, 0)
         a, b = outs["pencilfft"], outs["jaxpm"]
         if what == "paint+readout":
             err = {"density": _err(a[0], b[0]), "readout": _err(a[1], b[1])}
-            err["mass"] = {"jaxpm": float(np.asarray(b[0], np.float64).sum()),
-                           "pencilfft": float(np.asarray(a[0], np.float64).sum()),
-                           "particles": int(np.prod(shape))}
+            err["mass"] = {"jaxpm": float(np.sum(b[0], dtype=np.float64)), "particles": math.prod(shape),
+                           "pencilfft": float(np.sum(a[0], dtype=np.float64))}
         else:
             err = {what: _err(a, b)}
         if what == "forces":  # JaxPM's pm_forces given pencilfft's density: FFTs and readout
             rho = jax.jit(lambda d: pencilfft.paint(d, max_displacement=args.max_displacement))(dx)
-            same = jax.jit(lambda d, r: pm.pm_forces(d, mesh_shape=tuple(shape), delta=r,
-                                                     paint_absolute_pos=False,
-                                                     halo_size=(halo, halo),
-                                                     sharding=sharding))(dx, rho)
+            same = jax.jit(lambda d, r: pm.pm_forces(d, mesh_shape=tuple(shape), delta=r, sharding=sharding,
+                                                     paint_absolute_pos=False, halo_size=(halo, halo)))(dx, rho)
             err["forces, JaxPM given pencilfft's density"] = _err(a, same)
         if what == "grad":  # JaxPM's own gradient on one device (no halos): the reference
-            one = jax.jit(jax.grad(lambda d: jaxpm_loss(painting, d)))(jnp.asarray(dx_np))
-            err = {"vs JaxPM 8 dev": err["grad"], "vs JaxPM 1 dev": _err(a, one),
-                   "JaxPM 8 dev vs 1 dev": _err(b, one)}
+            one = jax.jit(jax.grad(_paint_read(*_jaxpm_pair(painting), loss=True)))(jnp.asarray(dx_np))
+            n = mesh.size
+            err = {f"vs JaxPM {n} dev": err["grad"], "vs JaxPM 1 dev": _err(a, one),
+                   f"JaxPM {n} dev vs 1 dev": _err(b, one)}
         med = {impl: statistics.median(t) for impl, t in times.items()}
         rec = {"shape": list(shape), "pdims": list(pdims), "what": what, "halo_jaxpm": halo,
                "max_displacement": args.max_displacement, "rms": args.rms,
@@ -187,11 +144,8 @@ def run_case(shape, pdims, args, painting, pm) -> list[dict]:
                "median_s": med, "times_s": times, "speedup": med["jaxpm"] / med["pencilfft"],
                "rel_err": err, "mem_bytes": {k: v.get("total") for k, v in mem.items()},
                "mem_temp_bytes": {k: v.get("temp") for k, v in mem.items()},
-               "loadavg_start_end": [load0, harness.loadavg()],
-               "versions": harness.versions(), "machine": harness.machine_info(),
-               "command": "python -m benchmarks.paint " + " ".join(sys.argv[1:])}
-        print(json.dumps({k: rec[k] for k in ("shape", "what", "median_s", "speedup", "rel_err",
-                                              "mem_bytes")}), flush=True)
+               "loadavg_start_end": [load0, harness.loadavg()], **harness.stamp(ctx)}
+        harness.say(args, f"{harness.fmt_dims(shape)} {what}: speed-up {rec['speedup']:.2f}")
         records.append(rec)
     return records
 
@@ -204,25 +158,21 @@ def _fmt_err(k, v) -> str:
 
 
 def table(records) -> str:
-    lines = ["| grid | mesh | what | JaxPM ms | pencilfft ms | speed-up | max rel. diff. | "
-             "MiB/device JaxPM | MiB/device pencilfft |", "|" + "---|" * 9]
-    for r in records:
-        m = r["median_s"]
-        mem = r["mem_bytes"]
-        lines.append("| " + " | ".join([
-            harness.fmt_dims(r["shape"]), harness.fmt_dims(r["pdims"]), r["what"],
-            f"{m['jaxpm'] * 1e3:.0f}", f"{m['pencilfft'] * 1e3:.0f}", f"{r['speedup']:.1f}x",
-            "; ".join(_fmt_err(k, v) for k, v in r["rel_err"].items()),
-            f"{(mem['jaxpm'] or 0) / 2**20:.0f}", f"{(mem['pencilfft'] or 0) / 2**20:.0f}"]) + " |")
-    return "\n".join(lines)
+    """One row per (grid, mesh, what): medians, speed-up, differences, memory."""
+    rows = [[harness.fmt_dims(r["shape"]), harness.fmt_dims(r["pdims"]), r["what"],
+             harness.fmt_ms(r["median_s"]["jaxpm"]), harness.fmt_ms(r["median_s"]["pencilfft"]),
+             f"{r['speedup']:.1f}x", "; ".join(_fmt_err(k, v) for k, v in r["rel_err"].items()),
+             f"{(r['mem_bytes']['jaxpm'] or 0) / 2**20:.0f}",
+             f"{(r['mem_bytes']['pencilfft'] or 0) / 2**20:.0f}"] for r in records]
+    return harness.md_table(["grid", "mesh", "what", "JaxPM ms", "pencilfft ms", "speed-up",
+                             "max rel. diff.", "MiB/device JaxPM", "MiB/device pencilfft"], rows)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.paint", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", nargs="+", type=harness.parse_shape,
-                   default=[harness.parse_shape("128")])
-    p.add_argument("--pdims", type=harness.parse_pxq, default=(4, 2))
+OPTIONS = dict(devices=8, shapes=["128"], pdims=dict(default=["4x2"], type=harness.parse_pxq),
+               repeats=5, seed=0, out="results/paint.jsonl")
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--what", nargs="+", choices=["paint+readout", "forces", "grad"],
                    default=["paint+readout", "forces", "grad"])
     p.add_argument("--rms", type=float, default=0.3, help="displacement rms per component")
@@ -231,28 +181,12 @@ def main(argv=None) -> int:
                         "issue 44)")
     p.add_argument("--max-displacement", type=float, default=None,
                    help="pencilfft's bound (default: pencilfft's default)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--devices", type=int, default=8)
     p.add_argument("--jaxpm", default=os.environ.get("JAXPM_PATH"),
                    help="path of a JaxPM checkout (default: $JAXPM_PATH, else installed jaxpm)")
-    p.add_argument("--out", type=Path, default=Path("results/paint.jsonl"))
-    args = p.parse_args(argv)
-    harness.configure_devices(args.devices)
-    import jax
 
-    painting, pm = load_jaxpm(args.jaxpm)
-    records = []
-    for shape in args.shapes:
-        records += run_case(shape, args.pdims, args, painting, pm)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "a", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    print(table(records))
-    del jax
-    return 0
+
+TABLES = {"paint": table}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(sys.modules[__name__]))

@@ -1,32 +1,14 @@
-"""Figures from benchmark results: strong scaling, parallel efficiency, weak scaling, bar charts.
+"""The figures of every benchmark: strong and weak scaling and bar charts of `benchmarks.fft`
+records, and the documentation's figures from the committed data.
 
     python -m benchmarks.plot results/*.jsonl --outdir plots/
+    python -m benchmarks.plot --stored --outdir DIR          # docs/benchmarks.md's figures
 
-Only records with status "ok" are drawn.  A *series* is one implementation (and layout, for
-those that have two); each figure has one panel per direction (forward, inverse).  Where a
-device count was measured on several meshes (e.g. 4x2, 2x4, 8x1 for 8 devices) the series shows
-the fastest, and the bar charts show them all.
-
-* strong_<grid>_<dtype>.png: median time vs number of devices at a fixed global grid, log-log,
-  with each series' ideal (t0 * n0 / n from its smallest device count, dashed);
-* efficiency_<grid>_<dtype>.png: strong-scaling parallel efficiency t0 * n0 / (t * n);
-* weak_<points per device>ppd_<dtype>.png: time and efficiency t0 / t vs number of devices at a
-  fixed number of points per device (needs at least two grid sizes), ideal flat;
-* bars_<grid>_<dtype>.png: every mesh of a grid side by side (the one-machine view).
-
-`python -m benchmarks.plot --stored --outdir DIR` draws instead the documentation's figures from
-the results committed in benchmarks/data/ (docs/benchmarks.md shows them; the docs build calls
-`stored_figures`):
-
-* stored_cpu8_bars_<grid>.png: 8 simulated CPU devices, every mesh, pencilfft beside jaxdecomp
-  and `jnp.fft.fftn` on the sharded array (ci-cpu8.jsonl);
-* stored_cpu8_grid.png: time against grid size on those 8 devices, fastest mesh of each;
-* stored_gpu_h100.png: one H100, time against grid size, pencilfft, jnp.fft, jaxdecomp
-  (gpu-h100.jsonl, written by benchmarks/gpu.py);
-* stored_mpi.png: one CPU device per process under mpirun, pencilfft beside mpi4py-fft
-  (mpi-np2-xla.jsonl, mpi-np4-xla.jsonl);
-* stored_memory.png: XLA's peak memory per device in blocks of the grid's 1/P, every mesh, with
-  each exchange, kept and donated input (memory-256*.jsonl, memory-local.jsonl).
+"ok" records only; a series is an implementation (and layout), the fastest mesh standing for
+its device count: strong_<grid>_<dtype>.png (time vs devices, each series' ideal t0 n0 / n
+dashed) and efficiency_*.png, weak_<points per device>ppd_<dtype>.png (two grids or more),
+bars_<grid>_<dtype>.png (every mesh).  `--stored` (the docs build calls `stored_figures`): the
+8-device, H100, mpirun and memory figures of benchmarks/data/.
 """
 from __future__ import annotations
 
@@ -38,9 +20,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import DIRECTIONS, IMPLS, LAYOUT_FREE, ONE_LAYOUT, fmt_dims, load_records
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")  # files only: works on login and compute nodes without a display
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import colormaps  # noqa: E402
+
+from benchmarks.fft import IMPLS, LAYOUT_FREE, ONE_LAYOUT  # noqa: E402
+from benchmarks.harness import DIRECTIONS, fmt_dims, load_records  # noqa: E402
 
 Record = dict[str, Any]
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def series_label(r: Record) -> str:
@@ -50,25 +41,8 @@ def series_label(r: Record) -> str:
     return f"{r['impl']} [{r['layout']}]"
 
 
-def all_series() -> list[str]:
-    """Every series label the implementations can give, in the tables' order."""
-    labels = []
-    for impl in IMPLS:
-        if impl in LAYOUT_FREE or impl in ONE_LAYOUT:
-            labels.append(impl)
-        else:
-            labels += [f"{impl} [transposed]", f"{impl} [natural]"]
-    return labels
-
-
-def series_color(label: str):
-    """A colour of its own for every series, the same in every figure (matplotlib's cycle has
-    10 colours for up to 13 series: two pairs shared one).  An implementation with two layouts
-    gets the dark and the light shade of one hue (tab20), the others a dark shade each; labels
-    no implementation gives share the last hue's shades, then grey."""
-    from matplotlib import colormaps
-
-    tab20 = colormaps["tab20"].colors
+def _slots() -> tuple[dict[str, int], int]:
+    """label -> its tab20 colour (a dark and a light shade per hue), and the next free hue."""
     slots, hue = {}, 0
     for impl in IMPLS:
         if impl in LAYOUT_FREE or impl in ONE_LAYOUT:
@@ -76,9 +50,19 @@ def series_color(label: str):
         else:
             slots[f"{impl} [transposed]"], slots[f"{impl} [natural]"] = 2 * hue, 2 * hue + 1
         hue += 1
-    if label in slots:
-        return tab20[slots[label]]
-    return tab20[2 * hue] if 2 * hue < len(tab20) else "0.5"
+    return slots, hue
+
+
+def all_series() -> list[str]:
+    """Every series label the implementations can give, in the tables' order."""
+    return list(_slots()[0])
+
+
+def series_color(label: str):
+    """A colour of its own for every series, the same in every figure."""
+    tab20 = colormaps["tab20"].colors
+    slots, hue = _slots()
+    return tab20[slots[label]] if label in slots else tab20[2 * hue] if 2 * hue < len(tab20) else "0.5"
 
 
 def _series_order(label: str) -> tuple[int, str]:
@@ -97,32 +81,20 @@ def best_by_devices(records: Sequence[Record]) -> dict[str, dict[int, Record]]:
     return dict(sorted(out.items(), key=lambda kv: _series_order(kv[0])))
 
 
-def _pow2_label(n: float) -> str:
-    e = math.log2(n)
-    return f"2^{e:.0f}" if e.is_integer() else f"{n:.3g}"
-
-
 def _figure(ncols: int, nrows: int = 1):
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4.2 * nrows), squeeze=False)
-    return fig, axes
+    return plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 4.2 * nrows), squeeze=False)
 
 
 def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")  # "tight": keeps the outside legend
     plt.close(fig)
     return path
 
 
-def _device_axis(ax, ns: Sequence[int]) -> None:
+def _log2_axis(ax, ns: Sequence[int], label: str, fmt: str = "{}") -> None:
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(set(ns)))
-    ax.set_xticklabels([str(n) for n in sorted(set(ns))])
-    ax.set_xlabel("devices")
+    ax.set(xticks=sorted(set(ns)), xticklabels=[fmt.format(n) for n in sorted(set(ns))], xlabel=label)
     ax.grid(True, which="both", alpha=0.3)
 
 
@@ -132,8 +104,13 @@ def _legend(ax, last: bool) -> None:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
-def _directions(records: Sequence[Record]) -> list[str]:
-    return [d for d in DIRECTIONS if any(r["direction"] == d for r in records)]
+def _bars(ax, groups: Sequence[str], series: dict[str, list[float]], colors=None) -> None:
+    """Grouped bars: one group per x tick, one bar per series in it (NaN: none)."""
+    width = 0.8 / max(len(series), 1)
+    for i, (label, vals) in enumerate(series.items()):
+        ax.bar(np.arange(len(groups)) + (i - (len(series) - 1) / 2) * width, vals, width,
+               label=label, **({"color": colors(label)} if colors else {}))
+    ax.set(xticks=np.arange(len(groups)), xticklabels=groups)
 
 
 def _groups(records: Sequence[Record], key) -> dict[Any, list[Record]]:
@@ -146,12 +123,11 @@ def _groups(records: Sequence[Record], key) -> dict[Any, list[Record]]:
 def _per_grid(records: Sequence[Record]):
     """(shape, dtype, its records, their directions) for every (grid, dtype) measured."""
     for (shape, dtype), recs in _groups(records, lambda r: (tuple(r["shape"]), r["dtype"])).items():
-        yield shape, dtype, recs, _directions(recs)
+        yield shape, dtype, recs, [d for d in DIRECTIONS if any(r["direction"] == d for r in recs)]
 
 
 def _plot_times(ax, series: dict[str, dict[int, Record]]):
-    """Median time vs devices of every series on `ax`: ([(label, devices, times, colour)], every
-    device count drawn)."""
+    """Every series' time vs devices on `ax`: what was drawn, and every device count."""
     drawn, ns_all = [], []
     for label, pts in series.items():
         ns = sorted(pts)
@@ -182,24 +158,20 @@ def plot_strong(records: Sequence[Record], outdir: Path) -> list[Path]:
             if ideal:  # one legend entry for all the dashed lines
                 ax_t[0, j].plot([], [], "--", color="0.4", label="ideal t0·n0/n (dashed)")
             for ax in (ax_t[0, j], ax_e[0, j]):
-                _device_axis(ax, ns_all or [1])
-            ax_t[0, j].set_yscale("log")
-            ax_t[0, j].set_ylabel("median time per transform [s]")
-            ax_t[0, j].set_title(f"strong scaling {fmt_dims(shape)} {dtype}, {d}"
-                                 + ("\n(dashed: ideal)" if ideal else "\n(one device count: no ideal)"))
+                _log2_axis(ax, ns_all or [1], "devices")
+            ax_t[0, j].set(yscale="log", ylabel="median time per transform [s]", title=(
+                f"strong scaling {fmt_dims(shape)} {dtype}, {d}"
+                + ("\n(dashed: ideal)" if ideal else "\n(one device count: no ideal)")))
             _legend(ax_t[0, j], j == len(dirs) - 1)
             ax_e[0, j].axhline(1.0, color="k", lw=0.8, ls="--")
-            ax_e[0, j].set_ylim(bottom=0)
-            ax_e[0, j].set_ylabel("parallel efficiency t0·n0 / (t·n)")
-            ax_e[0, j].set_title(f"efficiency {fmt_dims(shape)} {dtype}, {d}")
+            ax_e[0, j].set(ylim=(0, None), ylabel="parallel efficiency t0·n0 / (t·n)",
+                           title=f"efficiency {fmt_dims(shape)} {dtype}, {d}")
             _legend(ax_e[0, j], j == len(dirs) - 1)
         tag = f"{fmt_dims(shape)}_{dtype}"
         written.append(_save(fig_t, outdir / f"strong_{tag}.png"))
         if any_eff:
             written.append(_save(fig_e, outdir / f"efficiency_{tag}.png"))
         else:
-            import matplotlib.pyplot as plt
-
             plt.close(fig_e)
     return written
 
@@ -207,14 +179,11 @@ def plot_strong(records: Sequence[Record], outdir: Path) -> list[Path]:
 def plot_weak(records: Sequence[Record], outdir: Path) -> list[Path]:
     """Time and weak efficiency vs devices at fixed points per device (needs >= 2 grids)."""
     written = []
-
-    def key(r: Record):
-        return (r["n_points"] / r["n_devices"], r["dtype"])
-
-    for (ppd, dtype), recs in _groups(records, key).items():
+    for (ppd, dtype), recs in _groups(records, lambda r: (r["n_points"] / r["n_devices"],
+                                                          r["dtype"])).items():
         if len({tuple(r["shape"]) for r in recs}) < 2:
             continue  # one grid only: that is strong scaling, not weak
-        dirs = _directions(recs)
+        dirs = [d for d in DIRECTIONS if any(r["direction"] == d for r in recs)]
         fig, axes = _figure(len(dirs), 2)
         for j, d in enumerate(dirs):
             drawn, ns_all = _plot_times(axes[0, j], best_by_devices([r for r in recs if r["direction"] == d]))
@@ -222,23 +191,20 @@ def plot_weak(records: Sequence[Record], outdir: Path) -> list[Path]:
                 axes[0, j].axhline(t[0], color=color, ls="--", alpha=0.4)
                 axes[1, j].plot(ns, [t[0] / tt for tt in t], "o-", color=color, label=label)
             for ax in axes[:, j]:
-                _device_axis(ax, ns_all)
-            axes[0, j].set_yscale("log")
-            axes[0, j].set_ylabel("median time per transform [s]")
-            axes[0, j].set_title(f"weak scaling, {_pow2_label(ppd)} points/device, {dtype}, {d}\n"
-                                 "(dashed: ideal, constant time)")
+                _log2_axis(ax, ns_all, "devices")
+            e = math.log2(ppd)
+            axes[0, j].set(yscale="log", ylabel="median time per transform [s]", title=(
+                f"weak scaling, {f'2^{e:.0f}' if e.is_integer() else f'{ppd:.3g}'} points/device, "
+                f"{dtype}, {d}\n(dashed: ideal, constant time)"))
             _legend(axes[0, j], j == len(dirs) - 1)
             axes[1, j].axhline(1.0, color="k", lw=0.8, ls="--")
-            axes[1, j].set_ylim(bottom=0)
-            axes[1, j].set_ylabel("weak efficiency t0 / t")
+            axes[1, j].set(ylim=(0, None), ylabel="weak efficiency t0 / t")
         written.append(_save(fig, outdir / f"weak_{int(ppd)}ppd_{dtype}.png"))
     return written
 
 
 def plot_bars(records: Sequence[Record], outdir: Path) -> list[Path]:
     """Median time of every series on every mesh of one grid (one machine, several meshes)."""
-    import numpy as np
-
     written = []
     for shape, dtype, recs, dirs in _per_grid(records):
         fig, axes = _figure(len(dirs))
@@ -246,50 +212,28 @@ def plot_bars(records: Sequence[Record], outdir: Path) -> list[Path]:
             rs = [r for r in recs if r["direction"] == d]
             meshes = sorted({tuple(r["pdims"]) for r in rs}, key=lambda p: (math.prod(p), p))
             labels = sorted({series_label(r) for r in rs}, key=_series_order)
-            width = 0.8 / max(len(labels), 1)
             ax = axes[0, j]
-            for i, label in enumerate(labels):
-                vals = []
-                for m in meshes:
-                    hit = [r["median_s"] for r in rs if tuple(r["pdims"]) == m and series_label(r) == label]
-                    vals.append(min(hit) * 1e3 if hit else np.nan)
-                ax.bar(np.arange(len(meshes)) + (i - (len(labels) - 1) / 2) * width, vals, width,
-                       label=label, color=series_color(label))
-            ax.set_xticks(np.arange(len(meshes)))
-            ax.set_xticklabels([fmt_dims(m) for m in meshes])
-            ax.set_xlabel("mesh (pdims)")
-            ax.set_ylabel("median time [ms]")
-            ax.set_yscale("log")
-            ax.set_title(f"{fmt_dims(shape)} {dtype}, {d}")
+            _bars(ax, [fmt_dims(m) for m in meshes], {label: [
+                min((r["median_s"] * 1e3 for r in rs if tuple(r["pdims"]) == m
+                     and series_label(r) == label), default=math.nan) for m in meshes]
+                for label in labels}, series_color)
+            ax.set(xlabel="mesh (pdims)", ylabel="median time [ms]", yscale="log",
+                   title=f"{fmt_dims(shape)} {dtype}, {d}")
             ax.grid(True, axis="y", which="both", alpha=0.3)
             _legend(ax, j == len(dirs) - 1)
         written.append(_save(fig, outdir / f"bars_{fmt_dims(shape)}_{dtype}.png"))
     return written
 
 
-# ----------------------------------------------------------------------------------------------
 # The documentation's figures, from the stored results in benchmarks/data/
-
-DATA = Path(__file__).resolve().parent / "data"
-
-
-def _jsonl(name: str) -> list[Record]:
-    import json
-
-    with open(DATA / name) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def _stored_cpu8(outdir: Path) -> list[Path]:
     """ci-cpu8.jsonl: bars per mesh (the existing bar chart) and time against grid size."""
     keep = ("pencilfft", "pencilfft-r2c", "jaxdecomp", "fftn-sharded")
-    recs = [r for r in _jsonl("ci-cpu8.jsonl")
+    recs = [r for r in load_records([DATA / "ci-cpu8.jsonl"])
             if r.get("status") == "ok" and r.get("median_s") and r["impl"] in keep]
-    written = []
-    for path in plot_bars(recs, outdir):
-        written.append(path.rename(outdir / f"stored_cpu8_{path.name}"))
+    written = [path.rename(outdir / f"stored_cpu8_{path.name}") for path in plot_bars(recs, outdir)]
     fig, axes = _figure(2)
-    for j, d in enumerate(DIRECTIONS[:2]):
+    for j, d in enumerate(DIRECTIONS):
         ax = axes[0, j]
         by: dict[str, dict[int, float]] = defaultdict(dict)
         for r in recs:
@@ -299,14 +243,9 @@ def _stored_cpu8(outdir: Path) -> list[Path]:
         for label in sorted(by, key=_series_order):
             ns = sorted(by[label])
             ax.plot(ns, [by[label][n] for n in ns], "o-", label=label, color=series_color(label))
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(sorted({n for pts in by.values() for n in pts}))
-        ax.set_xticklabels([f"{n}^3" for n in sorted({n for pts in by.values() for n in pts})])
-        ax.set_xlabel("grid")
-        ax.set_ylabel("median time [ms] (fastest mesh)")
-        ax.set_title(f"8 simulated CPU devices, complex64, {d}")
-        ax.grid(True, which="both", alpha=0.3)
+        _log2_axis(ax, [n for pts in by.values() for n in pts], "grid", "{}^3")
+        ax.set(yscale="log", ylabel="median time [ms] (fastest mesh)",
+               title=f"8 simulated CPU devices, complex64, {d}")
         _legend(ax, j == 1)
     written.append(_save(fig, outdir / "stored_cpu8_grid.png"))
     return written
@@ -314,11 +253,7 @@ def _stored_cpu8(outdir: Path) -> list[Path]:
 
 def _stored_gpu(outdir: Path) -> list[Path]:
     """gpu-h100.jsonl: time against grid size on one H100, complex64 and float32."""
-    import json
-
-    rows = [json.loads(line) for line in (DATA / "gpu-h100.jsonl").read_text().splitlines()
-            if line.strip()]
-    data = {"info": rows[0]["info"]}
+    rows = load_records([DATA / "gpu-h100.jsonl"])
     dtypes = sorted({r["dtype"] for r in rows})
     fig, axes = _figure(len(dtypes))
     for j, dtype in enumerate(dtypes):
@@ -328,40 +263,27 @@ def _stored_gpu(outdir: Path) -> list[Path]:
                          if r["impl"] == impl and r["dtype"] == dtype)
             if pts:  # (jaxdecomp has no real transforms: no float32 line)
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=impl, color=color)
-        ns = sorted({r["n"] for r in rows})
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(ns)
-        ax.set_xticklabels([f"{n}^3" for n in ns])
-        ax.set_xlabel("grid")
-        ax.set_ylabel("forward + inverse in one jit [ms]")
-        ax.set_title(f"{data['info']['device_kind']}, {dtype}")
-        ax.grid(True, which="both", alpha=0.3)
+        _log2_axis(ax, [r["n"] for r in rows], "grid", "{}^3")
+        ax.set(yscale="log", ylabel="forward + inverse in one jit [ms]",
+               title=f"{rows[0]['info']['device_kind']}, {dtype}")
         ax.legend(fontsize=8, loc="upper left")  # each panel: their implementations differ
     return [_save(fig, outdir / "stored_gpu_h100.png")]
 
 
 def _stored_mpi(outdir: Path) -> list[Path]:
     """mpi-np*-xla.jsonl: one CPU device per process, pencilfft's transports and mpi4py-fft."""
-    import numpy as np
-
-    recs = _jsonl("mpi-np2-xla.jsonl") + _jsonl("mpi-np4-xla.jsonl")
-    rows = ["pencilfft/auto", "pencilfft/alltoall", "mpi4py-fft"]
+    recs = load_records([DATA / "mpi-np2-xla.jsonl", DATA / "mpi-np4-xla.jsonl"])
     cases = sorted({(r["shape"][0], r["processes"], tuple(r["pdims"])) for r in recs})
     fig, axes = _figure(1)
     fig.set_size_inches(9, 4.2)
     ax = axes[0, 0]
-    width = 0.8 / len(rows)
-    for i, row in enumerate(rows):
-        vals = [next((r["median_ms"] for r in recs if r["row"] == row and
-                      (r["shape"][0], r["processes"], tuple(r["pdims"])) == c), np.nan)
-                for c in cases]
-        ax.bar(np.arange(len(cases)) + (i - (len(rows) - 1) / 2) * width, vals, width, label=row)
-    ax.set_xticks(np.arange(len(cases)))
-    ax.set_xticklabels([f"{n}^3\n{p} proc. {fmt_dims(m)}" for n, p, m in cases], fontsize=8)
-    ax.set_ylabel("forward + inverse [ms]")
-    ax.set_yscale("log")
-    ax.set_title("mpirun, one CPU device per process (2-core VM)")
+    _bars(ax, [f"{n}^3\n{p} proc. {fmt_dims(m)}" for n, p, m in cases], {row: [
+        next((r["median_ms"] for r in recs if r["row"] == row and
+              (r["shape"][0], r["processes"], tuple(r["pdims"])) == c), math.nan) for c in cases]
+        for row in ("pencilfft/auto", "pencilfft/alltoall", "mpi4py-fft")})
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set(ylabel="forward + inverse [ms]", yscale="log",
+           title="mpirun, one CPU device per process (2-core VM)")
     ax.grid(True, axis="y", which="both", alpha=0.3)
     _legend(ax, True)
     return [_save(fig, outdir / "stored_mpi.png")]
@@ -369,49 +291,36 @@ def _stored_mpi(outdir: Path) -> list[Path]:
 
 def _stored_memory(outdir: Path) -> list[Path]:
     """memory-*.jsonl: XLA's peak per device, in blocks, forward c2c, transposed layout."""
-    import numpy as np
-
     sets = {"auto (pairwise on CPUs)": "memory-256.jsonl", "alltoall (GPUs' auto)":
             "memory-256-alltoall.jsonl", "local (one CPU process)": "memory-local.jsonl"}
     meshes = [(1, 8), (2, 4), (4, 2), (8, 1)]
     fig, axes = _figure(2)
     for j, donate in enumerate((False, True)):
         ax = axes[0, j]
-        width = 0.8 / len(sets)
-        for i, (label, name) in enumerate(sets.items()):
-            recs = [r for r in _jsonl(name) if r["transform"] == "c2c" and r["layout"] ==
-                    "transposed" and r["direction"] == "forward" and r["donate"] == donate]
-            vals = [next((r["peak_blocks"] for r in recs if tuple(r["pdims"]) == m), np.nan)
-                    for m in meshes]
-            ax.bar(np.arange(len(meshes)) + (i - (len(sets) - 1) / 2) * width, vals, width,
-                   label=label)
-        ax.set_xticks(np.arange(len(meshes)))
-        ax.set_xticklabels([fmt_dims(m) for m in meshes])
-        ax.set_xlabel("mesh (pdims)")
-        ax.set_ylabel("peak memory per device [blocks]")
-        ax.set_title("pfft3d 256^3 complex64, " + ("input donated" if donate else "input kept"))
+        series = {}
+        for label, name in sets.items():
+            recs = [r for r in load_records([DATA / name]) if r["transform"] == "c2c" and
+                    r["layout"] == "transposed" and r["direction"] == "forward" and
+                    r["donate"] == donate]
+            series[label] = [next((r["peak_blocks"] for r in recs if tuple(r["pdims"]) == m),
+                                  math.nan) for m in meshes]
+        _bars(ax, [fmt_dims(m) for m in meshes], series)
+        ax.set(xlabel="mesh (pdims)", ylabel="peak memory per device [blocks]",
+               title="pfft3d 256^3 complex64, " + ("input donated" if donate else "input kept"))
         ax.grid(True, axis="y", alpha=0.3)
         _legend(ax, j == 1)
     return [_save(fig, outdir / "stored_memory.png")]
 
 
 def stored_figures(outdir: Path) -> list[Path]:
-    """Every figure of docs/benchmarks.md, from benchmarks/data/ (no jax needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    """Every figure of docs/benchmarks.md, from benchmarks/data/."""
     outdir.mkdir(parents=True, exist_ok=True)
     return _stored_cpu8(outdir) + _stored_gpu(outdir) + _stored_mpi(outdir) + _stored_memory(outdir)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.plot",
-        description="Make PNG figures (strong scaling with ideal line, parallel efficiency, weak "
-                    "scaling, per-mesh bars) from result files of `python -m benchmarks.fft`.",
-        epilog=__doc__.split("\n\n", 2)[2] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.plot", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="*", type=Path, help="JSON-lines results (benchmarks.fft --out)")
     p.add_argument("--stored", action="store_true",
                    help="draw the documentation's figures from benchmarks/data/ instead")
@@ -421,41 +330,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", default=None, help="only records with this --tag")
     p.add_argument("--kinds", nargs="+", choices=["strong", "weak", "bars"], default=["strong", "weak", "bars"],
                    help="which figures (default: all; efficiency comes with strong)")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = p.parse_args(argv)
     if args.stored:
-        for path in stored_figures(args.outdir):
-            print(path)
+        print("\n".join(map(str, stored_figures(args.outdir))))
         return 0
     if not args.files:
-        parser.error("give result files, or --stored")
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: works on login and compute nodes without a display
-    records = [r for r in load_records(args.files) if r.get("status") == "ok" and r.get("median_s")]
-    if args.impls:
-        records = [r for r in records if r["impl"] in args.impls]
-    if args.dtypes:
-        records = [r for r in records if r["dtype"] in args.dtypes]
-    if args.tag is not None:
-        records = [r for r in records if r.get("tag") == args.tag]
+        p.error("give result files, or --stored")
+    records = [r for r in load_records(args.files) if r.get("status") == "ok" and r.get("median_s")
+               and (not args.impls or r["impl"] in args.impls)
+               and (not args.dtypes or r["dtype"] in args.dtypes)
+               and (args.tag is None or r.get("tag") == args.tag)]
     if not records:
         print("error: no successful measurements in " + " ".join(map(str, args.files)), file=sys.stderr)
         return 1
     args.outdir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    if "strong" in args.kinds:
-        written += plot_strong(records, args.outdir)
-    if "weak" in args.kinds:
-        written += plot_weak(records, args.outdir)
-    if "bars" in args.kinds:
-        written += plot_bars(records, args.outdir)
-    for path in written:
-        print(path)
+    makers = {"strong": plot_strong, "weak": plot_weak, "bars": plot_bars}
+    for kind in args.kinds:
+        for path in makers[kind](records, args.outdir):
+            print(path)
     return 0
 
 

@@ -125,7 +125,7 @@ def gpu_table(out: Path = OUT) -> Path:
     info = data["info"]
     lines.append("")
     lines.append(f"Measured on {info['device_kind']}, jax {info['jax']}, jaxdecomp "
-                 f"{info['jaxdecomp']}, pencilfft {info['pencilfft']} (`benchmarks/gpu.py`).")
+                 f"{info['jaxdecomp']}, pencilfft {info['pencilfft']} (`python -m benchmarks.gpu`).")
     path = out / "gpu_h100_table.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -22,7 +22,7 @@ def records(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.delenv("PENCILFFT_MEMORY_LIMIT", raising=False)
     try:
-        assert chunks.main(["--shape", "16", "--pdims", "4x2", "--layouts", "transposed",
+        assert harness.main(chunks, ["--shape", "16", "--pdims", "4x2", "--layouts", "transposed",
                             "--chunks", "1", "2", "auto", "--repeats", "1", "--warmup", "0",
                             "--out", str(out)]) == 0
     finally:
@@ -77,9 +77,7 @@ def test_tables_render(records):
 
 def test_auto_resolves_to_more_pieces_under_a_limit(records, monkeypatch):
     """With PENCILFFT_MEMORY_LIMIT below the unchunked working set, "auto" takes pieces."""
-    from benchmarks import steps
-
-    mesh = steps.make_mesh((4, 2))
+    mesh = harness.make_mesh((4, 2))
     # 3 blocks of 4 KiB: unchunked needs 4 (input, output, 2 exchange buffers), 2 pieces 3.
     monkeypatch.setenv("PENCILFFT_MEMORY_LIMIT", str(3 * 4096))
     assert chunks.resolved_chunks((16, 16, 16), mesh, "transposed", "alltoall", "auto",

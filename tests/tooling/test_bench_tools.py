@@ -1,5 +1,5 @@
-"""The measurement tools benchmarks/steps.py (per-step costs) and benchmarks/memory.py (per-device
-memory), run in process on small grids.
+"""The comparisons steps, memory, batch, margin, power and kinds of benchmarks/, run in process on
+small grids through the harness's command line.
 
 Single process only: the one-device reference of steps.py needs the whole array on one device,
 and both tools refuse to run under several processes.
@@ -46,7 +46,7 @@ def test_steps_cli_rows_and_floor(tmp_path, capsys):
     out = tmp_path / "steps.jsonl"
     argv = ["--shape", "16", "--pdims", "4x2", "8x1", "--repeats", "2", "--warmup", "1",
             "--exchange", "alltoall", "--out", str(out)]
-    assert steps.main(argv) == 0
+    assert harness.main(steps, argv) == 0
     printed = capsys.readouterr().out
     records = read_jsonl(out)
     for pdims in ((4, 2), (8, 1)):
@@ -57,12 +57,15 @@ def test_steps_cli_rows_and_floor(tmp_path, capsys):
             assert r["ratio_to_fftn_1dev"] == pytest.approx(r["median_s"] / rows[0]["median_s"])
             assert r["exchanges"] == {n: "alltoall" for n, p in zip("xy", pdims) if p > 1}
             assert (r["step_s"] is not None) == (r["kind"] == "prefix")
-            assert f"| {r['program']} |" in printed
         prefixes = [r for r in rows if r["kind"] == "prefix"]
         # The step costs add up to the last prefix, the whole pipeline.
         assert sum(r["step_s"] for r in prefixes) == pytest.approx(prefixes[-1]["median_s"])
-    assert printed.count("floor (3 local FFTs + bare exchanges) = ") == 2
-    assert "x of one-device fftn" in printed
+    lines = printed.splitlines()
+    assert "| program | 4x2 all_to_all | 8x1 all_to_all |" in lines
+    for label, _ in steps.STEP_ROWS:  # one row per step, a cell per case
+        assert sum(line.startswith(f"| {label} |") for line in lines) == 1, label
+    floor = next(line for line in lines if line.startswith("| floor: 3 local FFTs + bare exchanges |"))
+    assert floor.count(" (") == 2  # each case's floor, with its ratio to one-device fftn
 
 
 def test_step_within_its_noise_is_reported_as_noise():
@@ -87,7 +90,9 @@ def test_step_within_its_noise_is_reported_as_noise():
     assert steps.step_cell(by["FFT Z"]) == "5"
     floors = [dict(by["FFT Z"], program=name, kind="floor", step_s=None)
               for name in ("3 local FFTs", "bare all_to_all over x", "bare all_to_all over y")]
-    assert "| + exchange over y | 4.8 | 0.48 | noise (±1.3) |" in steps.markdown(records + floors)
+    table = steps.steps_table(records + floors)
+    assert "| + exchange over y | 4.8 (step noise (±1.3)) |" in table
+    assert "| + FFT Y | 9 (step 4.2) |" in table and "| FFT Z (slab: 2-D FFT over Y, Z) | 5 |" in table
 
 
 @pytest.mark.parametrize("pdims,exchange,shape", [
@@ -123,7 +128,7 @@ def test_memory_cli_every_combination(tmp_path, capsys):
     tests/test_memory_floor.py's), with the mesh column of the table."""
     out = tmp_path / "memory.jsonl"
     argv = ["--shape", "16", "--pdims", "4x2", "--exchange", "alltoall", "--out", str(out)]
-    assert memory.main(argv) == 0
+    assert harness.main(memory, argv) == 0
     printed = capsys.readouterr().out
     records = read_jsonl(out)
     keys = [(tuple(r["pdims"]), r["layout"], r["transform"], r["direction"], r["donate"])
@@ -143,14 +148,15 @@ def test_memory_cli_every_combination(tmp_path, capsys):
             assert r["alias_bytes"] == 0
     # The c2c forward's output has the input's size and sharding: donation lets XLA reuse it.
     assert by[((4, 2), "transposed", "c2c", "forward", True)]["alias_blocks"] == 1.0
-    assert printed.count("| 4x2 |") == 16
+    rows = [line for line in printed.splitlines() if "| 4x2 |" in line]
+    assert len(rows) == 4 and all(row.count("|") == 8 for row in rows)  # (transform, layout) x 4
 
 
 def test_batch_benchmark_runs_every_implementation(tmp_path, capsys):
     """benchmarks.batch: pencilfft (vmap and 4-D) beside jaxdecomp's vmap on a (c, x, y) mesh."""
     pytest.importorskip("jaxdecomp")
     out = tmp_path / "batch.jsonl"
-    assert batch.main(["--fields", "2", "--shape", "8", "--meshes", "2x2x2", "--repeats", "1",
+    assert harness.main(batch, ["--fields", "2", "--shape", "8", "--meshes", "2x2x2", "--repeats", "1",
                        "--out", str(out)]) == 0
     records = harness.load_records([out])
     assert [r["impl"] for r in records] == list(batch.IMPLS)
@@ -160,7 +166,7 @@ def test_batch_benchmark_runs_every_implementation(tmp_path, capsys):
     table = batch.table(records)
     assert table.splitlines()[2].startswith("| 2x2x2 |") and "2 fields of 8x8x8" in table
     with pytest.raises(SystemExit):
-        batch.main(["--meshes", "4x2"])
+        harness.main(batch, ["--meshes", "4x2"])
     assert "3 positive sizes (c, x, y)" in capsys.readouterr().err
 
 
@@ -168,7 +174,7 @@ def test_margin_benchmark_times_the_users_form(tmp_path, capsys):
     """benchmarks.margin: the jit round trip on an Auto mesh beside one device (and jaxdecomp
     where installed), the floor counting one exchange for a mesh with a size-1 axis."""
     out = tmp_path / "margin.jsonl"
-    assert margin.main(["--shapes", "8", "--meshes", "1x8", "4x2", "--repeats", "1",
+    assert harness.main(margin, ["--shapes", "8", "--meshes", "1x8", "4x2", "--repeats", "1",
                         "--label", "t", "--out", str(out)]) == 0
     records = harness.load_records([out])
     by = {(tuple(r["pdims"]), r["program"]): r for r in records}
@@ -182,7 +188,7 @@ def test_margin_benchmark_times_the_users_form(tmp_path, capsys):
     table = margin.table(records)
     assert "| 8x8x8 | 1x8 | t |" in table and "| 8x8x8 | 4x2 | t |" in table
     with pytest.raises(SystemExit):
-        margin.main(["--meshes", "8"])
+        harness.main(margin, ["--meshes", "8"])
     assert "2 positive sizes" in capsys.readouterr().err
 
 
@@ -191,7 +197,7 @@ def test_power_benchmark_runs_beside_one_device(tmp_path):
     partitioner) beside one-device fftn + bincount, equal to it, with no all-gather (JaxPM's
     row needs its source: absent here)."""
     out = tmp_path / "power.jsonl"
-    assert power.main(["--shape", "16", "--meshes", "4x2", "--repeats", "1", "--warmup", "0",
+    assert harness.main(power, ["--shape", "16", "--meshes", "4x2", "--repeats", "1", "--warmup", "0",
                        "--out", str(out)]) == 0
     records = harness.load_records([out])
     assert [r["program"] for r in records] == ["pencilfft", "pencilfft-jit", "fftn-1dev"]
@@ -208,7 +214,7 @@ def test_kinds_benchmark_times_every_kind_beside_scipy(tmp_path):
     from benchmarks import kinds
 
     out = tmp_path / "kinds.jsonl"
-    assert kinds.main(["--shape", "16", "--meshes", "4x2", "--repeats", "1", "--warmup", "0",
+    assert harness.main(kinds, ["--shape", "16", "--meshes", "4x2", "--repeats", "1", "--warmup", "0",
                        "--out", str(out)]) == 0
     records = read_jsonl(out)
     assert sorted((r["where"], r["kinds"], r["direction"]) for r in records) == sorted(

@@ -1,5 +1,5 @@
-"""The FFT benchmark: its command line (benchmarks/fft.py), harness, implementations, tables
-(benchmarks/harness.py, impls.py, report.py) and the plots (benchmarks/plot.py).
+"""The FFT benchmark (benchmarks/fft.py: cases, variants, implementations, records, tables) on the
+harness's command line (benchmarks/harness.py), and the plots (benchmarks/plot.py).
 
 The end-to-end smoke test runs the CLI in a subprocess at 16^3 (single process only); one
 in-process run also goes through the multi-process path when the suite runs under mpirun.
@@ -20,14 +20,12 @@ import pytest
 import pencilfft
 from conftest import make_mesh, to_numpy
 
-pytest.importorskip("rich")  # the CLI's progress bar and tables (the [bench] extra)
-
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (tests/tooling/../..)
 if str(ROOT) not in sys.path:  # `benchmarks` is not installed: import it from the checkout
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import fft as cli  # noqa: E402
-from benchmarks import harness, impls, report  # noqa: E402
+from benchmarks import harness  # noqa: E402
 from benchmarks import plot as bplot  # noqa: E402
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -47,20 +45,20 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 def check_record(r: dict) -> None:
     """Every field present; the numbers of a successful measurement positive and consistent."""
-    missing = [k for k in harness.RECORD_FIELDS if k not in r]
+    missing = [k for k in cli.RECORD_FIELDS if k not in r]
     assert not missing, f"missing fields {missing}"
     assert r["status"] in ("ok", "skipped", "error", "wrong"), r["status"]
-    assert r["schema"] == harness.SCHEMA
-    assert r["direction"] in harness.DIRECTIONS and r["impl"] in harness.IMPLS
+    assert r["schema"] == cli.SCHEMA
+    assert r["direction"] in harness.DIRECTIONS and r["impl"] in cli.IMPLS
     assert r["n_points"] == math.prod(r["shape"])
     assert r["mesh_devices"] == math.prod(r["pdims"])
-    for key in ("backend", "device_kind", "device_count", "process_count", "hostname"):
+    for key in ("backend", "device_kind", "device_count", "process_count", "hostname", "cores"):
         assert key in r["machine"], key
     assert r["versions"]["jax"] == jax.__version__
     if r["status"] != "ok":
         assert r["note"], f"a {r['status']} record must say why"
         return
-    for key in harness.POSITIVE_FIELDS:
+    for key in cli.POSITIVE_FIELDS:
         assert isinstance(r[key], (int, float)) and r[key] > 0, (key, r[key])
     assert r["min_s"] <= r["median_s"] <= r["max_s"]
     if r["machine"]["process_count"] == 1:  # the one-device baseline exists
@@ -70,13 +68,13 @@ def check_record(r: dict) -> None:
     assert len(r["times_s"]) == r["repeats"]
     assert r["lower_s"] is not None and 0 < r["lower_s"] <= r["compile_s"]
     assert r["gflops"] == pytest.approx(r["flops"] / r["median_s"] / 1e9)
-    expected = harness.fft_flops(r["shape"], r["impl"] == "pencilfft-r2c")
+    expected = cli.fft_flops(r["shape"], r["impl"] == "pencilfft-r2c")
     assert r["flops"] == pytest.approx(expected)
     if r["mem_bytes"] is not None:
         assert r["mem_bytes"] == r["mem_argument_bytes"] + r["mem_output_bytes"] + r["mem_temp_bytes"]
         assert r["mem_argument_bytes"] > 0 and r["mem_output_bytes"] > 0
     if r["max_rel_err"] is not None:
-        assert r["max_rel_err"] < harness.CHECK_TOL[r["dtype"]]
+        assert r["max_rel_err"] < cli.CHECK_TOL[r["dtype"]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,8 +104,8 @@ def test_square_pdims_is_most_square():
 
 
 def test_flops_and_validation():
-    assert harness.fft_flops((16, 16, 16), real=False) == pytest.approx(5 * 4096 * 12)
-    assert harness.fft_flops((16, 16, 16), real=True) == pytest.approx(2.5 * 4096 * 12)
+    assert cli.fft_flops((16, 16, 16), real=False) == pytest.approx(5 * 4096 * 12)
+    assert cli.fft_flops((16, 16, 16), real=True) == pytest.approx(2.5 * 4096 * 12)
     assert harness.validate_case((16, 16, 16), (4, 2)) is None
     assert "X=10" in harness.validate_case((10, 16, 16), (4, 2))
     assert "Y=6" in harness.validate_case((16, 6, 16), (4, 4))
@@ -116,25 +114,27 @@ def test_flops_and_validation():
 
 def test_variant_ok_only_when_status_ok():
     """A variant the check marked "wrong" keeps its timings (`ran`) but is not `ok`."""
-    states = {s: harness.Variant("pencilfft", "natural", status=s) for s in ("ok", "wrong", "error", "skipped")}
+    states = {s: cli.Variant("pencilfft", "natural", status=s) for s in ("ok", "wrong", "error", "skipped")}
     assert [s for s, v in states.items() if v.ok] == ["ok"]
     assert [s for s, v in states.items() if v.ran] == ["ok", "wrong"]
 
 
 def test_variant_plan_layouts():
-    plan = harness.variant_plan(list(harness.IMPLS), ["transposed", "natural"])
+    plan = cli.variant_plan(list(cli.IMPLS), ["transposed", "natural"])
     assert ("jaxdecomp", "transposed") in plan and ("jaxdecomp", "natural") not in plan
     assert ("pencilfft", "natural") in plan and ("pencilfft", "transposed") in plan
     assert plan.count(("fftn-1dev", "natural")) == 1  # layout-free: once per case
-    only_nat = harness.variant_plan(["pencilfft", "jaxdecomp", "fftn-1dev"], ["natural"])
+    only_nat = cli.variant_plan(["pencilfft", "jaxdecomp", "fftn-1dev"], ["natural"])
     assert only_nat == [("pencilfft", "natural"), ("fftn-1dev", "natural")]
     assert ("naive-pencil", "natural") in plan and ("naive-pencil", "transposed") not in plan
 
 
 def test_every_implementation_has_a_builder():
-    """The CLI offers harness.IMPLS (table column order); impls builds each of them."""
-    assert list(impls.IMPLEMENTATIONS) == list(harness.IMPLS)
-    assert all(callable(b) for b in impls.IMPLEMENTATIONS.values())
+    """The CLI offers IMPLS (table column order); IMPLEMENTATIONS builds each of them, and
+    runs all but the opt-in pyFFTW baseline by default."""
+    assert list(cli.IMPLEMENTATIONS) == list(cli.IMPLS)
+    assert all(callable(b) for b in cli.IMPLEMENTATIONS.values())
+    assert cli.DEFAULT_IMPLS == [i for i in cli.IMPLS if i != "pyfftw"]
 
 
 def test_dry_run_prints_plan_and_rejects_bad_cases(capsys):
@@ -153,7 +153,7 @@ def test_dry_run_prints_plan_and_rejects_bad_cases(capsys):
 
 def test_help_lists_implementations():
     proc = run_cli("benchmarks.fft", "--help", timeout=60)
-    for impl in harness.IMPLS:
+    for impl in cli.IMPLS:
         assert impl in proc.stdout
     assert "--repeats" in proc.stdout and "--devices" in proc.stdout
     assert "--outdir" in run_cli("benchmarks.plot", "--help", timeout=60).stdout
@@ -164,7 +164,7 @@ def test_help_lists_implementations():
 # ---------------------------------------------------------------------------------------------
 
 def fake_record(impl, layout, direction, shape, pdims, n_devices, median, status="ok", note=""):
-    r = {k: None for k in harness.RECORD_FIELDS}
+    r = {k: None for k in cli.RECORD_FIELDS}
     r.update(impl=impl, layout=layout, direction=direction, shape=list(shape), pdims=list(pdims),
              n_points=math.prod(shape), dtype="complex64", n_devices=n_devices,
              mesh_devices=math.prod(pdims), status=status, note=note)
@@ -199,7 +199,7 @@ def test_markdown_pivot_table():
                     "skipped", "needs a GPU"),
     ]
     recs[0]["speedup_vs_fftn_1dev"] = 2.0
-    text = report.markdown_table(recs)
+    text = cli.markdown_table(recs)
     lines = [ln for ln in text.splitlines() if ln.startswith("|")]
     assert lines[0] == "| grid | dtype | pdims | layout | dir | pencilfft | jaxdecomp | fftn-1dev |"
     rows = {ln.split(" | ")[3]: ln for ln in lines[2:]}
@@ -207,7 +207,7 @@ def test_markdown_pivot_table():
     assert "| 2 (2.00x) | error | 4 |" in rows["transposed"]
     assert "| 3 | — | 4 |" in rows["natural"]  # baseline shown in both layout rows
     assert "Not available here: `jaxdecomp-cudecomp` (needs a GPU)" in text
-    long = report.markdown_table(recs, "long").splitlines()
+    long = cli.markdown_table(recs, "long").splitlines()
     assert len(long) == 2 + len(recs) and long[0].startswith("| grid | dtype | pdims | impl |")
 
 
@@ -321,7 +321,7 @@ def test_smoke_cli_run_then_table_and_plot(tmp_path):
     for r in records:
         check_record(r)
     by = {(r["impl"], r["layout"], tuple(r["pdims"]), r["direction"]): r for r in records}
-    plan = harness.variant_plan(list(harness.IMPLS), list(harness.LAYOUTS))
+    plan = cli.variant_plan(cli.DEFAULT_IMPLS, list(harness.LAYOUTS))
     assert len(records) == len(by) == 2 * len(plan) * 2  # meshes x variants x directions
     assert all(r["repeats"] == repeats and r["machine"]["device_count"] == 8 for r in records)
 
@@ -419,17 +419,40 @@ def test_in_process_naive_pencil_natural(tmp_path, axis_type):
         assert r["max_rel_err"] is not None and r["max_rel_err"] < 1e-10
 
 
+def test_pyfftw_baseline(tmp_path):
+    """FFTW's own 3-D plan beside the one-device fftn: the same answer, its MEASURE planning
+    recorded as its compile time, one host "device", no XLA memory analysis; skipped under
+    several processes (it needs the whole array in one)."""
+    pytest.importorskip("pyfftw")
+    out = tmp_path / "r.jsonl"
+    argv = ["--shapes", "16", "--pdims", "4x2", "--dtypes", "complex128", "--repeats", "2",
+            "--warmup", "1", "--out", str(out), "--quiet", "--impls", "pyfftw", "fftn-1dev"]
+    assert cli.main(argv) == 0
+    if jax.process_index() != 0:
+        return
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["impl"], r["direction"]) for r in records) == [
+        (i, d) for i in ("fftn-1dev", "pyfftw") for d in harness.DIRECTIONS]
+    for r in records:
+        check_record(r)
+        if r["impl"] == "pyfftw" and jax.process_count() > 1:
+            assert r["status"] == "skipped" and "one" in r["note"]
+        elif r["impl"] == "pyfftw":
+            assert r["status"] == "ok" and r["n_devices"] == 1 and r["max_rel_err"] < 1e-10
+            assert r["mem_bytes"] is None and r["compile_s"] > 0
+
+
 def test_naive_pencil_only_natural_and_skips_clearly():
     """Like jaxdecomp in the natural layout: not planned in the transposed one; meshes it cannot
     run on are recorded as skipped with the reason (no jax computation here)."""
-    assert harness.variant_plan(["naive-pencil", "pencilfft"], ["transposed"]) == [("pencilfft", "transposed")]
-    assert harness.variant_plan(["naive-pencil"], ["transposed"]) == []
-    assert harness.variant_plan(["naive-pencil"], ["natural", "transposed"]) == [("naive-pencil", "natural")]
-    assert list(harness.IMPLS).index("naive-pencil") == list(harness.IMPLS).index("pencilfft-r2c") + 1
-    args = cli.build_parser().parse_args(["--impls", "naive-pencil"])
+    assert cli.variant_plan(["naive-pencil", "pencilfft"], ["transposed"]) == [("pencilfft", "transposed")]
+    assert cli.variant_plan(["naive-pencil"], ["transposed"]) == []
+    assert cli.variant_plan(["naive-pencil"], ["natural", "transposed"]) == [("naive-pencil", "natural")]
+    assert list(cli.IMPLS).index("naive-pencil") == list(cli.IMPLS).index("pencilfft-r2c") + 1
+    args = harness.parser(cli).parse_args(["--impls", "naive-pencil"])
 
     def build(shape, pdims, layout="natural"):
-        runner = harness.CaseRunner(harness.Case(shape, "complex64", pdims), args, impls.IMPLEMENTATIONS)
+        runner = cli.CaseRunner(harness.Case(shape, "complex64", pdims), args, cli.IMPLEMENTATIONS)
         v = runner.build("naive-pencil", layout)
         return v.status, v.note
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout (tests/tooling/../..)
 if str(ROOT) not in sys.path:  # `benchmarks` is not installed: import it from the checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import pm  # noqa: E402
+from benchmarks import harness, pm  # noqa: E402
 
 SHAPE = (16, 16, 16)
 STEPS = 2
@@ -89,7 +89,7 @@ def test_command_line(tmp_path, capsys):
     out = tmp_path / "pm.jsonl"
     args = ["--shapes", "16", "--pdims", "4x2", "--impls", "pencilfft", "1dev", "--steps", "2",
             "--repeats", "2", "--warmup", "0", "--out", str(out), "--quiet"]
-    assert pm.main(args) == 0
+    assert harness.main(pm, args) == 0
     if jax.process_index() != 0:
         return  # process 0 writes the records
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -104,20 +104,20 @@ def test_command_line(tmp_path, capsys):
     assert records[0]["max_rel_err_density"] <= pm.CHECK_TOL["float32"]
     assert records[0]["pdims"] == [4, 2] and records[1]["pdims"] == [1]
     capsys.readouterr()
-    assert pm.main(["table", str(out)]) == 0
+    assert harness.main(pm, ["table", str(out)]) == 0
     table = capsys.readouterr().out
     assert "| 16x16x16 | float32 | 4x2 | pencilfft |" in table and "| 1dev |" in table
 
 
 def test_dry_run_and_bad_arguments(capsys):
-    assert pm.main(["--shapes", "64", "128", "--pdims", "4x2", "8", "--devices", "8", "--dry-run"]) == 0
+    assert harness.main(pm, ["--shapes", "64", "128", "--pdims", "4x2", "8", "--devices", "8", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "4 case(s)" in out and "64x64x64 float32 pdims 8" in out
     for bad in (["--steps", "0"], ["--halo", "0"], ["--skip", *pm.IMPLS]):
         with pytest.raises(SystemExit):
-            pm.main(bad + ["--dry-run"])
+            harness.main(pm, bad + ["--dry-run"])
     with pytest.raises(SystemExit, match="divisible"):
-        pm.main(["--shapes", "30", "--pdims", "4x2", "--dry-run"])
+        harness.main(pm, ["--shapes", "30", "--pdims", "4x2", "--dry-run"])
 
 
 @pytest.mark.skipif(not Path("/bin/bash").exists(), reason="needs bash")
@@ -136,7 +136,7 @@ def test_slurm_job_script_dry_run():
         "python", "-m", "benchmarks.pm"]
     assert args[:2] == ["--steps", "10"] and args[args.index("--pdims") + 1] == "4x4"
     assert args[args.index("--out") + 1].endswith("results/jeanzay/pm-h100-16gpu.jsonl")
-    assert pm.main([*args, "--devices", "16", "--dry-run"]) == 0
+    assert harness.main(pm, [*args, "--devices", "16", "--dry-run"]) == 0
     warn = subprocess.run(["bash", str(ROOT / "slurm" / "pm.slurm"), "--pdims", "2x2"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert "uses 4 GPUs but the job has 16 tasks" in warn.stderr

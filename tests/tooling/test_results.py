@@ -21,7 +21,11 @@ DESCRIPTIVE = {
 
 
 def test_results_has_every_kind_of_table_from_committed_data():
-    assert {kind for kind, _, _ in BLOCKS} == set(results.TABLES)
+    """Every kind has a table, but those awaiting a lent machine, which say so instead."""
+    assert {kind for kind, _, _ in BLOCKS} | set(results.PENDING) == set(results.TABLES)
+    for kind, command in results.PENDING.items():
+        assert kind not in {k for k, _, _ in BLOCKS}, f"{kind} has data: drop it from PENDING"
+        assert re.search(rf"not yet measured: run `{re.escape(command)}[^`]*`", RESULTS, re.I), kind
     assert {p for _, paths, _ in BLOCKS for p in paths} >= {
         "benchmarks/data/mpi-np2.jsonl", "benchmarks/data/ci-cpu8.jsonl",
         "benchmarks/data/ci-cpu8-mpi2.jsonl", "benchmarks/data/steps-256.jsonl",
