@@ -146,6 +146,8 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
     elif (all(v in env for v in _SLURM_VARS)
           and _launcher_int(env, "SLURM_NTASKS", 1, _SLURM_WAY_OUT) > 1):
         started = _start(verbose, "SLURM", _slurm_arguments(env, overrides))
+        if (hint := srun_mpi_hint(env=env)) is not None:
+            _say(verbose, hint)  # jax runs; what needs MPI (scatter, the MPI exchange) will not
     elif "coordinator_address" in overrides or "JAX_COORDINATOR_ADDRESS" in env:
         # No launcher, but a coordinator: each process was set up by hand.
         started = _start(verbose, "manual (coordinator given)", overrides)
@@ -678,6 +680,80 @@ def _free_port() -> int:
 
 
 # ------------------------------------------------------------------------------------- SLURM
+
+# The fix, wherever srun without an MPI plug-in shows.  PMI-2 is what the mpich wheel of
+# pencilfft[mpi] speaks (its `srun --mpi=pmix` stops at start-up: "Runtime environment uses
+# unsupported PMI version PMIx"), and Intel MPI; Open MPI 4/5 as sites build it speaks PMIx.
+_SRUN_MPI_FIX = (
+    "start the step with `srun --mpi=pmi2` (or export SLURM_MPI_TYPE=pmi2 before srun): PMI-2 "
+    "is what the mpich of pencilfft[mpi] and Intel MPI speak; a site's Open MPI built with "
+    "PMIx takes `--mpi=pmix`. `srun --mpi=list` shows the cluster's plug-ins; pencilfft's "
+    "slurm/ scripts take PENCILFFT_SRUN_MPI"
+)
+
+
+def srun_mpi_hint(mpi_size: int | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """Why MPI cannot span the tasks of this Slurm job, and the fix; None when that is not so.
+
+    srun gives the tasks of a step a way to find each other (a PMI plug-in) only when asked
+    (`srun --mpi=...`, SLURM_MPI_TYPE, or the cluster's MpiDefault, often `none`).  Without
+    one, MPI in each task finds no launcher and starts as its own one-rank world, although
+    the step has N tasks (jax still starts across them, from Slurm's variables), and
+    everything that needs MPI then sees one process.  Every place that can meet this calls
+    this one function: the MPI exchange's reason (`pencilfft check`), `scatter`/`gather`/
+    `save`/`load`, `initialize(verbose=True)`, the benchmarks.
+
+    Args:
+      mpi_size: the size of MPI.COMM_WORLD as the caller sees it; None: this process's if MPI
+        runs (MPI is never started here), else unknown.
+      env: the environment (default: os.environ).
+
+    Returns:
+      One sentence naming the cause (the step's task count, the plug-in or its absence) and
+      the fix (`srun --mpi=pmi2`, SLURM_MPI_TYPE), or None outside Slurm, in a one-task step,
+      or when MPI spans the tasks.
+    """
+    env = os.environ if env is None else env
+    if mpi_size is None:
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi_size = mpi.COMM_WORLD.Get_size()
+    if mpi_size not in (None, 1):
+        return None  # MPI spans several processes: a plug-in works
+    step_tasks = _int_or_none(env.get("SLURM_STEP_NUM_TASKS"))
+    if "SLURM_STEP_NUM_TASKS" not in env and "SLURM_STEP_ID" not in env:
+        # Not in a job step: python run from the batch script itself, without srun.
+        job_tasks = _int_or_none(env.get("SLURM_NTASKS"))
+        if (job_tasks is None or job_tasks <= 1 or "SLURM_JOB_ID" not in env
+                or _launched_by_mpi(env)):
+            return None
+        return (f"Slurm job {env['SLURM_JOB_ID']} has {job_tasks} tasks (SLURM_NTASKS="
+                f"{job_tasks}) but this process runs in its batch script, outside any job step, "
+                f"so it is alone; run it with srun: {_SRUN_MPI_FIX}")
+    if step_tasks is None or step_tasks <= 1:
+        return None
+    plugin = env.get("SLURM_MPI_TYPE", "")
+    if mpi_size is None and _launched_by_mpi(env):
+        return None  # a plug-in gave this task its PMI variables; MPI is not started yet
+    if plugin and plugin != "none":
+        cause = f"with the MPI plug-in {plugin} (SLURM_MPI_TYPE), which this MPI library does not speak"
+    elif plugin:
+        cause = "with SLURM_MPI_TYPE=none, i.e. without an MPI plug-in"
+    else:
+        cause = ("without an MPI plug-in (no PMI variables in the environment: no `srun --mpi=...`, "
+                 "no SLURM_MPI_TYPE, and the cluster's MpiDefault is none)")
+    seen = ("is its own one-rank MPI world (MPI.COMM_WORLD has 1 rank here)" if mpi_size == 1
+            else "would be its own one-rank MPI world, so pencilfft.initialize() started jax from "
+                 "Slurm's variables and left MPI alone")
+    return (f"srun started {step_tasks} tasks in this job step (SLURM_STEP_NUM_TASKS={step_tasks}) "
+            f"{cause}: each task {seen}; {_SRUN_MPI_FIX}")
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text.strip()) if text is not None else None
+    except ValueError:
+        return None
 
 
 def _slurm_arguments(env: Mapping[str, str], overrides: dict) -> dict:
