@@ -274,15 +274,19 @@ def _local_rank_and_size(env: Mapping[str, str], rank_var: str, size_var: str) -
 
 
 def _install_abort_hook(verbose: bool = False) -> bool:
-    """Put the abort hook in front of the current sys.excepthook (once); True if installed."""
+    """Put the abort hook in front of the current sys.excepthook, and wrap sys.exit (once
+    each); True if installed."""
     if getattr(sys.excepthook, "_pencilfft_abort", False):
+        _install_exit_hook()
         return True
     if sys.flags.interactive or hasattr(sys, "ps1"):
         # The interactive interpreter reports every failed statement through the hook.
         _say(verbose, "interactive interpreter: no abort-on-error exception hook")
         return False
     sys.excepthook = _make_abort_hook(sys.excepthook, jax.process_index(), jax.process_count())
-    _say(verbose, f"an uncaught exception aborts the whole job ({_ABORT_ENV}=0 to keep going)")
+    _install_exit_hook()
+    _say(verbose, f"an uncaught exception or sys.exit(n) with n != 0 aborts the whole job "
+                  f"({_ABORT_ENV}=0 to keep going)")
     return True
 
 
@@ -290,6 +294,90 @@ def _remove_abort_hook() -> None:
     hook = sys.excepthook
     if getattr(hook, "_pencilfft_abort", False):
         sys.excepthook = hook._pencilfft_previous
+    if getattr(sys.exit, "_pencilfft_exit", False):
+        sys.exit = sys.exit._pencilfft_previous
+
+
+# ------------------------------------------------------------------ sys.exit(n) on one process
+#
+# sys.exit(n) raises SystemExit, which never reaches sys.excepthook: the interpreter ends, and
+# jax's atexit shutdown waits (shutdown_timeout_seconds, 300 s) for the other processes, which
+# wait in their next collective for this one; then both abort and the status is lost (issues
+# 48 and 51).  No atexit handler can tell the status: the interpreter reads it from the
+# exception's `code` at the very top, once every Python frame is gone, and keeps it in C.
+# So `sys.exit` is wrapped to raise a SystemExit whose `code`, when the interpreter itself
+# reads it (no Python caller, the main thread), ends the whole job with that status as an
+# uncaught exception does.  Read from Python (`except SystemExit as e: e.code`, pytest.raises),
+# it is the plain code and nothing happens: a sys.exit that is caught changes nothing.  A
+# status of 0 (or None) is a clean exit and goes through jax's shutdown as before.  A bare
+# `raise SystemExit(n)` (or the site's `exit(n)`) does not pass through sys.exit, and is not
+# seen.
+
+_SYSTEM_EXIT_CODE = SystemExit.__dict__["code"]  # the C member the interpreter reads
+
+
+class _JobExit(SystemExit):
+    """What the wrapped sys.exit raises: a SystemExit in every way but `code`'s getter."""
+
+    @property
+    def code(self):
+        code = _SYSTEM_EXIT_CODE.__get__(self)
+        if (sys._getframe(0).f_back is None  # read by the interpreter, not by Python code
+                and threading.current_thread() is threading.main_thread()
+                and getattr(sys.exit, "_pencilfft_exit", False)):
+            _end_job_on_exit(code)
+        return code
+
+    @code.setter
+    def code(self, value):
+        _SYSTEM_EXIT_CODE.__set__(self, value)
+
+
+def _install_exit_hook() -> None:
+    """Wrap sys.exit (once) so that a non-zero status ends every process of the job."""
+    if getattr(sys.exit, "_pencilfft_exit", False):
+        return
+    previous = sys.exit
+    index, count = jax.process_index(), jax.process_count()
+
+    def exit(status=None):  # noqa: A001  (it is sys.exit)
+        # As the built-in: no argument is no args, a tuple becomes the args.
+        if status is None:
+            raise _JobExit()
+        raise _JobExit(*status) if isinstance(status, tuple) else _JobExit(status)
+
+    exit.__doc__ = previous.__doc__
+    exit._pencilfft_exit = True
+    exit._pencilfft_previous = previous
+    exit._pencilfft_process = (index, count)
+    sys.exit = exit
+
+
+def _end_job_on_exit(code) -> None:
+    """The interpreter is ending with SystemExit `code`: for a failure (what Python turns into
+    a non-zero status), say so and end the whole job with that status; else return."""
+    if code is None:
+        return
+    if isinstance(code, int):
+        status = code & 0xFF  # what the operating system keeps of exit(code)
+        if status == 0:
+            return
+        message = ""
+    else:
+        status, message = 1, f"{code}\n"  # Python prints a non-integer code, exit status 1
+    index, count = sys.exit._pencilfft_process
+    try:
+        sys.stderr.write(
+            f"{message}pencilfft: process {index} of {count} exits with status {status} "
+            "(sys.exit); ending every process of the job so that none waits for this one "
+            f"(pencilfft.initialize(abort_on_error=False) or {_ABORT_ENV}=0 turns this off)\n"
+        )
+        sys.stderr.flush()
+        sys.stdout.flush()
+        _stop_stdout_filter()
+        _wait_until_read()
+    finally:
+        _abort_job(status)
 
 
 def _make_abort_hook(previous, index: int, count: int):
