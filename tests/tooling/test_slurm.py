@@ -333,6 +333,14 @@ def _stand_ins(tmp_path: Path, submitted: Path | None = None) -> tuple[dict, Pat
     return {"PATH": f"{bin_dir}:/usr/bin:/bin"}, calls
 
 
+def _checkout(tmp_path: Path) -> Path:
+    """A checkout whose slurm/ is ours: the jobs' results/ folder goes there, not in ours."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "slurm").symlink_to(SLURM)
+    return checkout
+
+
 def _module_function(calls: Path) -> dict:
     """`module` as Lmod exports it to batch jobs: a bash function in the environment."""
     return {"BASH_FUNC_module%%": f'() {{ echo "module $*" >> {calls}; }}'}
@@ -349,7 +357,8 @@ def test_cpu_job_runs_without_module_command_from_any_folder(tmp_path):
     spool.mkdir()
     copy = spool / "slurm_script"  # what sbatch runs: a copy, far from the checkout
     shutil.copy(SLURM / "cpu.slurm", copy)
-    env, calls = _stand_ins(tmp_path, submitted=SLURM / "cpu.slurm")
+    checkout = _checkout(tmp_path)
+    env, calls = _stand_ins(tmp_path, submitted=checkout / "slurm" / "cpu.slurm")
     elsewhere = tmp_path / "submitted-from"
     elsewhere.mkdir()
     out = tmp_path / "out.jsonl"
@@ -363,6 +372,7 @@ def test_cpu_job_runs_without_module_command_from_any_folder(tmp_path):
                             "python", "-m", "benchmarks.mpi", "--shapes", "32", "--out",
                             str(out), "--pdims", "1x2"]
     assert "srun: --kill-on-bad-exit=1 --mpi=pmi2" in proc.stdout  # the log says how
+    assert (checkout / "results" / "jeanzay").is_dir()  # the checkout was found
 
 
 @pytest.mark.parametrize("script", JOB_SCRIPTS)
@@ -400,7 +410,8 @@ def test_cpu_and_gpu_modules_are_separate(tmp_path):
     no FFTW.  Now: PENCILFFT_CPU_MODULES for cpu.slurm, PENCILFFT_GPU_MODULES (or the old
     PENCILFFT_MODULES) for the GPU scripts; `none` skips every module call."""
     env, calls = _stand_ins(tmp_path)
-    env.update(_module_function(calls), PENCILFFT_ROOT=str(ROOT), SLURM_NTASKS="2",
+    checkout = _checkout(tmp_path)
+    env.update(_module_function(calls), PENCILFFT_ROOT=str(checkout), SLURM_NTASKS="2",
                PENCILFFT_VENV="", SLURM_JOB_ID="3")
     out = ["--out", str(tmp_path / "o.jsonl")]
 
