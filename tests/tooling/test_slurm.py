@@ -323,6 +323,8 @@ def _stand_ins(tmp_path: Path, submitted: Path | None = None) -> tuple[dict, Pat
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(f'#!/bin/bash\necho "srun $*" >> {calls}\n')
+    # A python whose mpi4py-fft import fails unless MPI4PY_FFT=1.
+    (bin_dir / "python").write_text('#!/bin/bash\n[[ $MPI4PY_FFT == 1 ]]\n')
     if submitted is not None:
         (bin_dir / "scontrol").write_text(
             f'#!/bin/bash\n[[ "$1 $2" == "show job" ]] || exit 1\n'
@@ -373,6 +375,12 @@ def test_cpu_job_runs_without_module_command_from_any_folder(tmp_path):
                             str(out), "--pdims", "1x2"]
     assert "srun: --kill-on-bad-exit=1 --mpi=pmi2" in proc.stdout  # the log says how
     assert (checkout / "results" / "jeanzay").is_dir()  # the checkout was found
+    # mpi4py-fft missing: its row will be missing, and the log says why and how to add it
+    assert "mpi4py-fft is not installed: its row (the reference) will be missing" in proc.stdout
+    assert "bench-cpu" in proc.stdout and "libfftw3-dev" in proc.stdout
+    with_it = sh("bash", copy, "--shapes", "32", "--out", out, cwd=elsewhere,
+                 env={**env, "MPI4PY_FFT": "1", "SLURM_JOB_ID": "78", "SLURM_NTASKS": "2"})
+    assert "mpi4py-fft" not in with_it.stdout
 
 
 @pytest.mark.parametrize("script", JOB_SCRIPTS)
