@@ -39,6 +39,7 @@ def sh(*args: str | Path, env: dict | None = None, ok: bool = True,
        cwd: Path = ROOT) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PENCILFFT_"))}
     full_env.update({"PENCILFFT_ACCOUNT": "abc", **(env or {})})
+    full_env = {k: v for k, v in full_env.items() if v is not None}  # None: unset it
     proc = subprocess.run([str(a) for a in args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=120)
     if ok:
@@ -460,3 +461,40 @@ def test_srun_mpi_plugin_is_a_setting(script, setting, expected):
     srun = shlex.split(sh("bash", SLURM / script, env=env).stdout.splitlines()[-1])
     assert srun[0] == "srun" and "--kill-on-bad-exit=1" in srun
     assert [a for a in srun if a.startswith("--mpi")] == expected
+
+
+# ------------------------------------------------------------ the real-Slurm step (its edges)
+
+SLURM_STEP = ROOT / "tests" / "slurm" / "run.sh"
+
+
+@pytest.mark.parametrize("script", [SLURM_STEP, ROOT / "tests" / "slurm" / "step.slurm"],
+                         ids=lambda p: p.name)
+def test_slurm_step_syntax(script):
+    sh("bash", "-n", script)
+
+
+def test_suite_runs_the_slurm_step():
+    text = (ROOT / "tests" / "run.sh").read_text()
+    assert 'step "slurm" "$SLURM_TIMEOUT" bash tests/slurm/run.sh' in text
+
+
+@pytest.mark.parametrize("case", ["not-root", "no-apt-get"])
+@pytest.mark.parametrize("ci", ["", "1"])
+def test_slurm_step_skips_only_where_it_cannot_run(case, ci, tmp_path):
+    """Skipped, saying why, where it cannot run; with CI set the same is a failure.  PATH holds
+    only stand-ins: `id` (the user), dirname, and no Slurm, no apt-get."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "id").write_text(f"#!/bin/sh\necho {1000 if case == 'not-root' else 0}\n")
+    (bin_dir / "id").chmod(0o755)
+    (bin_dir / "dirname").symlink_to(shutil.which("dirname"))
+    env = {"PATH": str(bin_dir), "CI": ci or None}  # CI unset, whatever the outer one says
+    proc = sh(shutil.which("bash"), SLURM_STEP, env=env, ok=False)
+    why = "not root" if case == "not-root" else "no apt-get to install Debian's slurmctld"
+    if ci:
+        assert proc.returncode == 1 and "== slurm: cannot run:" in proc.stdout, proc.stdout
+        assert "(CI is set: this step must run)" in proc.stdout
+    else:
+        assert proc.returncode == 0 and "== slurm: skipped:" in proc.stdout, proc.stdout
+    assert why in proc.stdout, proc.stdout
