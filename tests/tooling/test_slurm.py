@@ -284,7 +284,9 @@ def test_readme_mentions_every_script():
     readme = (SLURM / "README.md").read_text()
     for script in SCRIPTS:
         assert script.name in readme, script.name
-    for env in ("PENCILFFT_ACCOUNT", "PENCILFFT_QOS", "PENCILFFT_MODULES", "PENCILFFT_VENV", "--dry-run"):
+    for env in ("PENCILFFT_ACCOUNT", "PENCILFFT_QOS", "PENCILFFT_MODULES", "PENCILFFT_VENV", "--dry-run",
+                "PENCILFFT_GPU_MODULES", "PENCILFFT_CPU_MODULES", "PENCILFFT_SRUN_MPI",
+                "PENCILFFT_ROOT", "bench-cpu", "tests/slurm/run.sh"):
         assert env in readme
 
 
