@@ -26,7 +26,8 @@ PYTEST=("$PY" -m pytest -q -p pencilfft_mpi_plugin -p no:cacheprovider)
 # 2-D grid of processes changes (tests/conftest.py, PROCESS_GRID_FILES).
 SINGLE_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-1800}
 MPIRUN_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-900}
-# The Slurm step: 35 s on the same VM (2026-11-26, Slurm 22.05.8, 8 s of it apt-get install);
+# The Slurm step: 35 s on the same VM (2026-11-26, Slurm 22.05.8, 8 s of it apt-get install;
+# 50 s in a full run while other jobs loaded the machine, load average 5-14);
 # 1200 s covers a slow apt-get (its own time-outs: 300 s each) and keeps the four steps' limits
 # within CI's 90 minutes.
 SLURM_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-1200}
