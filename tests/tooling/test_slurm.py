@@ -366,24 +366,26 @@ def test_cpu_job_runs_without_module_command_from_any_folder(tmp_path):
     env, calls = _stand_ins(tmp_path, submitted=checkout / "slurm" / "cpu.slurm")
     elsewhere = tmp_path / "submitted-from"
     elsewhere.mkdir()
-    out = tmp_path / "out.jsonl"
-    proc = sh("bash", copy, "--shapes", "32", "--out", out, cwd=elsewhere,
+    proc = sh("bash", copy, "--shapes", "32", cwd=elsewhere,
               env={**env, "SLURM_JOB_ID": "77", "SLURM_NTASKS": "2",
                    "SLURM_SUBMIT_DIR": str(elsewhere)})
     assert "no `module` command" in proc.stdout and "module purge/load skipped" in proc.stdout
     assert proc.stdout.count("# modules:") == 1  # said once
     (srun,) = _calls(calls)
+    default_out = checkout / "results" / "jeanzay" / "mpi-cpu-2tasks.jsonl"
     assert srun.split() == ["srun", "--kill-on-bad-exit=1", "--mpi=pmi2", "--cpu-bind=cores",
-                            "python", "-m", "benchmarks.mpi", "--shapes", "32", "--out",
-                            str(out), "--pdims", "1x2"]
+                            "python", "-m", "benchmarks.mpi", "--shapes", "32", "--pdims", "1x2",
+                            "--out", str(default_out)]
     assert "srun: --kill-on-bad-exit=1 --mpi=pmi2" in proc.stdout  # the log says how
-    assert (checkout / "results" / "jeanzay").is_dir()  # the checkout was found
+    assert default_out.parent.is_dir()  # the checkout was found, its results folder made
+    out = tmp_path / "given" / "out.jsonl"
     # mpi4py-fft missing: its row will be missing, and the log says why and how to add it
     assert "mpi4py-fft is not installed: its row (the reference) will be missing" in proc.stdout
     assert "bench-cpu" in proc.stdout and "libfftw3-dev" in proc.stdout
     with_it = sh("bash", copy, "--shapes", "32", "--out", out, cwd=elsewhere,
                  env={**env, "MPI4PY_FFT": "1", "SLURM_JOB_ID": "78", "SLURM_NTASKS": "2"})
     assert "mpi4py-fft" not in with_it.stdout
+    assert out.parent.is_dir()  # the folder of a given --out is made too
 
 
 @pytest.mark.parametrize("script", JOB_SCRIPTS)
