@@ -111,6 +111,8 @@ def run(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    if (hint := private.srun_mpi_hint(comm.size)) is not None:  # srun without an MPI plug-in
+        raise SystemExit(f"benchmarks.mpi needs MPI across the tasks: {hint}")
     if jax.local_device_count() != 1:
         raise SystemExit(f"benchmarks.mpi wants one device per process; this one has "
                          f"{jax.local_device_count()} (unset XLA_FLAGS' device count)")
@@ -118,7 +120,8 @@ def run(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str
         for pdims in args.pdims or [(comm.size, 1)]:
             if pdims[0] * pdims[1] != comm.size:
                 raise SystemExit(f"--pdims {pdims[0]}x{pdims[1]} needs {pdims[0] * pdims[1]} "
-                                 f"processes; mpirun started {comm.size}")
+                                 f"processes; MPI.COMM_WORLD has {comm.size} (mpirun -np N, or "
+                                 f"srun -n N --mpi=pmi2)")
             times = harness.median_times(_programs(shape, pdims, comm), args.repeats, args.warmup,
                                          comm, args.rounds)
             yield [{"row": name, "shape": list(shape), "pdims": list(pdims), "processes": comm.size,

@@ -24,6 +24,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "ALGORITHMS": ("pencilfft._exchange", "ALGORITHMS"),
     "in_mesh": ("pencilfft._exchange", "in_mesh"),
     "mpi_exchange": ("pencilfft._exchange.mpi", "exchange"),
+    "srun_mpi_hint": ("pencilfft._processes.launch", "srun_mpi_hint"),
     "plan_bins": ("pencilfft._pm.power", "plan_bins"),
     "WINDOWS": ("pencilfft._pm.window", "WINDOWS"),
     "weights": ("pencilfft._pm.window", "weights"),

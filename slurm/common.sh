@@ -41,9 +41,13 @@ pencilfft_arch_arg() {
 }
 
 # Modules loaded after `module purge` (and the arch/ module).  The versions on Jean Zay change:
-# override with PENCILFFT_MODULES="cuda/12.x nccl/... openmpi/...-cuda python/3.x" after
+# override with PENCILFFT_GPU_MODULES="cuda/12.x nccl/... openmpi/...-cuda python/3.x" after
 # checking `module avail cuda nccl openmpi python` (take the CUDA-aware "-cuda" openmpi).
+# PENCILFFT_MODULES is the older name of PENCILFFT_GPU_MODULES (the GPU scripts only).
 PENCILFFT_DEFAULT_MODULES="cuda nccl openmpi python"
+# The CPU job (cpu.slurm): a python, an MPI and FFTW (for mpi4py-fft), no CUDA; override with
+# PENCILFFT_CPU_MODULES after `module avail python openmpi fftw`.
+PENCILFFT_DEFAULT_CPU_MODULES="python openmpi fftw"
 
 # pencilfft_qos ARCH QOS: the QoS name; QOS is dev | t3 | t4 or a full qos_... name.
 pencilfft_qos() {
@@ -114,24 +118,50 @@ quote_cmd() {
 }
 
 # pencilfft_load_env ARCH: modules and python environment inside a GPU job.
-#   PENCILFFT_MODULES  modules to load (default: PENCILFFT_DEFAULT_MODULES)
-#   PENCILFFT_VENV     a virtualenv to activate afterwards (pip install -e ".[bench]" and mpi4py built against the site MPI; slurm/README.md)
+#   PENCILFFT_GPU_MODULES  modules to load (else PENCILFFT_MODULES, else
+#                          PENCILFFT_DEFAULT_MODULES); "none": no module calls at all
+#   PENCILFFT_VENV         a virtualenv to activate afterwards (pip install -e ".[bench]" and mpi4py built against the site MPI; slurm/README.md)
 # With DRY_RUN=1 the commands are printed instead.
 pencilfft_load_env() {
   pencilfft_arch "$1" || return
   # shellcheck disable=SC2086  # word splitting of the module list is intended
-  pencilfft_load_modules "$ARCH_MODULE" ${PENCILFFT_MODULES:-$PENCILFFT_DEFAULT_MODULES}
+  pencilfft_load_modules "$ARCH_MODULE" \
+    ${PENCILFFT_GPU_MODULES:-${PENCILFFT_MODULES:-$PENCILFFT_DEFAULT_MODULES}}
+}
+
+# pencilfft_load_cpu_env: modules and python environment inside the CPU job (cpu.slurm).
+#   PENCILFFT_CPU_MODULES  modules to load (default PENCILFFT_DEFAULT_CPU_MODULES); "none": no
+#                          module calls.  Not PENCILFFT_MODULES, which holds the GPU modules
+#                          (CUDA, no FFTW), except PENCILFFT_MODULES=none, which means none here too.
+#   PENCILFFT_VENV         as for the GPU jobs.
+pencilfft_load_cpu_env() {
+  local modules=${PENCILFFT_CPU_MODULES:-}
+  if [[ -z $modules && ${PENCILFFT_MODULES:-} == none ]]; then modules=none; fi
+  if [[ -z $modules && -n ${PENCILFFT_MODULES:-} ]]; then
+    echo "# PENCILFFT_MODULES is for the GPU scripts: this CPU job loads PENCILFFT_CPU_MODULES (default: $PENCILFFT_DEFAULT_CPU_MODULES)"
+  fi
+  # shellcheck disable=SC2086  # word splitting of the module list is intended
+  pencilfft_load_modules "" ${modules:-$PENCILFFT_DEFAULT_CPU_MODULES}
 }
 
 # pencilfft_load_modules ARCH_MODULE MODULE...: `module purge`, ARCH_MODULE first if not
 # empty, then the modules, then PENCILFFT_VENV if set (printed instead when DRY_RUN=1).
+# The module list `none`, or a machine without the `module` command (no Lmod or Environment
+# Modules: a container, a laptop, a cluster without them), skips every module call and says
+# so once; the virtualenv is still activated.
 pencilfft_load_modules() {
   local arch_module=$1
   shift
-  run_or_print module purge
-  # IDRIS: on gpu_p5/gpu_p6 the arch/ module must come first, it selects the matching software stack.
-  if [[ -n $arch_module ]]; then run_or_print module load "$arch_module"; fi
-  run_or_print module load "$@"
+  if [[ "$*" == none ]]; then
+    echo "# modules: none (the module list is 'none'): module purge/load skipped"
+  elif [[ ${DRY_RUN:-0} != 1 ]] && ! type -t module > /dev/null; then
+    echo "# modules: no \`module\` command on $(hostname -s): module purge/load skipped (set the module list to none to say so)"
+  else
+    run_or_print module purge
+    # IDRIS: on gpu_p5/gpu_p6 the arch/ module must come first, it selects the matching software stack.
+    if [[ -n $arch_module ]]; then run_or_print module load "$arch_module"; fi
+    run_or_print module load "$@"
+  fi
   if [[ -n ${PENCILFFT_VENV:-} ]]; then
     if [[ ${DRY_RUN:-0} == 1 ]]; then echo "source $PENCILFFT_VENV/bin/activate"
     else
@@ -139,6 +169,20 @@ pencilfft_load_modules() {
       source "$PENCILFFT_VENV/bin/activate"
     fi
   fi
+}
+
+# pencilfft_srun_opts: fill the array SRUN_OPTS with the options of every srun of the jobs:
+# --kill-on-bad-exit=1 (a task that fails ends the step, as MPI_Abort would) and srun's MPI
+# plug-in, which decides whether MPI spans the tasks (without one each task is its own
+# one-rank MPI world):
+#   PENCILFFT_SRUN_MPI  --mpi=VALUE; "default": no --mpi, the cluster's MpiDefault.  Default:
+#                       SLURM_MPI_TYPE if set (a site's MPI module may set it), else pmi2,
+#                       which the mpich of pencilfft[mpi] and Intel MPI speak (Open MPI built
+#                       with PMIx: pmix; `srun --mpi=list` shows what the cluster has).
+pencilfft_srun_opts() {
+  local mpi=${PENCILFFT_SRUN_MPI:-${SLURM_MPI_TYPE:-pmi2}}
+  SRUN_OPTS=(--kill-on-bad-exit=1)
+  if [[ $mpi != default ]]; then SRUN_OPTS+=(--mpi="$mpi"); fi
 }
 
 # pencilfft_job_arch: the architecture a GPU job runs on: PENCILFFT_ARCH, else read off the

@@ -74,6 +74,17 @@ def test_the_licence_file_is_the_one_pyproject_declares():
     assert 'THE SOFTWARE IS PROVIDED "AS IS"' in text
 
 
+def test_mpi4py_fft_has_an_extra_that_nothing_else_pulls():
+    """mpi4py-fft (the CPU comparison's reference row) builds against FFTW's headers: it has
+    its own extra, and neither `bench` (the GPU jobs) nor `test` (the README's install on a
+    machine without FFTW's headers) pulls it in."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert _requirement_names(extras["bench-cpu"]) == {"pencilfft", "mpi4py-fft"}
+    assert "pencilfft[bench]" in extras["bench-cpu"]
+    for name in ("bench", "test", "mpi"):
+        assert "mpi4py-fft" not in _requirement_names(extras[name]), name
+
+
 def test_readme_test_command_installs_the_mpi_extra():
     """tests/run.sh runs under mpirun: the README's (and CI's) command must install it."""
     readme = (ROOT / "README.md").read_text()

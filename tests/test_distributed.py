@@ -197,6 +197,88 @@ def test_slurm_step_is_detected(layout):
         assert report["cuda_visible"] == (str(task) if layout == "task-per-device" else "all")
 
 
+# A task of `srun` without an MPI plug-in: what it says where MPI is needed.
+_NO_PLUGIN_CHILD = textwrap.dedent(
+    """
+    import json
+    import jax, numpy as np
+    import pencilfft
+    from pencilfft._exchange import mpi as mpi_exchange
+
+    pencilfft.initialize(verbose=True)
+    report = dict(count=jax.process_count(), status=mpi_exchange.status("cpu"))
+    mesh = jax.make_mesh((len(jax.devices()),), ("x",))
+    try:  # needs MPI across the tasks; mpi4py starts MPI here, alone in each task
+        pencilfft.scatter(np.zeros((4, 4, 2)) if jax.process_index() == 0 else None, mesh)
+    except ValueError as e:
+        report["scatter"] = str(e)
+    print("REPORT " + json.dumps(report), flush=True)
+    """
+)
+
+
+def test_srun_without_mpi_plugin_is_named_where_mpi_is_needed():
+    """Issue 48: under srun with no MPI plug-in (Slurm's MpiDefault=none) each task is its own
+    one-rank MPI world; initialize(), the MPI exchange's status and scatter said "MPI is not
+    running in this process (start it with pencilfft.initialize())" or advised
+    `srun --mpi=pmix`, which the mpich wheel does not speak.  Two simulated tasks."""
+    port = str(_free_port())
+    envs = [clean_env(1, SLURM_JOB_ID="4243", SLURM_STEP_ID="0", SLURM_NTASKS="2",
+                      SLURM_STEP_NUM_TASKS="2", SLURM_PROCID=str(task),
+                      SLURM_STEP_NODELIST="localhost", SLURM_STEP_TASKS_PER_NODE="2",
+                      SLURM_NODEID="0", SLURM_LOCALID=str(task), JAX_COORDINATOR_PORT=port)
+            for task in range(2)]
+    outputs = _run_children([[sys.executable, "-c", _NO_PLUGIN_CHILD]] * 2, envs)
+    cause = ("srun started 2 tasks in this job step (SLURM_STEP_NUM_TASKS=2) without an MPI "
+             "plug-in")
+    fix = "start the step with `srun --mpi=pmi2` (or export SLURM_MPI_TYPE=pmi2 before srun)"
+    for out, err in outputs:
+        (line,) = [ln for ln in out.splitlines() if ln.startswith("REPORT ")]
+        report = json.loads(line[len("REPORT "):])
+        assert report["count"] == 2  # jax runs across the tasks (Slurm's variables) ...
+        # ... but nothing that needs MPI can: each place says why, and the fix.
+        verbose = [ln for ln in out.splitlines() if ln.startswith("pencilfft.initialize: srun")]
+        assert verbose and cause in verbose[0] and fix in verbose[0], out
+        assert report["status"].startswith("gloo (the MPI exchange does not run: " + cause)
+        assert fix in report["status"] and "MPI is not running" not in report["status"]
+        assert report["scatter"].startswith("`comm` must have one rank per jax process: it has 1 "
+                                            "ranks but jax runs 2 processes (" + cause)
+        assert "MPI.COMM_WORLD has 1 rank here" in report["scatter"] and fix in report["scatter"]
+        for text in (report["status"], report["scatter"], verbose[0]):
+            assert "--mpi=pmix` (" not in text and "pmix for" not in text  # not for mpich
+            assert "a site's Open MPI built with PMIx takes `--mpi=pmix`" in text
+
+
+_STEP = dict(SLURM_JOB_ID="9", SLURM_NTASKS="2", SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2")
+
+
+@pytest.mark.parametrize("env,mpi_size,expected", [
+    ({}, None, None),  # no Slurm
+    ({}, 1, None),
+    ({**_STEP, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}, 1, None),  # one task
+    (_STEP, 2, None),  # MPI spans the tasks
+    ({**_STEP, "SLURM_MPI_TYPE": "pmi2", "PMI_RANK": "0", "PMI_SIZE": "2"}, None, None),
+    (_STEP, None, "without an MPI plug-in (no PMI variables in the environment"),
+    (_STEP, 1, "MPI.COMM_WORLD has 1 rank here"),
+    ({**_STEP, "SLURM_MPI_TYPE": "none"}, 1, "with SLURM_MPI_TYPE=none"),
+    ({**_STEP, "SLURM_MPI_TYPE": "pmix", "PMIX_RANK": "0"}, 1,
+     "with the MPI plug-in pmix (SLURM_MPI_TYPE), which this MPI library does not speak"),
+    # python run in the batch script itself, not in a step
+    ({"SLURM_JOB_ID": "9", "SLURM_NTASKS": "2"}, 1,
+     "Slurm job 9 has 2 tasks (SLURM_NTASKS=2) but this process runs in its batch script"),
+    ({"SLURM_JOB_ID": "9", "SLURM_NTASKS": "1"}, 1, None),
+    ({**_STEP, "SLURM_STEP_NUM_TASKS": "x"}, 1, None),  # not Slurm's: no diagnosis
+])
+def test_srun_mpi_hint(env, mpi_size, expected, monkeypatch):
+    # As in a process where MPI has not started (another test may have started it here).
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    hint = _distributed.srun_mpi_hint(mpi_size, env=env)
+    if expected is None:
+        assert hint is None
+    else:
+        assert expected in hint and "`srun --mpi=pmi2`" in hint and "SLURM_MPI_TYPE" in hint
+
+
 # ------------------------------------------------------------- device choice (pure logic)
 
 

@@ -424,6 +424,71 @@ def test_uncaught_exception_ends_the_mpi_job():
     assert "pencilfft: uncaught RuntimeError in process 1 of 2; aborting" in done.stderr
 
 
+@pytest.mark.parametrize("how", ["exit-3", "exit-0"])
+def test_sys_exit_on_one_rank_ends_the_mpi_job(how):
+    """Before, sys.exit(3) on rank 1 left it in jax's shutdown (300 s) and rank 0 in its
+    collective; then both aborted and the status was lost (issues 48 and 51).  Now the job
+    ends within seconds with status 3, while sys.exit(0) on every rank stays a clean exit."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip(f"no mpirun next to {sys.executable}")
+    done, _ = _run([str(mpirun), "-np", "2", sys.executable, str(CHILD), "end", how],
+                   clean_env(2), timeout=120)
+    ended = time.time()
+    reports = _reports(done.stdout)
+    ranks = sorted((r for r in reports if "caught" in r), key=lambda r: r["rank"])
+    assert [r["rank"] for r in ranks] == [0, 1], done.stdout + done.stderr
+    for r in ranks:  # sys.exit is wrapped, and a caught sys.exit(5) ended nothing
+        assert r["wrapped"] and r["caught"] == 5, r
+    ending = [r["ending_at"] for r in reports if "ending_at" in r]
+    assert ending and ended - max(ending) < 30, f"the job took {ended - max(ending):.0f} s to end"
+    assert not any("unreachable" in r for r in reports)
+    if how == "exit-3":
+        assert done.returncode == 3, (done.returncode, done.stderr)
+        assert ("pencilfft: process 1 of 2 exits with status 3 (sys.exit); ending every process"
+                in done.stderr), done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+        assert len(ending) == 2 and "exits with status" not in done.stderr, done.stderr
+        assert "MPI_Abort" not in done.stderr
+
+
+def test_sys_exit_hook_reads_the_status_only_at_the_top(monkeypatch, capsys):
+    """The wrapped sys.exit's SystemExit ends the job only when the interpreter reads its
+    code (no Python caller); caught and read by Python code, it is a plain SystemExit."""
+    from pencilfft._processes import launch as _distributed
+
+    ended = []
+    monkeypatch.setattr(_distributed, "_stop_stdout_filter", lambda: None)
+    monkeypatch.setattr(_distributed, "_wait_until_read", lambda: None)
+    monkeypatch.setattr(_distributed, "_abort_job", lambda status: ended.append(status))
+    monkeypatch.setattr(sys, "exit", sys.exit)  # both restored afterwards, whatever happens
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    _distributed._remove_abort_hook()
+    _distributed._install_exit_hook()
+    wrapped = sys.exit
+    _distributed._install_exit_hook()  # once
+    assert sys.exit is wrapped and wrapped._pencilfft_exit
+    for status, code, args in ((3, 3, (3,)), (None, None, ()), ("bye", "bye", ("bye",)),
+                               ((1, 2), (1, 2), (1, 2))):
+        with pytest.raises(SystemExit) as info:
+            sys.exit(status)
+        assert info.value.code == code and info.value.args == args  # as the built-in's
+    assert ended == []  # read from Python: nothing ended
+    # As the interpreter reads it at the very end: the job ends with the status.
+    for code, status in ((3, 3), (256 + 7, 7), ("bye", 1)):
+        _distributed._end_job_on_exit(code)
+        assert ended[-1] == status
+    for clean in (0, None, 256):
+        _distributed._end_job_on_exit(clean)
+    assert ended == [3, 7, 1]
+    err = capsys.readouterr().err
+    assert f"pencilfft: process {RANK} of {N} exits with status 3 (sys.exit)" in err
+    assert "bye\npencilfft: process" in err  # a message is printed, as Python does
+    _distributed._remove_abort_hook()
+    assert sys.exit is wrapped._pencilfft_previous
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -51,6 +51,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .._native import build as _native
+from .._processes.launch import srun_mpi_hint
 from .._jax_private import invariant_over
 from .._processes import agree
 from ._common import concrete, coordinates, def_linear, process_groups, traced_mesh
@@ -112,11 +113,14 @@ def unavailable_reason(mesh_size: int | None, platform: str) -> str | None:
     if platform != "cpu":
         return f"it runs on CPU devices only (the devices are {platform})"
     mpi = _mpi()
+    # srun without an MPI plug-in: jax spans the tasks, MPI cannot (each task alone).
+    hint = srun_mpi_hint()
     if mpi is None:
-        return "MPI is not running in this process (start it with pencilfft.initialize())"
+        return hint or "MPI is not running in this process (start it with pencilfft.initialize())"
     nproc, size = jax.process_count(), mpi.COMM_WORLD.Get_size()
     if nproc != size:
-        return f"jax has {nproc} processes but MPI.COMM_WORLD has {size} ranks"
+        return f"jax has {nproc} processes but MPI.COMM_WORLD has {size} ranks" + (
+            f": {hint}" if hint else "")
     if jax.process_index() != mpi.COMM_WORLD.Get_rank():
         return (f"jax's process index ({jax.process_index()}) is not the MPI rank "
                 f"({mpi.COMM_WORLD.Get_rank()}); start jax with pencilfft.initialize()")

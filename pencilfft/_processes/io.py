@@ -37,6 +37,7 @@ from jax.sharding import Mesh, Sharding
 from .._decomposition.rules import check_batch, check_mesh, mesh_axes, split_problem
 from .._decomposition.sharding import real_space_sharding
 from .memory import MemoryLimitError, check_load
+from .launch import srun_mpi_hint
 
 __all__ = ["scatter", "gather", "save", "load"]
 
@@ -576,10 +577,15 @@ def _check_comm_type(comm: Any) -> None:
 def _check_comm_size(comm: Any, n_proc: int) -> None:
     size = comm.Get_size()
     if size != n_proc:
+        # srun without an MPI plug-in: MPI.COMM_WORLD is each task alone (the hint says so).
+        hint = srun_mpi_hint()
         raise ValueError(
             f"`comm` must have one rank per jax process: it has {size} ranks but jax runs "
-            f"{n_proc} processes (launch with mpirun/mpiexec or srun --mpi=pmix so that MPI "
-            "spans all processes, and start jax with pencilfft.initialize())"
+            f"{n_proc} processes ("
+            + (hint or "launch with mpirun/mpiexec, or srun with an MPI plug-in (`srun "
+                       "--mpi=pmi2` for the mpich of pencilfft[mpi]), so that MPI spans all "
+                       "processes, and start jax with pencilfft.initialize()")
+            + ")"
         )
 
 

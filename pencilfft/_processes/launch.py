@@ -146,6 +146,8 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
     elif (all(v in env for v in _SLURM_VARS)
           and _launcher_int(env, "SLURM_NTASKS", 1, _SLURM_WAY_OUT) > 1):
         started = _start(verbose, "SLURM", _slurm_arguments(env, overrides))
+        if (hint := srun_mpi_hint(env=env)) is not None:
+            _say(verbose, hint)  # jax runs; what needs MPI (scatter, the MPI exchange) will not
     elif "coordinator_address" in overrides or "JAX_COORDINATOR_ADDRESS" in env:
         # No launcher, but a coordinator: each process was set up by hand.
         started = _start(verbose, "manual (coordinator given)", overrides)
@@ -272,15 +274,19 @@ def _local_rank_and_size(env: Mapping[str, str], rank_var: str, size_var: str) -
 
 
 def _install_abort_hook(verbose: bool = False) -> bool:
-    """Put the abort hook in front of the current sys.excepthook (once); True if installed."""
+    """Put the abort hook in front of the current sys.excepthook, and wrap sys.exit (once
+    each); True if installed."""
     if getattr(sys.excepthook, "_pencilfft_abort", False):
+        _install_exit_hook()
         return True
     if sys.flags.interactive or hasattr(sys, "ps1"):
         # The interactive interpreter reports every failed statement through the hook.
         _say(verbose, "interactive interpreter: no abort-on-error exception hook")
         return False
     sys.excepthook = _make_abort_hook(sys.excepthook, jax.process_index(), jax.process_count())
-    _say(verbose, f"an uncaught exception aborts the whole job ({_ABORT_ENV}=0 to keep going)")
+    _install_exit_hook()
+    _say(verbose, f"an uncaught exception or sys.exit(n) with n != 0 aborts the whole job "
+                  f"({_ABORT_ENV}=0 to keep going)")
     return True
 
 
@@ -288,6 +294,90 @@ def _remove_abort_hook() -> None:
     hook = sys.excepthook
     if getattr(hook, "_pencilfft_abort", False):
         sys.excepthook = hook._pencilfft_previous
+    if getattr(sys.exit, "_pencilfft_exit", False):
+        sys.exit = sys.exit._pencilfft_previous
+
+
+# ------------------------------------------------------------------ sys.exit(n) on one process
+#
+# sys.exit(n) raises SystemExit, which never reaches sys.excepthook: the interpreter ends, and
+# jax's atexit shutdown waits (shutdown_timeout_seconds, 300 s) for the other processes, which
+# wait in their next collective for this one; then both abort and the status is lost (issues
+# 48 and 51).  No atexit handler can tell the status: the interpreter reads it from the
+# exception's `code` at the very top, once every Python frame is gone, and keeps it in C.
+# So `sys.exit` is wrapped to raise a SystemExit whose `code`, when the interpreter itself
+# reads it (no Python caller, the main thread), ends the whole job with that status as an
+# uncaught exception does.  Read from Python (`except SystemExit as e: e.code`, pytest.raises),
+# it is the plain code and nothing happens: a sys.exit that is caught changes nothing.  A
+# status of 0 (or None) is a clean exit and goes through jax's shutdown as before.  A bare
+# `raise SystemExit(n)` (or the site's `exit(n)`) does not pass through sys.exit, and is not
+# seen.
+
+_SYSTEM_EXIT_CODE = SystemExit.__dict__["code"]  # the C member the interpreter reads
+
+
+class _JobExit(SystemExit):
+    """What the wrapped sys.exit raises: a SystemExit in every way but `code`'s getter."""
+
+    @property
+    def code(self):
+        code = _SYSTEM_EXIT_CODE.__get__(self)
+        if (sys._getframe(0).f_back is None  # read by the interpreter, not by Python code
+                and threading.current_thread() is threading.main_thread()
+                and getattr(sys.exit, "_pencilfft_exit", False)):
+            _end_job_on_exit(code)
+        return code
+
+    @code.setter
+    def code(self, value):
+        _SYSTEM_EXIT_CODE.__set__(self, value)
+
+
+def _install_exit_hook() -> None:
+    """Wrap sys.exit (once) so that a non-zero status ends every process of the job."""
+    if getattr(sys.exit, "_pencilfft_exit", False):
+        return
+    previous = sys.exit
+    index, count = jax.process_index(), jax.process_count()
+
+    def exit(status=None):  # noqa: A001  (it is sys.exit)
+        # As the built-in: no argument is no args, a tuple becomes the args.
+        if status is None:
+            raise _JobExit()
+        raise _JobExit(*status) if isinstance(status, tuple) else _JobExit(status)
+
+    exit.__doc__ = previous.__doc__
+    exit._pencilfft_exit = True
+    exit._pencilfft_previous = previous
+    exit._pencilfft_process = (index, count)
+    sys.exit = exit
+
+
+def _end_job_on_exit(code) -> None:
+    """The interpreter is ending with SystemExit `code`: for a failure (what Python turns into
+    a non-zero status), say so and end the whole job with that status; else return."""
+    if code is None:
+        return
+    if isinstance(code, int):
+        status = code & 0xFF  # what the operating system keeps of exit(code)
+        if status == 0:
+            return
+        message = ""
+    else:
+        status, message = 1, f"{code}\n"  # Python prints a non-integer code, exit status 1
+    index, count = sys.exit._pencilfft_process
+    try:
+        sys.stderr.write(
+            f"{message}pencilfft: process {index} of {count} exits with status {status} "
+            "(sys.exit); ending every process of the job so that none waits for this one "
+            f"(pencilfft.initialize(abort_on_error=False) or {_ABORT_ENV}=0 turns this off)\n"
+        )
+        sys.stderr.flush()
+        sys.stdout.flush()
+        _stop_stdout_filter()
+        _wait_until_read()
+    finally:
+        _abort_job(status)
 
 
 def _make_abort_hook(previous, index: int, count: int):
@@ -678,6 +768,80 @@ def _free_port() -> int:
 
 
 # ------------------------------------------------------------------------------------- SLURM
+
+# The fix, wherever srun without an MPI plug-in shows.  PMI-2 is what the mpich wheel of
+# pencilfft[mpi] speaks (its `srun --mpi=pmix` stops at start-up: "Runtime environment uses
+# unsupported PMI version PMIx"), and Intel MPI; Open MPI 4/5 as sites build it speaks PMIx.
+_SRUN_MPI_FIX = (
+    "start the step with `srun --mpi=pmi2` (or export SLURM_MPI_TYPE=pmi2 before srun): PMI-2 "
+    "is what the mpich of pencilfft[mpi] and Intel MPI speak; a site's Open MPI built with "
+    "PMIx takes `--mpi=pmix`. `srun --mpi=list` shows the cluster's plug-ins; pencilfft's "
+    "slurm/ scripts take PENCILFFT_SRUN_MPI"
+)
+
+
+def srun_mpi_hint(mpi_size: int | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """Why MPI cannot span the tasks of this Slurm job, and the fix; None when that is not so.
+
+    srun gives the tasks of a step a way to find each other (a PMI plug-in) only when asked
+    (`srun --mpi=...`, SLURM_MPI_TYPE, or the cluster's MpiDefault, often `none`).  Without
+    one, MPI in each task finds no launcher and starts as its own one-rank world, although
+    the step has N tasks (jax still starts across them, from Slurm's variables), and
+    everything that needs MPI then sees one process.  Every place that can meet this calls
+    this one function: the MPI exchange's reason (`pencilfft check`), `scatter`/`gather`/
+    `save`/`load`, `initialize(verbose=True)`, the benchmarks.
+
+    Args:
+      mpi_size: the size of MPI.COMM_WORLD as the caller sees it; None: this process's if MPI
+        runs (MPI is never started here), else unknown.
+      env: the environment (default: os.environ).
+
+    Returns:
+      One sentence naming the cause (the step's task count, the plug-in or its absence) and
+      the fix (`srun --mpi=pmi2`, SLURM_MPI_TYPE), or None outside Slurm, in a one-task step,
+      or when MPI spans the tasks.
+    """
+    env = os.environ if env is None else env
+    if mpi_size is None:
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi_size = mpi.COMM_WORLD.Get_size()
+    if mpi_size not in (None, 1):
+        return None  # MPI spans several processes: a plug-in works
+    step_tasks = _int_or_none(env.get("SLURM_STEP_NUM_TASKS"))
+    if "SLURM_STEP_NUM_TASKS" not in env and "SLURM_STEP_ID" not in env:
+        # Not in a job step: python run from the batch script itself, without srun.
+        job_tasks = _int_or_none(env.get("SLURM_NTASKS"))
+        if (job_tasks is None or job_tasks <= 1 or "SLURM_JOB_ID" not in env
+                or _launched_by_mpi(env)):
+            return None
+        return (f"Slurm job {env['SLURM_JOB_ID']} has {job_tasks} tasks (SLURM_NTASKS="
+                f"{job_tasks}) but this process runs in its batch script, outside any job step, "
+                f"so it is alone; run it with srun: {_SRUN_MPI_FIX}")
+    if step_tasks is None or step_tasks <= 1:
+        return None
+    plugin = env.get("SLURM_MPI_TYPE", "")
+    if mpi_size is None and _launched_by_mpi(env):
+        return None  # a plug-in gave this task its PMI variables; MPI is not started yet
+    if plugin and plugin != "none":
+        cause = f"with the MPI plug-in {plugin} (SLURM_MPI_TYPE), which this MPI library does not speak"
+    elif plugin:
+        cause = "with SLURM_MPI_TYPE=none, i.e. without an MPI plug-in"
+    else:
+        cause = ("without an MPI plug-in (no PMI variables in the environment: no `srun --mpi=...`, "
+                 "no SLURM_MPI_TYPE, and the cluster's MpiDefault is none)")
+    seen = ("is its own one-rank MPI world (MPI.COMM_WORLD has 1 rank here)" if mpi_size == 1
+            else "would be its own one-rank MPI world, so pencilfft.initialize() started jax from "
+                 "Slurm's variables and left MPI alone")
+    return (f"srun started {step_tasks} tasks in this job step (SLURM_STEP_NUM_TASKS={step_tasks}) "
+            f"{cause}: each task {seen}; {_SRUN_MPI_FIX}")
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text.strip()) if text is not None else None
+    except ValueError:
+        return None
 
 
 def _slurm_arguments(env: Mapping[str, str], overrides: dict) -> dict:

@@ -2,6 +2,8 @@
 
     python reliability_child.py abort                (under mpirun -np 2)
     python reliability_child.py stop                 (under mpirun -np 2)
+    python reliability_child.py end HOW              (under mpirun -np 2 or srun -n 2;
+                                                      HOW: exit-3, exit-0, raise)
     python reliability_child.py kill-save PATH MARKER
     python reliability_child.py size-limit PATH LIMIT
     python reliability_child.py full-disk DIR        (DIR: a small file system, e.g. a tmpfs)
@@ -87,6 +89,36 @@ def stop() -> None:
     _report(unreachable=rank)
 
 
+def end(how: str) -> None:
+    """Rank 1 ends while rank 0 waits for it in a jax collective: by sys.exit(3) ("exit-3") or
+    an uncaught exception ("raise"); with "exit-0" every rank calls sys.exit(0) at the end.
+
+    Also under srun (tests/slurm): rank 0 waits in jax's collective, not MPI's, so that the
+    job ends the same whichever way jax was started (MPI ranks, or Slurm's variables)."""
+    pencilfft.initialize()
+    rank = jax.process_index()
+    x = _global(new_array((4, 4, 2)))
+    total = jax.jit(lambda a: a.sum())
+    jax.block_until_ready(total(x))  # every process is connected
+    try:
+        sys.exit(5)
+    except SystemExit as e:
+        caught = e.code  # a sys.exit that is caught (and its code read) ends nothing
+    _report(rank=rank, pid=os.getpid(), caught=caught,
+            wrapped=bool(getattr(sys.exit, "_pencilfft_exit", False)))
+    jax.block_until_ready(total(x))  # both reports are out before anything ends
+    if how == "exit-0":
+        _report(rank=rank, ending_at=time.time())
+        sys.exit(0)
+    if rank == 1:
+        _report(ending_at=time.time())
+        if how == "exit-3":
+            sys.exit(3)
+        raise RuntimeError("boom on rank 1")
+    jax.block_until_ready(total(x))  # rank 1 never joins: only the job's end ends this
+    _report(unreachable=True)
+
+
 def kill_save(path: str, marker: str) -> None:
     """Save, and stop for good once the first block is in the file (the parent kills us)."""
     real = _io._local_shards
@@ -149,5 +181,5 @@ def full_disk(directory: str) -> None:
 
 if __name__ == "__main__":
     what, *args = sys.argv[1:]
-    {"abort": abort, "stop": stop, "kill-save": kill_save, "size-limit": size_limit,
+    {"abort": abort, "stop": stop, "end": end, "kill-save": kill_save, "size-limit": size_limit,
      "full-disk": full_disk}[what](*args)

@@ -35,10 +35,12 @@ SCRIPTS = sorted([*SLURM.glob("*.sh"), *SLURM.glob("*.slurm")])
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def sh(*args: str | Path, env: dict | None = None, ok: bool = True) -> subprocess.CompletedProcess:
+def sh(*args: str | Path, env: dict | None = None, ok: bool = True,
+       cwd: Path = ROOT) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PENCILFFT_"))}
     full_env.update({"PENCILFFT_ACCOUNT": "abc", **(env or {})})
-    proc = subprocess.run([str(a) for a in args], cwd=ROOT, env=full_env, capture_output=True,
+    full_env = {k: v for k, v in full_env.items() if v is not None}  # None: unset it
+    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=120)
     if ok:
         assert proc.returncode == 0, f"{args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -282,7 +284,9 @@ def test_readme_mentions_every_script():
     readme = (SLURM / "README.md").read_text()
     for script in SCRIPTS:
         assert script.name in readme, script.name
-    for env in ("PENCILFFT_ACCOUNT", "PENCILFFT_QOS", "PENCILFFT_MODULES", "PENCILFFT_VENV", "--dry-run"):
+    for env in ("PENCILFFT_ACCOUNT", "PENCILFFT_QOS", "PENCILFFT_MODULES", "PENCILFFT_VENV", "--dry-run",
+                "PENCILFFT_GPU_MODULES", "PENCILFFT_CPU_MODULES", "PENCILFFT_SRUN_MPI",
+                "PENCILFFT_ROOT", "bench-cpu", "tests/slurm/run.sh"):
         assert env in readme
 
 
@@ -290,11 +294,11 @@ def test_cpu_slurm_runs_the_mpi_benchmark():
     """The CPU-partition job (dry run): one task per core, bound by srun, benchmarks.mpi with the
     most square grid of the job's tasks; arguments given win over the defaults."""
     env = {"PENCILFFT_DRY_RUN": "1", "SLURM_NTASKS": "32", "PENCILFFT_ROOT": str(ROOT),
-           "PENCILFFT_MODULES": "python/3.11 openmpi/4 fftw/3"}
+           "PENCILFFT_CPU_MODULES": "python/3.11 openmpi/4 fftw/3"}
     lines = sh("bash", SLURM / "cpu.slurm", "--repeats", "5", env=env).stdout.splitlines()
     assert lines[:2] == ["module purge", "module load python/3.11 openmpi/4 fftw/3"]
     srun = shlex.split(lines[-1])
-    assert srun[:3] == ["srun", "--kill-on-bad-exit=1", "--cpu-bind=cores"]
+    assert srun[:4] == ["srun", "--kill-on-bad-exit=1", "--mpi=pmi2", "--cpu-bind=cores"]
     assert srun[srun.index("python"):] == [
         "python", "-m", "benchmarks.mpi", "--repeats", "5", "--shapes", "256", "512",
         "--pdims", "4x8", "--out", str(ROOT / "results/jeanzay/mpi-cpu-32tasks.jsonl")]
@@ -303,3 +307,198 @@ def test_cpu_slurm_runs_the_mpi_benchmark():
     assert srun.count("--pdims") == 1 and srun[srun.index("--pdims") + 1] == "2x16"
     assert srun.count("--shapes") == 1
     assert "#SBATCH --partition=cpu_p1" in (SLURM / "cpu.slurm").read_text()
+
+
+# ------------------------------------------------- running with nothing edited (issue 48)
+#
+# The job scripts run for real here (not --dry-run), with stand-ins on PATH for what a cluster
+# has: `srun` (records its arguments), `scontrol` (says which script was submitted), and
+# `module` (a shell function, as Lmod defines it, recording its calls) where a test wants one.
+# PENCILFFT_ROOT-less runs copy the script away from the checkout, as sbatch does (it runs a
+# copy from its spool folder), and start it from another folder.
+
+JOB_SCRIPTS = ("bench.slurm", "cpu.slurm", "plot.slurm", "pm.slurm")
+
+
+def _stand_ins(tmp_path: Path, submitted: Path | None = None) -> tuple[dict, Path]:
+    """A PATH with a recording `srun` (and a `scontrol` that names `submitted`), and the
+    file the stand-ins append their calls to."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f'#!/bin/bash\necho "srun $*" >> {calls}\n')
+    # A python whose mpi4py-fft import fails unless MPI4PY_FFT=1.
+    (bin_dir / "python").write_text('#!/bin/bash\n[[ $MPI4PY_FFT == 1 ]]\n')
+    if submitted is not None:
+        (bin_dir / "scontrol").write_text(
+            f'#!/bin/bash\n[[ "$1 $2" == "show job" ]] || exit 1\n'
+            f'echo "JobId=$3 JobName=x"\necho "   Command={submitted}"\n'
+            f'echo "   WorkDir={tmp_path}"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}, calls
+
+
+def _checkout(tmp_path: Path) -> Path:
+    """A checkout whose slurm/ is ours: the jobs' results/ folder goes there, not in ours."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "slurm").symlink_to(SLURM)
+    return checkout
+
+
+def _module_function(calls: Path) -> dict:
+    """`module` as Lmod exports it to batch jobs: a bash function in the environment."""
+    return {"BASH_FUNC_module%%": f'() {{ echo "module $*" >> {calls}; }}'}
+
+
+def _calls(calls: Path) -> list[str]:
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_cpu_job_runs_without_module_command_from_any_folder(tmp_path):
+    """Before: `common.sh: No such file or directory` from outside the checkout, then
+    `module: command not found` (exit 127) on a machine without Lmod."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    copy = spool / "slurm_script"  # what sbatch runs: a copy, far from the checkout
+    shutil.copy(SLURM / "cpu.slurm", copy)
+    checkout = _checkout(tmp_path)
+    env, calls = _stand_ins(tmp_path, submitted=checkout / "slurm" / "cpu.slurm")
+    elsewhere = tmp_path / "submitted-from"
+    elsewhere.mkdir()
+    proc = sh("bash", copy, "--shapes", "32", cwd=elsewhere,
+              env={**env, "SLURM_JOB_ID": "77", "SLURM_NTASKS": "2",
+                   "SLURM_SUBMIT_DIR": str(elsewhere)})
+    assert "no `module` command" in proc.stdout and "module purge/load skipped" in proc.stdout
+    assert proc.stdout.count("# modules:") == 1  # said once
+    (srun,) = _calls(calls)
+    default_out = checkout / "results" / "jeanzay" / "mpi-cpu-2tasks.jsonl"
+    assert srun.split() == ["srun", "--kill-on-bad-exit=1", "--mpi=pmi2", "--cpu-bind=cores",
+                            "python", "-m", "benchmarks.mpi", "--shapes", "32", "--pdims", "1x2",
+                            "--out", str(default_out)]
+    assert "srun: --kill-on-bad-exit=1 --mpi=pmi2" in proc.stdout  # the log says how
+    assert default_out.parent.is_dir()  # the checkout was found, its results folder made
+    out = tmp_path / "given" / "out.jsonl"
+    # mpi4py-fft missing: its row will be missing, and the log says why and how to add it
+    assert "mpi4py-fft is not installed: its row (the reference) will be missing" in proc.stdout
+    assert "bench-cpu" in proc.stdout and "libfftw3-dev" in proc.stdout
+    with_it = sh("bash", copy, "--shapes", "32", "--out", out, cwd=elsewhere,
+                 env={**env, "MPI4PY_FFT": "1", "SLURM_JOB_ID": "78", "SLURM_NTASKS": "2"})
+    assert "mpi4py-fft" not in with_it.stdout
+    assert out.parent.is_dir()  # the folder of a given --out is made too
+
+
+@pytest.mark.parametrize("script", JOB_SCRIPTS)
+def test_job_scripts_find_the_checkout(script, tmp_path):
+    """Every job script finds the checkout from the submitted script's path (scontrol), and
+    without it fails with an error that names PENCILFFT_ROOT, running nothing."""
+    copy = tmp_path / "slurm_script"
+    shutil.copy(SLURM / script, copy)
+    env, calls = _stand_ins(tmp_path, submitted=SLURM / script)
+    common = {"PENCILFFT_DRY_RUN": "1", "SLURM_JOB_ID": "5", "SLURM_NTASKS": "4",
+              "SLURM_SUBMIT_DIR": str(tmp_path)}
+    args = [tmp_path] if script == "plot.slurm" else []
+    found = sh("bash", copy, *args, cwd=tmp_path, env={**env, **common})
+    assert "python -m benchmarks." in found.stdout
+    lost = sh("bash", copy, *args, cwd=tmp_path, ok=False,
+              env={"PATH": "/usr/bin:/bin", **common})  # no scontrol: nothing says where
+    assert lost.returncode == 2 and "set PENCILFFT_ROOT" in lost.stderr, lost.stderr
+    assert "benchmarks" not in lost.stdout and not _calls(calls)
+    given = sh("bash", copy, *args, cwd=tmp_path,
+               env={"PATH": "/usr/bin:/bin", "PENCILFFT_ROOT": str(ROOT), **common})
+    assert "python -m benchmarks." in given.stdout
+
+
+def test_job_scripts_share_one_checkout_finder():
+    """The finder cannot live in common.sh (it finds common.sh): the same lines in each."""
+    blocks = set()
+    for script in JOB_SCRIPTS:
+        text = (SLURM / script).read_text()
+        blocks.add(text[text.index("# The checkout (this script"):text.index("ROOT=$(cd")])
+    assert len(blocks) == 1
+
+
+def test_cpu_and_gpu_modules_are_separate(tmp_path):
+    """PENCILFFT_MODULES, set to GPU modules as the README said, made cpu.slurm load CUDA and
+    no FFTW.  Now: PENCILFFT_CPU_MODULES for cpu.slurm, PENCILFFT_GPU_MODULES (or the old
+    PENCILFFT_MODULES) for the GPU scripts; `none` skips every module call."""
+    env, calls = _stand_ins(tmp_path)
+    checkout = _checkout(tmp_path)
+    env.update(_module_function(calls), PENCILFFT_ROOT=str(checkout), SLURM_NTASKS="2",
+               PENCILFFT_VENV="", SLURM_JOB_ID="3")
+    out = ["--out", str(tmp_path / "o.jsonl")]
+
+    def run(script, **extra):
+        calls.unlink(missing_ok=True)
+        args = [*out] if script == "cpu.slurm" else ["--pdims", "1x2"]
+        proc = sh("bash", SLURM / script, *args, cwd=tmp_path,
+                  env={**env, "SLURM_JOB_CONSTRAINTS": "a100", **extra})
+        return proc.stdout, [c for c in _calls(calls) if c.startswith("module")]
+
+    gpu = "cuda/12 nccl/2 openmpi/4-cuda python/3"
+    log, cpu_modules = run("cpu.slurm", PENCILFFT_MODULES=gpu)
+    assert cpu_modules == ["module purge", "module load python openmpi fftw"]  # not CUDA
+    assert "PENCILFFT_MODULES is for the GPU scripts" in log
+    _, gpu_modules = run("bench.slurm", PENCILFFT_MODULES=gpu)
+    assert gpu_modules == ["module purge", "module load arch/a100", f"module load {gpu}"]
+    _, gpu_modules = run("bench.slurm", PENCILFFT_MODULES=gpu, PENCILFFT_GPU_MODULES="cuda/13")
+    assert gpu_modules[-1] == "module load cuda/13"
+    _, cpu_modules = run("cpu.slurm", PENCILFFT_CPU_MODULES="python/3.11 fftw/3")
+    assert cpu_modules == ["module purge", "module load python/3.11 fftw/3"]
+    for script in JOB_SCRIPTS[:2]:  # none: no module call at all, said once
+        for extra in ({"PENCILFFT_MODULES": "none"}, {"PENCILFFT_CPU_MODULES": "none",
+                                                      "PENCILFFT_GPU_MODULES": "none"}):
+            log, modules = run(script, **extra)
+            assert modules == [] and log.count("# modules: none") == 1, (script, extra, log)
+
+
+@pytest.mark.parametrize("setting,expected", [
+    ({}, ["--mpi=pmi2"]),  # what the mpich of pencilfft[mpi] speaks
+    ({"PENCILFFT_SRUN_MPI": "pmix"}, ["--mpi=pmix"]),  # a site's Open MPI
+    ({"SLURM_MPI_TYPE": "pmix"}, ["--mpi=pmix"]),  # set by a site's module
+    ({"SLURM_MPI_TYPE": "pmix", "PENCILFFT_SRUN_MPI": "pmi2"}, ["--mpi=pmi2"]),
+    ({"PENCILFFT_SRUN_MPI": "default"}, []),  # the cluster's MpiDefault
+])
+@pytest.mark.parametrize("script", ["bench.slurm", "cpu.slurm", "pm.slurm"])
+def test_srun_mpi_plugin_is_a_setting(script, setting, expected):
+    env = {"PENCILFFT_DRY_RUN": "1", "SLURM_NTASKS": "4", "PENCILFFT_ROOT": str(ROOT), **setting}
+    srun = shlex.split(sh("bash", SLURM / script, env=env).stdout.splitlines()[-1])
+    assert srun[0] == "srun" and "--kill-on-bad-exit=1" in srun
+    assert [a for a in srun if a.startswith("--mpi")] == expected
+
+
+# ------------------------------------------------------------ the real-Slurm step (its edges)
+
+SLURM_STEP = ROOT / "tests" / "slurm" / "run.sh"
+
+
+@pytest.mark.parametrize("script", [SLURM_STEP, ROOT / "tests" / "slurm" / "step.slurm"],
+                         ids=lambda p: p.name)
+def test_slurm_step_syntax(script):
+    sh("bash", "-n", script)
+
+
+def test_suite_runs_the_slurm_step():
+    text = (ROOT / "tests" / "run.sh").read_text()
+    assert 'step "slurm" "$SLURM_TIMEOUT" bash tests/slurm/run.sh' in text
+
+
+@pytest.mark.parametrize("case", ["not-root", "no-apt-get"])
+@pytest.mark.parametrize("ci", ["", "1"])
+def test_slurm_step_skips_only_where_it_cannot_run(case, ci, tmp_path):
+    """Skipped, saying why, where it cannot run; with CI set the same is a failure.  PATH holds
+    only stand-ins: `id` (the user), dirname, and no Slurm, no apt-get."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "id").write_text(f"#!/bin/sh\necho {1000 if case == 'not-root' else 0}\n")
+    (bin_dir / "id").chmod(0o755)
+    (bin_dir / "dirname").symlink_to(shutil.which("dirname"))
+    env = {"PATH": str(bin_dir), "CI": ci or None}  # CI unset, whatever the outer one says
+    proc = sh(shutil.which("bash"), SLURM_STEP, env=env, ok=False)
+    why = "not root" if case == "not-root" else "no apt-get to install Debian's slurmctld"
+    if ci:
+        assert proc.returncode == 1 and "== slurm: cannot run:" in proc.stdout, proc.stdout
+        assert "(CI is set: this step must run)" in proc.stdout
+    else:
+        assert proc.returncode == 0 and "== slurm: skipped:" in proc.stdout, proc.stdout
+    assert why in proc.stdout, proc.stdout
