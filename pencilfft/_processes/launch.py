@@ -562,23 +562,38 @@ def _stop_job(signum: int) -> None:
 
 # Each process writes one such line per communicator, from several threads (one per local
 # device) at once, and std::cout does not write a line in one piece: lines of two threads
-# interleave at the pieces of the message ("...is : 3[Gloo] Rank " then "1 is connected...").
-# So a line is chatter when it is made of nothing but those pieces and its counts of connected
-# peers are the expected ones (communicators that reached all their peers; a line with a
-# missing peer is kept).
+# interleave at the pieces of the message ("...is : 3[Gloo] Rank " then "1 is connected..."),
+# across newlines too (one thread's newline lands inside another's message).  So lines made of
+# nothing but those pieces and numbers are gathered into a run, and the run is decided once it
+# holds whole messages (as many of each piece): dropped when every message reports its
+# expected peers (a message with a missing peer is a real problem: the run is kept), and also
+# when the pieces are so interleaved that no number can be told from the next (a peer that
+# cannot connect also fails jax's collectives, loudly).  A line of anything else ends the run,
+# which is then kept as it was.
 _GLOO_TEXTS = (b"[Gloo] Rank ", b" is connected to ", b" peer ranks. ",
                b"Expected number of connected peer ranks is : ")
 _GLOO_PIECES = re.compile(b"(?:" + b"|".join(map(re.escape, _GLOO_TEXTS)) + rb"|\d+)+")
-_GLOO_CONNECTED = re.compile(rb" is connected to (\d+)")
-_GLOO_EXPECTED = re.compile(rb"Expected number of connected peer ranks is : (\d+)")
+_GLOO_MESSAGE = re.compile(rb"\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. "
+                           rb"Expected number of connected peer ranks is : (\d+)")
 
 
-def _is_gloo_chatter(line: bytes) -> bool:
-    """Pieces of gloo connection lines that report every expected peer (the others are kept)."""
+def _is_gloo_piece_line(line: bytes) -> bool:
+    """Whether a line holds nothing but pieces of gloo's connection messages (and numbers)."""
     line = line.removesuffix(b"\r")
-    if _GLOO_PIECES.fullmatch(line) is None or not any(t in line for t in _GLOO_TEXTS):
-        return False
-    return sorted(_GLOO_CONNECTED.findall(line)) == sorted(_GLOO_EXPECTED.findall(line))
+    return (_GLOO_PIECES.fullmatch(line) is not None
+            and any(t in line for t in _GLOO_TEXTS))
+
+
+def _gloo_run_verdict(run: bytes) -> bool | None:
+    """For the lines of a run joined: None while it does not hold whole messages yet, True to
+    drop it (chatter), False to keep it (a peer missing)."""
+    counts = {run.count(t) for t in _GLOO_TEXTS}
+    if len(counts) != 1 or counts == {0}:
+        return None
+    messages = _GLOO_MESSAGE.findall(run)
+    if len(messages) < counts.pop():  # interleaved past telling the numbers apart
+        return True
+    return all(connected == expected for connected, expected in messages)
 
 
 def _may_become_chatter(partial: bytes) -> bool:
@@ -603,7 +618,7 @@ class _LineFilter:
         self.thread.start()
 
     def _pump(self) -> None:
-        pending = b""
+        pending, run = b"", []  # a partial line; the lines of an undecided run of gloo's
         while True:
             try:
                 chunk = os.read(self.read_fd, 1 << 16)
@@ -612,13 +627,27 @@ class _LineFilter:
             if not chunk:
                 break
             *lines, pending = (pending + chunk).split(b"\n")
-            out = b"".join(line + b"\n" for line in lines if not _is_gloo_chatter(line))
-            # A partial line goes out at once (a progress bar), unless it may become gloo's.
+            out = []
+            for line in lines:
+                if not _is_gloo_piece_line(line):
+                    out += [r + b"\n" for r in run] + [line + b"\n"]  # an unfinished run: kept
+                    run = []
+                    continue
+                run.append(line)
+                verdict = _gloo_run_verdict(b"".join(run))
+                if verdict is not None:
+                    out += [] if verdict else [r + b"\n" for r in run]
+                    run = []
+            # A partial line goes out at once (a progress bar), unless it may become gloo's;
+            # one that cannot also ends a run of gloo's lines, kept.
             if pending and not _may_become_chatter(pending):
-                out, pending = out + pending, b""
-            self._write(out)
-        if not _is_gloo_chatter(pending):
-            self._write(pending)
+                out += [r + b"\n" for r in run] + [pending]
+                run, pending = [], b""
+            self._write(b"".join(out))
+        if run or pending:
+            rest = b"".join(run) + pending
+            if not (_is_gloo_piece_line(rest) and _gloo_run_verdict(rest)):
+                self._write(b"".join(r + b"\n" for r in run) + pending)
         os.close(self.read_fd)
 
     def _write(self, data: bytes) -> None:
