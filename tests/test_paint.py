@@ -427,3 +427,27 @@ def test_fallback_without_compiler(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["xla", "1"], out.stdout + out.stderr[-2000:]
+
+
+def test_capacity_is_capped():
+    """capacity beyond the particles a device holds is capped there (no 20 GB buffers, nothing
+    dropped); a non-int or non-positive capacity is refused."""
+    from pencilfft._pm.catalog import plan_catalog
+
+    mesh = make_mesh((4, 2))
+    assert plan_catalog(CAT_SHAPE, 2048, mesh, "cic", 10**9).capacity == 2048 // 8
+    assert plan_catalog(CAT_SHAPE, 2048, mesh, "cic", 100).capacity == 100
+    ps = NamedSharding(mesh, P(("x", "y")))
+    pos = np.sort(_catalog(seed=45), axis=0)  # every device's particles bound for a few
+    f = np.random.default_rng(46).normal(size=CAT_SHAPE)
+    fs = NamedSharding(mesh, P("x", "y"))
+    g = pencilfft.paint(put_global(pos, ps), shape=CAT_SHAPE, capacity=10**9)
+    np.testing.assert_allclose(to_numpy(g), numpy_paint_catalog(pos, CAT_SHAPE, "cic"),
+                               atol=1e-12)
+    r = jax.jit(lambda f, q: pencilfft.readout(f, q, capacity=10**9))(put_global(f, fs),
+                                                                      put_global(pos, ps))
+    np.testing.assert_allclose(to_numpy(r), numpy_read_catalog(f, pos, "cic"), atol=1e-12)
+    with pytest.raises(TypeError, match=r"`capacity` must be a positive int.*float"):
+        pencilfft.paint(put_global(pos, ps), shape=CAT_SHAPE, capacity=2.5)
+    with pytest.raises(ValueError, match=r"`capacity` must be a positive int.*got 0"):
+        pencilfft.paint(put_global(pos, ps), shape=CAT_SHAPE, capacity=0)

@@ -17,7 +17,9 @@ field is NaN (and so are the neighbours' edge cells it sends), and readout retur
 each particle that did not fit.  The default capacity is 2 N_local / P + 64 (N_local the
 particles per device, P the devices), at most N_local: enough for particles in random order;
 a catalog whose particles mostly sit on their owners' devices (e.g. sorted) wants capacity =
-N_local (the buffers then hold P N_local particles per device).
+N_local (the buffers then hold P N_local particles per device).  A larger capacity is capped at
+N_local: one device never sends more particles than it holds, so nothing can overflow then, and
+the buffers stay P N_local (capacity=10**9 would otherwise ask for P 10**9 slots per device).
 """
 from __future__ import annotations
 
@@ -86,9 +88,15 @@ def plan_catalog(shape, n: int, mesh, window: str, capacity, mpi: bool = False) 
     n_local = n // ndev
     if capacity is None:
         capacity = n_local if ndev == 1 else min(n_local, 2 * -(-n_local // ndev) + 64)
-    elif isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or capacity < 1:
+    elif isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):
+        raise TypeError(f"`capacity` must be a positive int (particles one device may send "
+                        f"to another); got {type(capacity).__name__}")
+    elif capacity < 1:
         raise ValueError(f"`capacity` must be a positive int (particles one device may send "
                          f"to another); got {capacity!r}")
+    # A device sends at most the N_local particles it holds to any one device: more slots could
+    # never fill, and would only grow the buffers (P * capacity per device).  Capped silently.
+    capacity = max(1, min(int(capacity), n_local))
     # cells floor(x) - (s - 1) // 2 ... floor(x) + s // 2 + (s odd): (s + 1) // 2 each way
     h = max(1, (WINDOWS[window] + 1) // 2)
     halo = tuple(h if s > 1 else 0 for s in (pa, pb))
