@@ -460,7 +460,7 @@ def _compilations():
 def test_eager_calls_reuse_one_program():
     """An eager call runs one cached program: the second call with new values of the same
     shapes compiles nothing (dispatching op by op compiled ~100 programs per call, and took
-    seconds), and gives what jax.jit gives."""
+    seconds), and gives what jax.jit gives; so does an eager jax.grad through paint."""
     mesh = make_mesh((4, 2))
     sh, ps = NamedSharding(mesh, P("x", "y")), NamedSharding(mesh, P(("x", "y")))
     f3 = put_global(np.random.default_rng(40).normal(size=(3,) + CAT_SHAPE),
@@ -471,17 +471,21 @@ def test_eager_calls_reuse_one_program():
         "interlaced": lambda d, q, f3: pencilfft.paint(d, interlace=True),
         "catalog paint": lambda d, q, f3: pencilfft.paint(q, shape=CAT_SHAPE),
         "catalog readout": lambda d, q, f3: pencilfft.readout(f3, q, "pcs"),
+        "grad in the weights": lambda d, q, f3: jax.grad(  # its derivative compiled once too
+            lambda w: jnp.sum(pencilfft.paint(d, w) ** 2))(f3[0]),
     }
     for name, call in calls.items():
         first = [put_global(displacements(seed=41, shape=CAT_SHAPE), sh),
                  put_global(_catalog(seed=42), ps), f3]
         second = [put_global(displacements(seed=43, shape=CAT_SHAPE), sh),
                   put_global(_catalog(seed=44), ps), f3]
-        call(*first)
-        with _compilations() as compiled:
-            got = call(*second)
+        with jax.set_mesh(mesh):  # jax.grad's scalar loss needs the mesh in scope
+            call(*first)
+            with _compilations() as compiled:
+                got = call(*second)
+            want = jax.jit(call)(*second)
         assert compiled == [], f"{name}: the second eager call compiled {len(compiled)} programs"
-        np.testing.assert_allclose(to_numpy(got), to_numpy(jax.jit(call)(*second)), atol=1e-12)
+        np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-12)
     with _compilations() as compiled:  # another static setting: its own program
         pencilfft.paint(second[0], 2.0, "cic")
     assert compiled
