@@ -6,13 +6,18 @@ jit with an Auto mesh and nothing in scope, jit on one device; float32; readout 
 transpose; grad in dx, weights and field against plain-JAX autodiff on one device (which checks
 the kernel's jvp/transpose rules and the halo folds); vmap; the halo policy (eager ValueError,
 NaN under jit); argument errors; the kernel against XLA's scatter/gather and across thread
-counts; programs lowered for cuda hold no CPU custom call; the example script.
+counts; programs lowered for cuda hold no CPU custom call; the example script; eager calls
+through one cached program (no compilation on the second call); NaN and inf in positions and
+weights; capacity capped at the particles a device holds; complex fields; the max_displacement
+advice, followed (issue 51).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
+import re
 import subprocess
 import sys
 
@@ -427,3 +432,217 @@ def test_fallback_without_compiler(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["xla", "1"], out.stdout + out.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------------------
+# Eager calls, non-finite inputs, capacity, complex fields, displacement advice (issue 51)
+
+
+@contextlib.contextmanager
+def _compilations():
+    """The programs jax lowered or compiled inside the block (jax.monitoring's events; the
+    lowering is counted too, as a persistent compilation cache would skip the compile)."""
+    seen = []
+
+    def listener(event, secs, **kwargs):
+        if event in ("/jax/core/compile/backend_compile_duration",
+                     "/jax/core/compile/jaxpr_to_mlir_module_duration"):
+            seen.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+@pytest.mark.mpirun  # the eager checks are reduced over every process, which all raise alike
+def test_eager_calls_reuse_one_program():
+    """An eager call runs one cached program: the second call with new values of the same
+    shapes compiles nothing (dispatching op by op compiled ~100 programs per call, and took
+    seconds), and gives what jax.jit gives; so does an eager jax.grad through paint."""
+    mesh = make_mesh((4, 2))
+    sh, ps = NamedSharding(mesh, P("x", "y")), NamedSharding(mesh, P(("x", "y")))
+    f3 = put_global(np.random.default_rng(40).normal(size=(3,) + CAT_SHAPE),
+                    NamedSharding(mesh, P(None, "x", "y")))
+    calls = {  # f3 an argument: under mpirun a jitted function cannot close over it
+        "lattice paint": lambda d, q, f3: pencilfft.paint(d, 2.0, "tsc"),
+        "lattice readout": lambda d, q, f3: pencilfft.readout(f3, d),
+        "interlaced": lambda d, q, f3: pencilfft.paint(d, interlace=True),
+        "catalog paint": lambda d, q, f3: pencilfft.paint(q, shape=CAT_SHAPE),
+        "catalog readout": lambda d, q, f3: pencilfft.readout(f3, q, "pcs"),
+        "grad in the weights": lambda d, q, f3: jax.grad(  # its derivative compiled once too
+            lambda w: jnp.sum(pencilfft.paint(d, w) ** 2))(f3[0]),
+    }
+    for name, call in calls.items():
+        first = [put_global(displacements(seed=41, shape=CAT_SHAPE), sh),
+                 put_global(_catalog(seed=42), ps), f3]
+        second = [put_global(displacements(seed=43, shape=CAT_SHAPE), sh),
+                  put_global(_catalog(seed=44), ps), f3]
+        with jax.set_mesh(mesh):  # jax.grad's scalar loss needs the mesh in scope
+            call(*first)
+            with _compilations() as compiled:
+                got = call(*second)
+            want = jax.jit(call)(*second)
+        assert compiled == [], f"{name}: the second eager call compiled {len(compiled)} programs"
+        np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-12)
+    with _compilations() as compiled:  # another static setting: its own program
+        pencilfft.paint(second[0], 2.0, "cic")
+    assert compiled
+
+
+def test_capacity_is_capped():
+    """capacity beyond the particles a device holds is capped there (no 20 GB buffers, nothing
+    dropped); a non-int or non-positive capacity is refused."""
+    from pencilfft._pm.catalog import plan_catalog
+
+    mesh = make_mesh((4, 2))
+    assert plan_catalog(CAT_SHAPE, 2048, mesh, "cic", 10**9).capacity == 2048 // 8
+    assert plan_catalog(CAT_SHAPE, 2048, mesh, "cic", 100).capacity == 100
+    ps = NamedSharding(mesh, P(("x", "y")))
+    pos = np.sort(_catalog(seed=45), axis=0)  # every device's particles bound for a few
+    f = np.random.default_rng(46).normal(size=CAT_SHAPE)
+    fs = NamedSharding(mesh, P("x", "y"))
+    g = pencilfft.paint(put_global(pos, ps), shape=CAT_SHAPE, capacity=10**9)
+    np.testing.assert_allclose(to_numpy(g), numpy_paint_catalog(pos, CAT_SHAPE, "cic"),
+                               atol=1e-12)
+    r = jax.jit(lambda f, q: pencilfft.readout(f, q, capacity=10**9))(put_global(f, fs),
+                                                                      put_global(pos, ps))
+    np.testing.assert_allclose(to_numpy(r), numpy_read_catalog(f, pos, "cic"), atol=1e-12)
+    with pytest.raises(TypeError, match=r"`capacity` must be a positive int.*float"):
+        pencilfft.paint(put_global(pos, ps), shape=CAT_SHAPE, capacity=2.5)
+    with pytest.raises(ValueError, match=r"`capacity` must be a positive int.*got 0"):
+        pencilfft.paint(put_global(pos, ps), shape=CAT_SHAPE, capacity=0)
+
+
+@pytest.mark.mpirun  # the non-finite counts are summed over every process, which all raise
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_inputs(bad):
+    """NaN or inf in dx (any component; 8192 sites: jnp.max drops NaN from arrays of 4096
+    elements or more on XLA:CPU, jax 0.10.2) or in the weights: ValueError eagerly, naming the
+    argument; under jit NaN in the result, never a value painted in the wrong place."""
+    mesh = make_mesh((4, 2))
+    sh = NamedSharding(mesh, P("x", "y"))
+    ones = put_global(np.ones(SHAPE), sh)
+    for comp in (0, 2):
+        dx = displacements(seed=47, rms=0.1)
+        dx[9, 3, 4, comp] = bad
+        with pytest.raises(ValueError, match=r"`dx` holds 1 NaN or infinite values"):
+            pencilfft.paint(put_global(dx, sh))
+        with pytest.raises(ValueError, match=r"`dx` holds 1 NaN or infinite values"):
+            pencilfft.readout(ones, put_global(dx, sh))
+        g = to_numpy(jax.jit(pencilfft.paint)(put_global(dx, sh)))
+        assert np.isnan(g[8:16, 0:16]).all()  # the block of the device holding site (9, 3)
+        assert np.isfinite(g[24:, 16:]).all()  # two blocks away: no halo reaches it
+        r = to_numpy(jax.jit(pencilfft.readout)(ones, put_global(dx, sh)))
+        assert np.isnan(r[8:16, 0:16]).all() and np.isfinite(r[16:]).all()
+    dx = displacements(seed=47, rms=0.1)
+    w = np.ones(SHAPE)
+    w[20, 20, 1] = bad
+    with pytest.raises(ValueError, match=r"`weights` holds 1 NaN or infinite values"):
+        pencilfft.paint(put_global(dx, sh), put_global(w, sh))
+    with pytest.raises(ValueError, match=r"`weights` must be finite.*got (nan|inf)"):
+        pencilfft.paint(put_global(dx, sh), float(bad))
+    g = to_numpy(jax.jit(pencilfft.paint)(put_global(dx, sh), put_global(w, sh)))
+    assert not np.isfinite(g[19:22, 19:22]).all() and np.isfinite(g[:16]).all()
+    # a concrete dx closed over by a traced function is checked when it is traced
+    dx[0, 0, 0, 1] = bad
+    with pytest.raises(ValueError, match=r"`dx` holds 1 NaN"):
+        jax.jit(lambda w: pencilfft.paint(put_global(dx, sh), w))(1.0)
+    # catalogs: the particle's value is NaN under jit, the others right
+    pos = _catalog(seed=48)
+    pos[7, 1] = bad
+    ps = NamedSharding(mesh, P(("x", "y")))
+    with pytest.raises(ValueError, match=r"`positions`: 1 particles have a NaN or infinite"):
+        pencilfft.paint(put_global(pos, ps), shape=CAT_SHAPE)
+    with pytest.raises(ValueError, match=r"`positions`: 1 particles have a NaN or infinite"):
+        pencilfft.readout(put_global(np.ones(CAT_SHAPE), sh), put_global(pos, ps))
+    f = np.random.default_rng(49).normal(size=CAT_SHAPE)
+    r = to_numpy(jax.jit(pencilfft.readout)(put_global(f, sh), put_global(pos, ps)))
+    assert np.isnan(r[7])
+    keep = np.arange(len(pos)) != 7
+    np.testing.assert_allclose(r[keep], numpy_read_catalog(f, pos[keep], "cic"), atol=1e-12)
+    g = to_numpy(jax.jit(lambda q: pencilfft.paint(q, shape=CAT_SHAPE))(put_global(pos, ps)))
+    assert np.isnan(g).any()
+    with pytest.raises(ValueError, match=r"`dx` holds 1 NaN"):  # one device, no halo at all
+        pencilfft.paint(jnp.asarray(dx))
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+def test_complex_field_readout(dtype):
+    """readout is linear: a complex field is read as its real and imaginary parts (lattice and
+    catalogs, eagerly and under jit), against numpy; a field of no numbers: TypeError."""
+    rng = np.random.default_rng(50)
+    real = np.float64 if dtype == np.complex128 else np.float32
+    mesh = make_mesh((4, 2))
+    sh, ps = NamedSharding(mesh, P("x", "y")), NamedSharding(mesh, P(("x", "y")))
+    f = (rng.normal(size=(2,) + CAT_SHAPE) + 1j * rng.normal(size=(2,) + CAT_SHAPE)).astype(dtype)
+    fg = put_global(f, NamedSharding(mesh, P(None, "x", "y")))
+    dx = displacements(seed=51, shape=CAT_SHAPE).astype(real)
+    pos = _catalog(seed=52).astype(real)
+    tol = 1e-12 if dtype == np.complex128 else 2e-5
+    for form in ("eager", "jit"):
+        read = pencilfft.readout if form == "eager" else jax.jit(pencilfft.readout)
+        got = read(fg, put_global(dx, sh))
+        assert got.dtype == dtype and got.shape == f.shape
+        for c in range(2):
+            want = (numpy_read(f[c].real, dx.astype(float), "cic")
+                    + 1j * numpy_read(f[c].imag, dx.astype(float), "cic"))
+            np.testing.assert_allclose(to_numpy(got)[c], want, atol=tol * 10)
+        got = read(fg, put_global(pos, ps))
+        assert got.dtype == dtype and got.shape == (2, len(pos))
+        for c in range(2):
+            want = (numpy_read_catalog(f[c].real.astype(float), pos.astype(float), "cic")
+                    + 1j * numpy_read_catalog(f[c].imag.astype(float), pos.astype(float), "cic"))
+            np.testing.assert_allclose(to_numpy(got)[c], want, atol=tol * 10)
+    with pytest.raises(TypeError, match=r"`field` must hold real or complex numbers"):
+        pencilfft.readout(np.full(CAT_SHAPE, "a"), jnp.zeros(CAT_SHAPE + (3,)))
+
+
+def _advice(message):
+    """The max_displacement an error message advises, or None."""
+    found = re.search(r"pass max_displacement >= ([0-9.e+-]+)", message)
+    return None if found is None else float(found.group(1))
+
+
+@pytest.mark.parametrize("interlace", [False, True])
+def test_displacement_advice_can_be_followed(interlace):
+    """Blocks of 8 cells along X (32 split 4 ways): a displacement the mesh can cover gets the
+    max_displacement that covers it, and following it works; one it cannot (8.5 cells with CIC)
+    gets, in the first message, the largest max_displacement this mesh allows and the ways out.
+    The message reports the user's own displacement, with interlacing too."""
+    sh = NamedSharding(make_mesh((4, 2)), P("x", "y"))
+    for m in (5.5, -5.5, 7.6, -7.6, 8.5):  # the default halo takes |dx| < 5
+        dx = displacements(seed=53, rms=0.1)
+        dx[11, 5, 2, 0] = m
+        with pytest.raises(ValueError) as info:
+            pencilfft.paint(put_global(dx, sh), interlace=interlace)
+        message = str(info.value)
+        assert f"the largest displacement along a split axis is {abs(m):g} cells" in message
+        advice = _advice(message)
+        if advice is None:
+            assert "more than any halo on this mesh takes" in message, message
+            assert "max_displacement must stay below" in message
+            assert "fewer devices along X" in message and "catalog" in message
+            assert abs(m) >= 8 - (0.5 if interlace and m < 0 else 0)
+            continue
+        g = pencilfft.paint(put_global(dx, sh), max_displacement=advice, interlace=interlace)
+        if not interlace:
+            np.testing.assert_allclose(to_numpy(g), numpy_paint(dx, "cic"), atol=1e-12)
+    # a max_displacement no block takes: the bound that fits, in the first message
+    with pytest.raises(ValueError, match=rf"max_displacement must be below "
+                       rf"{7.5 if interlace else 8:g};.*fewer devices along X"):
+        pencilfft.paint(put_global(displacements(seed=54), sh), max_displacement=8.5,
+                        interlace=interlace)
+
+
+def test_interlaced_message_names_the_users_displacement():
+    """Interlacing paints a copy at dx - 1/2: a particle at dx = -1.8 is reported as 1.8 cells
+    (the copy's 2.3 said as such), not as an unexplained 2.3."""
+    dx = displacements(seed=55, rms=0.1)
+    dx[3, 5, 2, 0] = -1.8
+    sh = NamedSharding(make_mesh((4, 2)), P("x", "y"))
+    with pytest.raises(ValueError, match=r"is 1\.8 cells \(with interlace=True: 2\.3 cells for "
+                       r"the copy painted 0\.5 cell lower\).*pass max_displacement >= 1\.8"):
+        pencilfft.paint(put_global(dx, sh), max_displacement=1.0, interlace=True)
+    pencilfft.paint(put_global(dx, sh), max_displacement=1.8, interlace=True)

@@ -17,7 +17,13 @@ field is NaN (and so are the neighbours' edge cells it sends), and readout retur
 each particle that did not fit.  The default capacity is 2 N_local / P + 64 (N_local the
 particles per device, P the devices), at most N_local: enough for particles in random order;
 a catalog whose particles mostly sit on their owners' devices (e.g. sorted) wants capacity =
-N_local (the buffers then hold P N_local particles per device).
+N_local (the buffers then hold P N_local particles per device).  A larger capacity is capped at
+N_local: one device never sends more particles than it holds, so nothing can overflow then, and
+the buffers stay P N_local (capacity=10**9 would otherwise ask for P 10**9 slots per device).
+
+Non-finite positions (NaN, inf): eagerly a ValueError (`check`); under jit such a particle is
+painted nowhere and its sending device's block is NaN, like an overflow, and readout returns
+NaN for it.  Positions are made finite before routing (NaN cast to a cell index is undefined).
 """
 from __future__ import annotations
 
@@ -29,13 +35,12 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from .._decomposition.mesh import is_tracer
 from .._decomposition.rules import mesh_axes
-from .grid import GridPlan, fill_halos, fold_halos
+from .grid import GridPlan, device_rows, fill_halos, fold_halos, gather_devices, run
 from .kernel import paint_block, read_block
 from .window import WINDOWS, check_window
 
-__all__ = ["CatalogPlan", "plan_catalog", "paint_catalog", "read_catalog"]
+__all__ = ["CatalogPlan", "plan_catalog", "paint_catalog", "read_catalog", "stats", "check"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +91,15 @@ def plan_catalog(shape, n: int, mesh, window: str, capacity, mpi: bool = False) 
     n_local = n // ndev
     if capacity is None:
         capacity = n_local if ndev == 1 else min(n_local, 2 * -(-n_local // ndev) + 64)
-    elif isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or capacity < 1:
+    elif isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):
+        raise TypeError(f"`capacity` must be a positive int (particles one device may send "
+                        f"to another); got {type(capacity).__name__}")
+    elif capacity < 1:
         raise ValueError(f"`capacity` must be a positive int (particles one device may send "
                          f"to another); got {capacity!r}")
+    # A device sends at most the N_local particles it holds to any one device: more slots could
+    # never fill, and would only grow the buffers (P * capacity per device).  Capped silently.
+    capacity = max(1, min(int(capacity), n_local))
     # cells floor(x) - (s - 1) // 2 ... floor(x) + s // 2 + (s odd): (s + 1) // 2 each way
     h = max(1, (WINDOWS[window] + 1) // 2)
     halo = tuple(h if s > 1 else 0 for s in (pa, pb))
@@ -107,14 +118,23 @@ def _index(name, size):
     return jax.lax.axis_index(name) if size > 1 else 0
 
 
-def _route(pos, p: CatalogPlan):
-    """Where each local particle goes: (order, bucket of each sorted particle, its slot, kept,
-    local padded coordinates of the particles on their owners, sorted)."""
-    shape = jnp.asarray(p.shape, pos.dtype)
-    posm = jnp.mod(pos, shape)
+def _owners(pos, p: CatalogPlan):
+    """(positions wrapped into the box, their cells, the device owning each, whether each
+    particle's position is finite).  A non-finite position is routed as if at the origin (a NaN
+    cast to an index is undefined); the caller poisons what it touches."""
+    finite = jnp.all(jnp.isfinite(pos), axis=-1)
+    posm = jnp.mod(jnp.where(finite[:, None], pos, 0), jnp.asarray(p.shape, pos.dtype))
     cells = jnp.clip(jnp.floor(posm).astype(jnp.int32), 0, jnp.asarray(p.shape, jnp.int32) - 1)
     bx, by, _ = p.block
     dest = (cells[:, 0] // bx) * p.sizes[1] + cells[:, 1] // by
+    return posm, cells, dest, finite
+
+
+def _route(pos, p: CatalogPlan):
+    """Where each local particle goes: (order, bucket of each sorted particle, its slot, kept,
+    local padded coordinates of the particles on their owners, sorted, finite)."""
+    posm, cells, dest, finite = _owners(pos, p)
+    bx, by, _ = p.block
     order = jnp.argsort(dest, stable=True)
     sd = dest[order]
     counts = jnp.bincount(dest, length=p.devices)
@@ -126,7 +146,7 @@ def _route(pos, p: CatalogPlan):
                        jnp.zeros_like(cells[:, 0])], axis=-1).astype(pos.dtype)
     halo = jnp.asarray(p.halo + (0,), pos.dtype)
     local = (posm - owner + halo)[order]
-    return order, sd, slot, kept, local, counts
+    return order, sd, slot, kept, local, finite
 
 
 def _exchange(x, p: CatalogPlan, axis: int):
@@ -151,65 +171,76 @@ def _send_positions(local, sd, slot, p: CatalogPlan):
 
 
 def _paint_body(pos, w, *, p: CatalogPlan):
-    order, sd, slot, kept, local, _ = _route(pos, p)
+    order, sd, slot, kept, local, finite = _route(pos, p)
     w = jnp.broadcast_to(jnp.asarray(w, pos.dtype), pos.shape[:1])[order]
     recv_pos = _exchange(_send_positions(local, sd, slot, p), p, 0).reshape(-1, 1, 1, 3)
     recv_w = _exchange(_buckets(w, sd, slot, p, 0), p, 0).reshape(1, -1, 1, 1)
     g = paint_block(recv_pos, recv_w, offset=(0, 0), shape=p.padded, window=p.window,
                     absolute=True)
-    g = jnp.where(jnp.all(kept), g, jnp.nan)  # a particle dropped here: this block is NaN
+    # a particle dropped here, or one with no position: this block is NaN
+    g = jnp.where(jnp.all(kept) & jnp.all(finite), g, jnp.nan)
     return fold_halos(g, p)[0]
 
 
 def _read_body(f, pos, *, p: CatalogPlan):
     f = fill_halos(f, p)
-    order, sd, slot, kept, local, _ = _route(pos, p)
+    order, sd, slot, kept, local, finite = _route(pos, p)
     recv_pos = _exchange(_send_positions(local, sd, slot, p), p, 0).reshape(-1, 1, 1, 3)
     vals = read_block(f, recv_pos, offset=(0, 0), window=p.window, absolute=True)
     C = f.shape[0]
     back = _exchange(vals.reshape(C, p.devices, p.capacity), p, 1)
     got = back[:, sd, jnp.minimum(slot, p.capacity - 1)]
-    got = jnp.where(kept, got, jnp.nan)  # particles that did not fit: NaN, never 0
+    # particles that did not fit, or have no position: NaN, never 0
+    got = jnp.where(kept & finite[order], got, jnp.nan)
     return jnp.zeros_like(got).at[:, order].set(got)
 
 
 # ----------------------------------------------------------------------------------------------
-# Entry points (from paint.paint / readout)
+# Entry points (from paint.paint / readout), on global (traced) arrays
 
 
-def _max_bucket(pos, p: CatalogPlan) -> int:
-    """The fullest bucket of any device (eager check of the capacity): the owners of the global
-    array's particles, counted per block of N_local (the devices' shares in shard_map's order)."""
-    shape = jnp.asarray(p.shape, pos.dtype)
-    cells = jnp.clip(jnp.floor(jnp.mod(pos, shape)).astype(jnp.int32), 0,
-                     jnp.asarray(p.shape, jnp.int32) - 1)
-    bx, by, _ = p.block
-    dest = ((cells[:, 0] // bx) * p.sizes[1] + cells[:, 1] // by).reshape(p.devices, -1)
-    counts = jax.vmap(lambda d: jnp.bincount(d, length=p.devices))(dest)
-    return int(jnp.max(counts))
-
-
-def _check_eager(pos, p, mesh) -> None:
-    if is_tracer(pos):
-        return
-    with jax.ensure_compile_time_eval():  # also for a concrete catalog closed over by a jit
-        m = _max_bucket(pos, p)
-    if m > p.capacity:
-        raise ValueError(f"`positions`: a device holds {m} particles bound for one device, "
-                         f"more than `capacity` ({p.capacity}); pass capacity >= {m} "
-                         f"(particles one device may send to another)")
-
-
-def paint_catalog(pos, w, window, shape, capacity, mesh, mpi, run) -> jax.Array:
-    p = plan_catalog(shape, pos.shape[0], mesh, window, capacity, mpi)
-    _check_eager(pos, p, mesh)
+def paint_catalog(pos, w, p: CatalogPlan, mesh) -> jax.Array:
+    """The painted grid (X, Y, Z), split P(a, b), of positions (N, 3) and weights (scalar or
+    (N,)) split over all devices along N."""
     w_spec = P() if w.ndim == 0 else P(p.particle_spec[0])
     return run(functools.partial(_paint_body, p=p), (pos, w), (p.particle_spec, w_spec),
                p.field_spec, mesh, p)
 
 
-def read_catalog(f, pos, window, capacity, mesh, mpi, run) -> jax.Array:
-    p = plan_catalog(f.shape[1:], pos.shape[0], mesh, window, capacity, mpi)
-    _check_eager(pos, p, mesh)
+def read_catalog(f, pos, p: CatalogPlan, mesh) -> jax.Array:
+    """(C, N): the channels of f (C, X, Y, Z) at the positions (N, 3)."""
     return run(functools.partial(_read_body, p=p), (f, pos), (P(None, *p.field_spec),
                p.particle_spec), P(None, p.particle_spec[0]), mesh, p)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks of concrete positions (paint.py runs `stats` in the same program as the call, and
+# `check` on its values)
+
+
+def _stats_body(pos, row, *, p: CatalogPlan):
+    _, _, dest, finite = _owners(pos, p)
+    fullest = jnp.max(jnp.bincount(dest, length=p.devices))
+    every = gather_devices(jnp.stack([fullest, jnp.sum(~finite)]).astype(jnp.int32), row, p)
+    return jnp.stack([jnp.max(every[:, 0]), jnp.sum(every[:, 1])])
+
+
+def stats(pos, p: CatalogPlan, mesh):
+    """[the fullest bucket of any device, the particles with a non-finite position] (int32,
+    the same on every device and process)."""
+    rows, spec = device_rows(p)
+    return run(functools.partial(_stats_body, p=p), (pos, rows), (p.particle_spec, spec),
+               P(), mesh, p)
+
+
+def check(values, p: CatalogPlan) -> None:
+    """Refuse, with the numbers, what `stats` found (concrete values)."""
+    fullest, bad = (int(v) for v in values)
+    if bad:
+        raise ValueError(f"`positions`: {bad} particles have a NaN or infinite coordinate; "
+                         f"positions must be finite (under jax.jit their device's block of "
+                         f"the painted field is NaN, and readout gives NaN for them)")
+    if fullest > p.capacity:
+        raise ValueError(f"`positions`: a device holds {fullest} particles bound for one "
+                         f"device, more than `capacity` ({p.capacity}); pass capacity >= "
+                         f"{fullest} (particles one device may send to another)")

@@ -3,7 +3,9 @@ neighbours fold (paint) and fill (readout) through the mesh.
 
 Shared by the lattice form (`paint.py`) and catalogs (`catalog.py`): `GridPlan` is the static
 part of both plans, `fold_halos` / `fill_halos` the traced neighbour exchanges (XLA's
-collective permutes, or MPI inside XLA under mpirun), each the other's transpose.
+collective permutes, or MPI inside XLA under mpirun), each the other's transpose; `run` runs a
+per-device body on the plan's mesh, and `gather_devices` collects a body's checks from every
+device (so that every process sees, and raises, the same).
 """
 from __future__ import annotations
 
@@ -13,11 +15,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+from .._decomposition.mesh import has_explicit_axes, is_tracer
 from .._exchange import mpi as _mpi_exchange
+from .._transforms.partitioned import place, with_mesh
 
-__all__ = ["GridPlan", "fill_halos", "fold_halos"]
+__all__ = ["GridPlan", "device_rows", "fill_halos", "fold_halos", "gather_devices",
+           "run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,3 +99,38 @@ def fill_halos(f, p: GridPlan):
         if p.halo[axis]:
             f = _fill(f, axis + 1, p.halo[axis], p.names[axis], p.sizes[axis], p.mpi)
     return f
+
+
+def run(body, args, in_specs, out_spec, mesh, p: GridPlan):
+    """body(*args) on each device of `mesh` (shard_map with these specs), or on one device
+    (mesh None).  Explicit or concrete inputs split otherwise are resharded first (shard_map
+    refuses them)."""
+    if mesh is None:
+        return body(*args)
+    args = [a if (np.ndim(a) == 0 or (is_tracer(a) and not has_explicit_axes(mesh))
+                  or (not is_tracer(a) and not isinstance(mesh, jax.sharding.Mesh))) else
+            place(a, NamedSharding(mesh, spec)) for a, spec in zip(args, in_specs)]
+    if p.mpi:  # our MPI sends find their peers in the mesh the body is traced on
+        body = with_mesh(body, mesh)
+    return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec)(*args)
+
+
+def device_rows(p: GridPlan):
+    """(rows, spec): the identity matrix of the P devices, split one row per device: an input
+    of `run` that tells each device its row for `gather_devices`.  (axis_index, which would say
+    it too, and arrays made in the body, which jax must then mark as varying, are refused where
+    jax evaluates a shard_map under ensure_compile_time_eval, jax 0.10.2.)"""
+    axes = tuple(n for n in p.names if n is not None)
+    return jnp.eye(p.sizes[0] * p.sizes[1], dtype=jnp.int32), P(axes if axes else None)
+
+
+def gather_devices(x, row, p: GridPlan):
+    """Inside `run`'s body: x (varying over the plan's axes, 1-D) of every device, stacked
+    along a new first axis, the same on all of them (out spec P()); `row` is this device's
+    block of `device_rows`.  One collective for all of a body's checks: each one more costs
+    a rendezvous of the devices."""
+    axes = tuple(n for n in p.names if n is not None)
+    if not axes:
+        return x[None]
+    # a psum of one row per device: the result is typed invariant, which all_gather's is not
+    return jax.lax.psum(row[0][:, None].astype(x.dtype) * x[None, :], axes)
