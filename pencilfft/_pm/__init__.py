@@ -6,7 +6,8 @@ Holds:
 * `window`: the NGP/CIC/TSC/PCS weights, their derivatives, their Fourier compensation;
 * `kernel` (+ `paint.cc`): paint and readout on one block of cells, as primitives (the CPU
   kernel, XLA's scatter and gather elsewhere);
-* `grid`: the block of a split grid and its halos, folded and filled through the mesh;
+* `grid`: the block of a split grid and its halos, folded and filled through the mesh, and
+  the shard_map runner both forms share;
 * `paint`: `paint`/`readout` on the lattice (JaxPM's form) and interlacing; `catalog`:
   particles routed to the devices that own their cells;
 * `halo`: `halo_exchange`; `power`: `power_spectrum`.

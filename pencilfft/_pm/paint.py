@@ -581,18 +581,19 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
     if not isinstance(interlace, (bool, np.bool_)):
         raise TypeError(f"`interlace` must be a bool; got {type(interlace).__name__}")
     interlace = bool(interlace)
-    mpi = _mpi_exchange.auto(jax.default_backend())
     if getattr(dx, "ndim", None) == 2:  # a catalog
         _check_positions(dx)
         if shape is None:
             raise ValueError("`shape` (X, Y, Z) is required to paint a catalog (positions (N, 3))")
         mesh = _mesh_for(dx, mesh)
+        mpi = _mpi_exchange.auto(jax.default_backend(), mesh)  # alike on every process
         w = check_weights(weights, dx.dtype, dx.shape[:1], "(N,)",
                           f"shape (N,) = {dx.shape[:1]}", mesh)
         p = plan_catalog(shape, dx.shape[0], mesh, window, capacity, mpi)
     else:
         grid = _check_dx(dx)
         mesh = _mesh_for(dx, mesh)
+        mpi = _mpi_exchange.auto(jax.default_backend(), mesh)  # alike on every process
         p = plan(grid, mesh, window, max_displacement, mpi,
                  INTERLACE_SHIFT if interlace else 0.0)
         w = check_weights(weights, dx.dtype, grid, "(X, Y, Z)", f"the grid's shape {grid}",
@@ -638,7 +639,7 @@ def readout(field, dx, window: str = "cic", *, max_displacement: float | None = 
         grid = _check_dx(dx)
         _check_field(field, grid)
     mesh = _mesh_for(dx, mesh)
-    mpi = _mpi_exchange.auto(jax.default_backend())
+    mpi = _mpi_exchange.auto(jax.default_backend(), mesh)  # alike on every process
     p = (plan_catalog(field.shape[-3:], dx.shape[0], mesh, window, capacity, mpi) if catalog
          else plan(grid, mesh, window, max_displacement, mpi))
     return _execute(_Call("readout", p, mesh), field, dx)
