@@ -225,6 +225,7 @@ def test_a_compiler_that_is_not_one_is_a_build_error(tiny, monkeypatch, command,
 
 
 MPI_CHILD = """
+import sys
 import numpy as np
 import pencilfft
 pencilfft.initialize()
@@ -237,7 +238,8 @@ x = jax.make_array_from_callback(g.shape, pencilfft.real_space_sharding(mesh), l
 k = np.asarray(multihost_utils.process_allgather(pencilfft.pfft3d(x, layout="natural"),
                                                  tiled=True))
 ref = np.fft.fftn(g.astype(np.complex128))
-print("ERROR", jax.process_index(), float(np.abs(k - ref).max() / np.abs(ref).max()))
+# one write per line: print's pieces from two ranks interleave in mpirun's output
+sys.stdout.write(f"ERROR {jax.process_index()} {float(np.abs(k - ref).max() / np.abs(ref).max())}\\n")
 """
 
 

@@ -9,8 +9,8 @@ The data's path, one module a step:
   written back in place; `budget`: the per-device memory of a plan, and the chunk count
   that fits;
 * `transpose`: the local reordering around an exchange (`pencilfft._exchange` moves the data);
-* `kernel` (+ `fftw.cc`) and `r2r`: every local FFT as one primitive, FFTW on CPUs, XLA's
-  elsewhere; the DCTs and DSTs;
+* `kernel` (+ `fftw.cc`), `xla_fft` and `r2r`: every local FFT as one primitive, FFTW on
+  CPUs, XLA's elsewhere (`xla_fft`: jnp.fft's, its layouts pinned on CPUs); the DCTs and DSTs;
 * `partitioned`: the runner: a plan's stages in `shard_map` where the mesh is known, on one
   device, or through `custom_partitioning` where XLA's partitioner decides the mesh;
 * `fft`: the public transforms (plan, then the runner); `freq`: wavenumbers sharded like the
