@@ -40,7 +40,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import pathlib
-import sys
 import warnings
 import zlib
 
@@ -51,7 +50,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .._native import build as _native
-from .._processes.launch import srun_mpi_hint
+from .._processes.launch import running_mpi, srun_mpi_hint
 from .._jax_private import invariant_over
 from .._processes import agree
 from ._common import concrete, coordinates, def_linear, process_groups, traced_mesh
@@ -97,22 +96,12 @@ def _load() -> str | None:
 # Where it runs
 
 
-def _mpi():
-    """mpi4py's MPI module if MPI is running in this process, else None.  Never imports
-    mpi4py: MPI must already have been started (by `pencilfft.initialize`, jax's mpi4py
-    cluster detection or the user), so that choosing it never starts MPI as a side effect."""
-    module = sys.modules.get("mpi4py.MPI")
-    if module is None or not module.Is_initialized() or module.Is_finalized():
-        return None
-    return module
-
-
 def unavailable_reason(mesh_size: int | None, platform: str) -> str | None:
     """Why the MPI exchange cannot run for a mesh of `mesh_size` devices (None: the mesh is
     not known yet), or None if it can.  The same answer on every process of a job."""
     if platform != "cpu":
         return f"it runs on CPU devices only (the devices are {platform})"
-    mpi = _mpi()
+    mpi = running_mpi()  # never started as a side effect of choosing it
     # srun without an MPI plug-in: jax spans the tasks, MPI cannot (each task alone).
     hint = srun_mpi_hint()
     if mpi is None:

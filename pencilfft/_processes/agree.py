@@ -23,13 +23,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import sys
 from collections import defaultdict
 from collections.abc import Mapping
 
 import jax
 
 from .._jax_private import distributed_client  # noqa: F401 - the tests look it up here
+from .launch import running_mpi
 
 __all__ = ["least", "gather", "same", "spans_processes", "DifferentPlansError", "TIMEOUT_S"]
 
@@ -42,15 +42,6 @@ _asked: defaultdict[str, itertools.count] = defaultdict(itertools.count)
 class DifferentPlansError(RuntimeError):
     """The processes of a job decided differently what every one of them must do alike (the
     same message on every process, naming each one's values)."""
-
-
-def _mpi():
-    """mpi4py's MPI if MPI runs in this process (never imported here: it is started by
-    `pencilfft.initialize`, jax's cluster detection or the user)."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        return mpi
-    return None
 
 
 def spans_processes(mesh) -> bool:
@@ -68,7 +59,7 @@ def least(value: int, what: str) -> int:
     """The smallest `value` over the processes of the job (`value` itself in one process)."""
     if jax.process_count() == 1:
         return value
-    mpi = _mpi()
+    mpi = running_mpi()
     if mpi is not None:
         return int(mpi.COMM_WORLD.allreduce(int(value), op=mpi.MIN))
     return min(int(v) for v in _store_gather(str(int(value)), what))
@@ -78,7 +69,7 @@ def gather(value: str, what: str) -> list[str]:
     """Every process's `value`, in process order (`[value]` in one process)."""
     if jax.process_count() == 1:
         return [value]
-    mpi = _mpi()
+    mpi = running_mpi()
     if mpi is not None:
         return [str(v) for v in mpi.COMM_WORLD.allgather(str(value))]
     return _store_gather(str(value), what)

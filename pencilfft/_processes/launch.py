@@ -30,7 +30,17 @@ from collections.abc import Mapping, Sequence
 
 import jax
 
-__all__ = ["initialize"]
+__all__ = ["initialize", "running_mpi", "srun_mpi_hint"]
+
+
+def running_mpi():
+    """mpi4py's MPI module if MPI is running in this process, else None.  Never imports
+    mpi4py: MPI must already have been started (by `initialize`, jax's mpi4py cluster
+    detection or the user), so that asking never starts MPI as a side effect."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return None
+    return mpi
 
 # Variables that MPI launchers set in every rank's environment (MPICH/Hydra and Intel MPI: PMI_*,
 # MPI_LOCALNRANKS; Open MPI: OMPI_COMM_WORLD_*; PMIx launchers incl. srun --mpi=pmix: PMIX_RANK).
@@ -438,9 +448,9 @@ def _abort_job(status: int = 1) -> None:
     Exiting normally would run jax's atexit shutdown, which waits for the other processes,
     themselves waiting for this one in a collective.
     """
-    mpi = sys.modules.get("mpi4py.MPI")
+    mpi = running_mpi()
     try:
-        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        if mpi is not None:
             mpi.COMM_WORLD.Abort(status)
     finally:
         os._exit(status)
@@ -831,10 +841,8 @@ def srun_mpi_hint(mpi_size: int | None = None, env: Mapping[str, str] | None = N
       or when MPI spans the tasks.
     """
     env = os.environ if env is None else env
-    if mpi_size is None:
-        mpi = sys.modules.get("mpi4py.MPI")
-        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-            mpi_size = mpi.COMM_WORLD.Get_size()
+    if mpi_size is None and (mpi := running_mpi()) is not None:
+        mpi_size = mpi.COMM_WORLD.Get_size()
     if mpi_size not in (None, 1):
         return None  # MPI spans several processes: a plug-in works
     step_tasks = _int_or_none(env.get("SLURM_STEP_NUM_TASKS"))
