@@ -134,12 +134,11 @@ def auto(platform: str, mesh=None) -> bool:
     devices.  Where `mesh` holds the devices of several processes, their answers are compared
     (`agree.same`): one process sending through MPI and another through gloo would wait for
     each other forever, so that is one error on every process instead."""
-    mine = platform == "cpu" and jax.process_count() > 1 and available(None, platform)
+    why = unavailable_reason(None, platform) if jax.process_count() > 1 else "one process"
     if agree.spans_processes(mesh):
-        why = None if mine or platform != "cpu" else unavailable_reason(None, platform)
-        agree.same({"sends through MPI inside XLA": mine}, "how to send between processes",
+        agree.same({"sends through MPI inside XLA": why is None}, "how to send between processes",
                    settings={"why not": why})
-    return mine
+    return why is None
 
 
 def status(platform: str | None = None) -> str:
