@@ -13,6 +13,10 @@ pip's cache rule:
   delete what is ours);
 * a file that is a symbolic link is not followed.
 
+Group write is accepted in one case, as Debian's ssh accepts it: the group is this user's own
+(a user private group: named as the user, the user's primary group, no other member), which a
+umask of 002 gives to everything its user makes.
+
 Root-owned folders and files are accepted when not running as root (as ssh and pip do): root
 can replace anything this process runs (python, libc) anyway, so trusting it adds nothing, and
 it lets a site install prebuilt handlers in a read-only folder of its own.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import grp
 import os
 import pathlib
 import pwd
@@ -33,7 +38,7 @@ import stat
 import tempfile
 
 __all__ = ["Untrusted", "file_problem", "folder_problem", "owner_and_mode", "private_folder",
-           "trusted_owner"]
+           "trusted_owner", "writable_by_others"]
 
 
 class Untrusted(Exception):
@@ -42,6 +47,25 @@ class Untrusted(Exception):
 
 def trusted_owner(uid: int) -> bool:
     return uid in (os.geteuid(), 0)
+
+
+def writable_by_others(st: os.stat_result) -> bool:
+    """Whether someone but the owner may write the file or folder `st` describes."""
+    return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and not _own_group(st)))
+
+
+def _own_group(st: os.stat_result) -> bool:
+    """The group of `st` is this user's own (and `st` is this user's): a user private group."""
+    if st.st_uid != os.geteuid():
+        return False
+    try:
+        user, group = pwd.getpwuid(st.st_uid), grp.getgrgid(st.st_gid)
+    except KeyError:
+        return False
+    return (group.gr_gid == user.pw_gid and group.gr_name == user.pw_name
+            and set(group.gr_mem) <= {user.pw_name}
+            and all(other.pw_uid == user.pw_uid for other in pwd.getpwall()
+                    if other.pw_gid == group.gr_gid))
 
 
 def _user(uid: int) -> str:
@@ -61,7 +85,7 @@ def file_problem(st: os.stat_result, what: str = "it") -> str | None:
     if not trusted_owner(st.st_uid):
         return (f"{what} is owned by {_user(st.st_uid)}, not by this user "
                 f"({_user(os.geteuid())}) or root")
-    if st.st_mode & 0o022:
+    if writable_by_others(st):
         return f"its group or others can write {what}"
     return None
 
@@ -73,7 +97,7 @@ def _above_problem(folder: pathlib.Path) -> str | None:
         if not trusted_owner(st.st_uid):
             return (f"it lies in {above}, owned by {_user(st.st_uid)} (not this user or root), "
                     f"who can replace it")
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        if writable_by_others(st) and not st.st_mode & stat.S_ISVTX:
             return (f"it lies in {above}, which its group or others can write without the "
                     f"sticky bit ({owner_and_mode(st)}): they can replace it")
     return None
