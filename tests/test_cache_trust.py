@@ -289,3 +289,18 @@ def test_a_folder_in_a_sticky_folder_is_used(tiny, monkeypatch):
         assert _native.load(tiny / "tiny.cc").pencilfft_tiny() == 42
     assert not _untrusted_warnings(caught)
     assert _native.library_path(tiny / "tiny.cc").is_file()
+
+
+def test_without_memfd_the_copy_is_a_file_removed_once_loaded(tiny, monkeypatch):
+    """Where memfd_create is refused (an old kernel, vm.memfd_noexec=2), the private copy is a
+    file in a fresh 0700 folder, removed as soon as it is loaded; `register` still finds it."""
+    (tiny / "tiny.cc").write_text(TINY.replace("VALUE", "2"))  # bytes no other test loaded
+
+    def refused(*args):
+        raise PermissionError(13, "memfd_create refused")
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    lib = _native.load(tiny / "tiny.cc")
+    assert lib.pencilfft_tiny() == 43 and f"{tiny / 'cache'}/.load-" in lib._name
+    assert _native.register(lib, {}).pencilfft_tiny() == 43  # dlopen by name finds it
+    assert not list((tiny / "cache").glob(".load-*"))

@@ -50,6 +50,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -331,6 +332,7 @@ def _trusted_folder(configured: pathlib.Path) -> pathlib.Path:
 # copy (XLA refuses a state type registered twice, and `register` finds it by its name).  The
 # values hold the descriptors of the private copies: their names must stay theirs.
 _LOADED: dict[str, tuple[ctypes.CDLL, int | None]] = {}
+_LOADING = threading.Lock()
 _MFD_EXEC = getattr(os, "MFD_EXEC", 0x0010)  # executable even where vm.memfd_noexec=1
 
 
@@ -338,8 +340,13 @@ def _load_copy(data: bytes, fingerprint: str, library: pathlib.Path) -> ctypes.C
     """dlopen of a private copy of `data` (the checked bytes of `library`): an anonymous
     in-memory file (memfd), else a file in a fresh 0700 folder, removed once loaded.  Whatever
     happens to the cached file after its check, what runs is what was checked."""
-    if fingerprint in _LOADED:
+    with _LOADING:
+        if fingerprint not in _LOADED:
+            _LOADED[fingerprint] = _load_new_copy(data, library)
         return _LOADED[fingerprint][0]
+
+
+def _load_new_copy(data: bytes, library: pathlib.Path) -> tuple[ctypes.CDLL, int | None]:
     fd = None
     cloexec = getattr(os, "MFD_CLOEXEC", 1)
     for flags in (cloexec | _MFD_EXEC, cloexec):
@@ -362,8 +369,7 @@ def _load_copy(data: bytes, fingerprint: str, library: pathlib.Path) -> ctypes.C
             os.close(fd)
         fd = None
         lib = _load_file_copy(data, library)
-    _LOADED[fingerprint] = (lib, fd)
-    return lib
+    return lib, fd
 
 
 def _load_file_copy(data: bytes, library: pathlib.Path) -> ctypes.CDLL:

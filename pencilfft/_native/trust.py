@@ -56,16 +56,18 @@ def writable_by_others(st: os.stat_result) -> bool:
 
 def _own_group(st: os.stat_result) -> bool:
     """The group of `st` is this user's own (and `st` is this user's): a user private group."""
-    if st.st_uid != os.geteuid():
-        return False
+    return st.st_uid == os.geteuid() and _private_group(st.st_uid, st.st_gid)
+
+
+@functools.cache  # the list of users can be long (a site's directory): read once per process
+def _private_group(uid: int, gid: int) -> bool:
     try:
-        user, group = pwd.getpwuid(st.st_uid), grp.getgrgid(st.st_gid)
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
     except KeyError:
         return False
     return (group.gr_gid == user.pw_gid and group.gr_name == user.pw_name
             and set(group.gr_mem) <= {user.pw_name}
-            and all(other.pw_uid == user.pw_uid for other in pwd.getpwall()
-                    if other.pw_gid == group.gr_gid))
+            and all(other.pw_uid == uid for other in pwd.getpwall() if other.pw_gid == gid))
 
 
 def _user(uid: int) -> str:
