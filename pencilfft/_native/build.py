@@ -423,9 +423,13 @@ def load(source: str | os.PathLike, *, mpi: bool = False, include_dirs: Sequence
         return from_folder(folder)
     except trust.Untrusted as e:  # a file in it breaks the rule (a planted link as its lock)
         private = _private(configured.parent, folder, str(e))
-        if private == folder:
-            raise BuildError(f"the private cache folder {folder} is not usable: {e}") from e
-        return from_folder(private)
+        try:
+            if private == folder:
+                raise
+            return from_folder(private)
+        except trust.Untrusted as again:  # BuildError: what every caller falls back on
+            raise BuildError(f"the private cache folder {private} of pencilfft's compiled "
+                             f"handlers is not usable either: {again}") from again
 
 
 def _load_from(output: pathlib.Path, build_command: list[str], origin: str) -> ctypes.CDLL:
