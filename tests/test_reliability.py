@@ -424,33 +424,56 @@ def test_uncaught_exception_ends_the_mpi_job():
     assert "pencilfft: uncaught RuntimeError in process 1 of 2; aborting" in done.stderr
 
 
-@pytest.mark.parametrize("how", ["exit-3", "exit-0"])
+@pytest.mark.parametrize("how", ["exit-3", "raise-3", "exit-0"])
 def test_sys_exit_on_one_rank_ends_the_mpi_job(how):
     """Before, sys.exit(3) on rank 1 left it in jax's shutdown (300 s) and rank 0 in its
-    collective; then both aborted and the status was lost (issues 48 and 51).  Now the job
-    ends within seconds with status 3, while sys.exit(0) on every rank stays a clean exit."""
+    collective; then both aborted and the status was lost (issues 48 and 51), and a bare
+    `raise SystemExit(3)` did so still (issue 57: 309-320 s, status 6).  Now the job ends
+    within seconds with status 3, while sys.exit(0) on every rank stays a clean exit.  Four
+    devices per process, as in issue 57's report."""
     mpirun = Path(sys.executable).parent / "mpirun"
     if not mpirun.exists():
         pytest.skip(f"no mpirun next to {sys.executable}")
     done, _ = _run([str(mpirun), "-np", "2", sys.executable, str(CHILD), "end", how],
-                   clean_env(2), timeout=120)
+                   clean_env(4), timeout=120)
     ended = time.time()
     reports = _reports(done.stdout)
     ranks = sorted((r for r in reports if "caught" in r), key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == [0, 1], done.stdout + done.stderr
-    for r in ranks:  # sys.exit is wrapped, and a caught sys.exit(5) ended nothing
-        assert r["wrapped"] and r["caught"] == 5, r
+    for r in ranks:  # sys.exit is wrapped, SystemExit watched; a caught exit ended nothing
+        assert r["wrapped"] and r["watched"] and r["caught"] == [5, 6], r
     ending = [r["ending_at"] for r in reports if "ending_at" in r]
     assert ending and ended - max(ending) < 30, f"the job took {ended - max(ending):.0f} s to end"
     assert not any("unreachable" in r for r in reports)
-    if how == "exit-3":
+    if how != "exit-0":
+        way = "sys.exit" if how == "exit-3" else "SystemExit"
         assert done.returncode == 3, (done.returncode, done.stderr)
-        assert ("pencilfft: process 1 of 2 exits with status 3 (sys.exit); ending every process"
+        assert (f"pencilfft: process 1 of 2 exits with status 3 ({way}); ending every process"
                 in done.stderr), done.stderr
     else:
         assert done.returncode == 0, done.stderr
         assert len(ending) == 2 and "exits with status" not in done.stderr, done.stderr
         assert "MPI_Abort" not in done.stderr
+
+
+@pytest.mark.parametrize("how, status", [("exit-4", 4), ("message", 1), ("thread-then-0", 0)])
+def test_every_system_exit_read_at_the_top_ends_the_job(how, status):
+    """The builtin exit(n) and a SystemExit raised anywhere reach the hook as sys.exit does
+    (the interpreter reads their status); a caught one, a status of 0 and sys.exit in a thread
+    (which ends that thread only, as in plain Python) end nothing.  One process with the hooks
+    installed by hand: the same path as under mpirun, where the end is MPI_Abort."""
+    done, _ = _run([sys.executable, str(CHILD), "top", how], clean_env(1), timeout=60)
+    assert done.returncode == status, done.stderr
+    reports = _reports(done.stdout)
+    assert reports[0] == {"caught": 5}, done.stdout  # exit(5) caught: read by Python
+    line = f"pencilfft: process 0 of 1 exits with status {status} (SystemExit); ending every"
+    if status:
+        assert line in done.stderr, done.stderr
+        assert ("bye\n" + line in done.stderr) == (how == "message")  # printed as Python does
+    else:
+        assert reports[1:] == [{"main_continues": True}], done.stdout
+        assert "exits with status" not in done.stderr and "Traceback" not in done.stderr, \
+            done.stderr
 
 
 def test_sys_exit_hook_reads_the_status_only_at_the_top(monkeypatch, capsys):
@@ -464,17 +487,32 @@ def test_sys_exit_hook_reads_the_status_only_at_the_top(monkeypatch, capsys):
     monkeypatch.setattr(_distributed, "_abort_job", lambda status: ended.append(status))
     monkeypatch.setattr(sys, "exit", sys.exit)  # both restored afterwards, whatever happens
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
-    _distributed._remove_abort_hook()
-    _distributed._install_exit_hook()
-    wrapped = sys.exit
-    _distributed._install_exit_hook()  # once
-    assert sys.exit is wrapped and wrapped._pencilfft_exit
-    for status, code, args in ((3, 3, (3,)), (None, None, ()), ("bye", "bye", ("bye",)),
-                               ((1, 2), (1, 2), (1, 2))):
-        with pytest.raises(SystemExit) as info:
-            sys.exit(status)
-        assert info.value.code == code and info.value.args == args  # as the built-in's
-    assert ended == []  # read from Python: nothing ended
+    member = SystemExit.__dict__["code"]
+    try:
+        for watched in (True, False):  # SystemExit watched, or (elsewhere) _JobExit instead
+            _distributed._remove_abort_hook()
+            if not watched:
+                monkeypatch.setattr(_distributed, "_set_system_exit_code", lambda d: False)
+            _distributed._install_exit_hook()
+            wrapped = sys.exit
+            _distributed._install_exit_hook()  # once
+            assert sys.exit is wrapped and wrapped._pencilfft_exit
+            assert (SystemExit.__dict__["code"] is not member) == watched
+            for status, code, args in ((3, 3, (3,)), (None, None, ()), ("bye", "bye", ("bye",)),
+                                       ((1, 2), (1, 2), (1, 2))):
+                with pytest.raises(SystemExit) as info:
+                    sys.exit(status)
+                assert info.value.code == code and info.value.args == args  # as the built-in's
+                assert (type(info.value) is SystemExit) == watched
+                with pytest.raises(SystemExit) as info:
+                    raise SystemExit(status)
+                assert info.value.code == code
+            assert ended == []  # read from Python: nothing ended
+            _distributed._remove_abort_hook()
+            assert sys.exit is wrapped._pencilfft_previous
+            assert SystemExit.__dict__["code"] is member
+    finally:
+        _distributed._unwatch_system_exit()
     # As the interpreter reads it at the very end: the job ends with the status.
     for code, status in ((3, 3), (256 + 7, 7), ("bye", 1)):
         _distributed._end_job_on_exit(code)
@@ -485,8 +523,6 @@ def test_sys_exit_hook_reads_the_status_only_at_the_top(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert f"pencilfft: process {RANK} of {N} exits with status 3 (sys.exit)" in err
     assert "bye\npencilfft: process" in err  # a message is printed, as Python does
-    _distributed._remove_abort_hook()
-    assert sys.exit is wrapped._pencilfft_previous
 
 
 def _alive(pid: int) -> bool:

@@ -287,15 +287,15 @@ def _install_abort_hook(verbose: bool = False) -> bool:
     """Put the abort hook in front of the current sys.excepthook, and wrap sys.exit (once
     each); True if installed."""
     if getattr(sys.excepthook, "_pencilfft_abort", False):
-        _install_exit_hook()
+        _install_exit_hook(verbose)
         return True
     if sys.flags.interactive or hasattr(sys, "ps1"):
         # The interactive interpreter reports every failed statement through the hook.
         _say(verbose, "interactive interpreter: no abort-on-error exception hook")
         return False
     sys.excepthook = _make_abort_hook(sys.excepthook, jax.process_index(), jax.process_count())
-    _install_exit_hook()
-    _say(verbose, f"an uncaught exception or sys.exit(n) with n != 0 aborts the whole job "
+    _install_exit_hook(verbose)
+    _say(verbose, f"an uncaught exception or SystemExit(n) with n != 0 aborts the whole job "
                   f"({_ABORT_ENV}=0 to keep going)")
     return True
 
@@ -306,24 +306,47 @@ def _remove_abort_hook() -> None:
         sys.excepthook = hook._pencilfft_previous
     if getattr(sys.exit, "_pencilfft_exit", False):
         sys.exit = sys.exit._pencilfft_previous
+    _unwatch_system_exit()
 
 
-# ------------------------------------------------------------------ sys.exit(n) on one process
+# ------------------------------------------------------------ SystemExit(n) on one process
 #
-# sys.exit(n) raises SystemExit, which never reaches sys.excepthook: the interpreter ends, and
-# jax's atexit shutdown waits (shutdown_timeout_seconds, 300 s) for the other processes, which
-# wait in their next collective for this one; then both abort and the status is lost (issues
-# 48 and 51).  No atexit handler can tell the status: the interpreter reads it from the
-# exception's `code` at the very top, once every Python frame is gone, and keeps it in C.
-# So `sys.exit` is wrapped to raise a SystemExit whose `code`, when the interpreter itself
-# reads it (no Python caller, the main thread), ends the whole job with that status as an
-# uncaught exception does.  Read from Python (`except SystemExit as e: e.code`, pytest.raises),
-# it is the plain code and nothing happens: a sys.exit that is caught changes nothing.  A
-# status of 0 (or None) is a clean exit and goes through jax's shutdown as before.  A bare
-# `raise SystemExit(n)` (or the site's `exit(n)`) does not pass through sys.exit, and is not
-# seen.
+# sys.exit(n), builtin exit(n) and `raise SystemExit(n)` raise SystemExit, which never reaches
+# sys.excepthook: the interpreter ends, and jax's atexit shutdown waits
+# (shutdown_timeout_seconds, 300 s) for the other processes, which wait in their next
+# collective for this one; then both abort and the status is lost (issues 48, 51 and 57).  No
+# atexit handler can tell the status: the interpreter reads it from the exception's `code` at
+# the very top, once every Python frame is gone, keeps it in C and only then runs atexit.  So
+# that reading is where the job ends: `code` read with no Python caller on the main thread ends
+# every process with that status, as an uncaught exception does.  Read from Python (`except
+# SystemExit as e: e.code`, pytest.raises) it is the plain code and nothing happens: a
+# SystemExit that is caught changes nothing, and a status of 0 (or None) is a clean exit
+# through jax's shutdown as before.  Two places read it that way:
+#
+# * SystemExit's own `code` descriptor, replaced (`_watch_system_exit`) by a property that
+#   reads the original member: `raise SystemExit(n)` and builtin exit(n) (site's, which raises
+#   it in Python).  The type is a built-in one, whose attributes Python code cannot set: its
+#   namespace is changed in place and its attribute cache reset through the C API, as no
+#   pure-Python way exists.  Where that fails (another interpreter) it says so with verbose.
+# * a wrapped `sys.exit`, which raises a SystemExit object: CPython 3.11's sys.exit, written
+#   in C, sets the bare status as the pending exception, which the interpreter reads without
+#   making a SystemExit object, so no descriptor is asked (3.12 and later always make the
+#   object).  Where SystemExit cannot be watched, it raises `_JobExit`, whose own `code` does
+#   the same.
+#
+# A SystemExit raised in another thread ends that thread only (Python's rule; the threading
+# module drops it without reading `code`): the process goes on, and so does the job.
 
 _SYSTEM_EXIT_CODE = SystemExit.__dict__["code"]  # the C member the interpreter reads
+
+
+def _exit_code_read(exc) -> object:
+    """`exc.code` from the C member; the job ends here when the interpreter is the reader."""
+    code = _SYSTEM_EXIT_CODE.__get__(exc)
+    if (sys._getframe(1).f_back is None  # read by the interpreter, not by Python code
+            and threading.current_thread() is threading.main_thread()):
+        _end_job_on_exit(code, getattr(exc, "_pencilfft_how", "SystemExit"))
+    return code
 
 
 class _JobExit(SystemExit):
@@ -331,39 +354,80 @@ class _JobExit(SystemExit):
 
     @property
     def code(self):
-        code = _SYSTEM_EXIT_CODE.__get__(self)
-        if (sys._getframe(0).f_back is None  # read by the interpreter, not by Python code
-                and threading.current_thread() is threading.main_thread()
-                and getattr(sys.exit, "_pencilfft_exit", False)):
-            _end_job_on_exit(code)
-        return code
+        if not getattr(sys.exit, "_pencilfft_exit", False):
+            return _SYSTEM_EXIT_CODE.__get__(self)
+        return _exit_code_read(self)
 
     @code.setter
     def code(self, value):
         _SYSTEM_EXIT_CODE.__set__(self, value)
 
 
-def _install_exit_hook() -> None:
-    """Wrap sys.exit (once) so that a non-zero status ends every process of the job."""
+def _watched_code(self):
+    return _exit_code_read(self)
+
+
+_WATCHED_CODE = property(_watched_code, _SYSTEM_EXIT_CODE.__set__, _SYSTEM_EXIT_CODE.__delete__,
+                         _SYSTEM_EXIT_CODE.__doc__)
+
+
+def _set_system_exit_code(descriptor) -> bool:
+    """Put `descriptor` as SystemExit's `code`; False where this interpreter does not allow it."""
+    import ctypes
+    import gc
+
+    try:
+        (namespace,) = gc.get_referents(SystemExit.__dict__)  # behind the read-only view
+        if not isinstance(namespace, dict) or "code" not in namespace:
+            return False
+        namespace["code"] = descriptor
+        ctypes.pythonapi.PyType_Modified(ctypes.py_object(SystemExit))  # its attribute cache
+    except (AttributeError, TypeError, ValueError, OSError):
+        return False
+    return SystemExit.__dict__["code"] is descriptor
+
+
+def _watch_system_exit(verbose: bool = False) -> None:
+    """Make the interpreter's reading of any SystemExit's status end the job (once)."""
+    if SystemExit.__dict__["code"] is _WATCHED_CODE:
+        return
+    if not _set_system_exit_code(_WATCHED_CODE):
+        _say(verbose, "cannot watch SystemExit in this interpreter: a bare `raise "
+                      "SystemExit(n)` or exit(n) on one process leaves the others waiting")
+
+
+def _unwatch_system_exit() -> None:
+    if SystemExit.__dict__["code"] is _WATCHED_CODE:
+        _set_system_exit_code(_SYSTEM_EXIT_CODE)
+
+
+def _install_exit_hook(verbose: bool = False) -> None:
+    """Wrap sys.exit and watch SystemExit (once each) so that a non-zero status ends every
+    process of the job."""
+    _watch_system_exit(verbose)
     if getattr(sys.exit, "_pencilfft_exit", False):
         return
     previous = sys.exit
-    index, count = jax.process_index(), jax.process_count()
 
     def exit(status=None):  # noqa: A001  (it is sys.exit)
+        # A SystemExit object, which the interpreter reads through the watched `code`; where
+        # SystemExit is not watched, a _JobExit (in the main thread only: the threading module
+        # drops exactly SystemExit silently, and a thread's exit ends nothing).
+        kind = (SystemExit if SystemExit.__dict__["code"] is _WATCHED_CODE
+                or threading.current_thread() is not threading.main_thread() else _JobExit)
         # As the built-in: no argument is no args, a tuple becomes the args.
-        if status is None:
-            raise _JobExit()
-        raise _JobExit(*status) if isinstance(status, tuple) else _JobExit(status)
+        args = () if status is None else status if isinstance(status, tuple) else (status,)
+        exc = kind(*args)
+        exc._pencilfft_how = "sys.exit"  # for the message
+        raise exc
 
     exit.__doc__ = previous.__doc__
     exit._pencilfft_exit = True
     exit._pencilfft_previous = previous
-    exit._pencilfft_process = (index, count)
     sys.exit = exit
 
 
-def _end_job_on_exit(code) -> None:
+def _end_job_on_exit(code, how: str = "sys.exit") -> None:
     """The interpreter is ending with SystemExit `code`: for a failure (what Python turns into
     a non-zero status), say so and end the whole job with that status; else return."""
     if code is None:
@@ -375,11 +439,11 @@ def _end_job_on_exit(code) -> None:
         message = ""
     else:
         status, message = 1, f"{code}\n"  # Python prints a non-integer code, exit status 1
-    index, count = sys.exit._pencilfft_process
     try:
         sys.stderr.write(
-            f"{message}pencilfft: process {index} of {count} exits with status {status} "
-            "(sys.exit); ending every process of the job so that none waits for this one "
+            f"{message}pencilfft: process {jax.process_index()} of {jax.process_count()} exits "
+            f"with status {status} ({how}); ending every process of the job so that none "
+            "waits for this one "
             f"(pencilfft.initialize(abort_on_error=False) or {_ABORT_ENV}=0 turns this off)\n"
         )
         sys.stderr.flush()

@@ -3,7 +3,9 @@
     python reliability_child.py abort                (under mpirun -np 2)
     python reliability_child.py stop                 (under mpirun -np 2)
     python reliability_child.py end HOW              (under mpirun -np 2 or srun -n 2;
-                                                      HOW: exit-3, exit-0, raise)
+                                                      HOW: exit-3, raise-3, exit-0, raise)
+    python reliability_child.py top HOW              (one process; HOW: exit-4, message,
+                                                      thread-then-0)
     python reliability_child.py kill-save PATH MARKER
     python reliability_child.py size-limit PATH LIMIT
     python reliability_child.py full-disk DIR        (DIR: a small file system, e.g. a tmpfs)
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import jax
@@ -23,6 +26,8 @@ import numpy as np
 
 import pencilfft
 from pencilfft._processes import io as _io
+
+_SYSTEM_EXIT_CODE = SystemExit.__dict__["code"]  # before anything replaces it
 
 
 def new_array(shape) -> np.ndarray:
@@ -90,8 +95,9 @@ def stop() -> None:
 
 
 def end(how: str) -> None:
-    """Rank 1 ends while rank 0 waits for it in a jax collective: by sys.exit(3) ("exit-3") or
-    an uncaught exception ("raise"); with "exit-0" every rank calls sys.exit(0) at the end.
+    """Rank 1 ends while rank 0 waits for it in a jax collective: by sys.exit(3) ("exit-3"), a
+    bare `raise SystemExit(3)` ("raise-3") or an uncaught exception ("raise"); with "exit-0"
+    every rank calls sys.exit(0) at the end.
 
     Also under srun (tests/slurm): rank 0 waits in jax's collective, not MPI's, so that the
     job ends the same whichever way jax was started (MPI ranks, or Slurm's variables)."""
@@ -104,8 +110,13 @@ def end(how: str) -> None:
         sys.exit(5)
     except SystemExit as e:
         caught = e.code  # a sys.exit that is caught (and its code read) ends nothing
+    try:
+        raise SystemExit(6)
+    except SystemExit as e:
+        caught = (caught, e.code)
     _report(rank=rank, pid=os.getpid(), caught=caught,
-            wrapped=bool(getattr(sys.exit, "_pencilfft_exit", False)))
+            wrapped=bool(getattr(sys.exit, "_pencilfft_exit", False)),
+            watched=SystemExit.__dict__["code"] is not _SYSTEM_EXIT_CODE)
     jax.block_until_ready(total(x))  # both reports are out before anything ends
     if how == "exit-0":
         _report(rank=rank, ending_at=time.time())
@@ -114,9 +125,35 @@ def end(how: str) -> None:
         _report(ending_at=time.time())
         if how == "exit-3":
             sys.exit(3)
+        if how == "raise-3":
+            raise SystemExit(3)
         raise RuntimeError("boom on rank 1")
     jax.block_until_ready(total(x))  # rank 1 never joins: only the job's end ends this
     _report(unreachable=True)
+
+
+def top(how: str) -> None:
+    """One process with the exit hooks of `initialize` (which installs them only under a
+    launcher), ending by builtin exit(4) ("exit-4"), a SystemExit with a message raised in a
+    function ("message"), or sys.exit(7) in a thread and then SystemExit(0) ("thread-then-0")."""
+    from pencilfft._processes import launch
+
+    launch._install_exit_hook()
+    try:
+        exit(5)
+    except SystemExit as e:
+        _report(caught=e.code)
+    if how == "exit-4":
+        exit(4)
+    if how == "message":
+        def leave():
+            raise SystemExit("bye")
+        leave()
+    thread = threading.Thread(target=sys.exit, args=(7,))
+    thread.start()
+    thread.join()
+    _report(main_continues=True)
+    raise SystemExit(0)
 
 
 def kill_save(path: str, marker: str) -> None:
@@ -181,5 +218,5 @@ def full_disk(directory: str) -> None:
 
 if __name__ == "__main__":
     what, *args = sys.argv[1:]
-    {"abort": abort, "stop": stop, "end": end, "kill-save": kill_save, "size-limit": size_limit,
+    {"abort": abort, "stop": stop, "end": end, "top": top, "kill-save": kill_save, "size-limit": size_limit,
      "full-disk": full_disk}[what](*args)
