@@ -476,6 +476,35 @@ def test_every_system_exit_read_at_the_top_ends_the_job(how, status):
             done.stderr
 
 
+def test_ranks_that_differ_end_the_mpi_job_naming_the_difference():
+    """Issue 57: under mpirun, a rank started with JAX_ENABLE_X64=1 (float64 data planned as
+    complex128 where the other rank planned complex64), or planning another global shape, hung
+    in silence until killed.  Now every rank raises DifferentPlansError naming each rank's
+    value, and, uncaught, it ends the job within seconds with a non-zero status."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip(f"no mpirun next to {sys.executable}")
+    child = [sys.executable, str(CHILD), "differ"]
+    # MPMD: rank 1 alone gets JAX_ENABLE_X64=1 (Hydra's per-program -env, as MPICH's mpirun).
+    done, took = _run([str(mpirun), "-np", "1", *child, ":", "-np", "1", "-env", "JAX_ENABLE_X64",
+                       "1", *child], clean_env(4), timeout=90)
+    ended = time.time()
+    reports = _reports(done.stdout)
+    shapes = sorted((r for r in reports if "shape_error" in r), key=lambda r: r["rank"])
+    assert [r["rank"] for r in shapes] == [0, 1], done.stdout + done.stderr
+    for r in shapes:
+        assert ("real_shape: process 0: (16, 16, 16), process 1: (16, 16, 8)"
+                in r["shape_error"]), r
+    raising = sorted((r for r in reports if "raising_at" in r), key=lambda r: r["rank"])
+    assert [r["x64"] for r in raising] == [False, True], done.stdout
+    assert ended - max(r["raising_at"] for r in raising) < 30, f"{took:.0f} s in all"
+    assert not any("unreachable" in r for r in reports)
+    assert done.returncode != 0
+    assert ("real_dtype: process 0: 'complex64', process 1: 'complex128'" in done.stderr
+            and "jax_enable_x64: process 0: False, process 1: True" in done.stderr), done.stderr
+    assert "pencilfft: uncaught DifferentPlansError in process" in done.stderr
+
+
 def test_sys_exit_hook_reads_the_status_only_at_the_top(monkeypatch, capsys):
     """The wrapped sys.exit's SystemExit ends the job only when the interpreter reads its
     code (no Python caller); caught and read by Python code, it is a plain SystemExit."""

@@ -4,6 +4,7 @@
     python reliability_child.py stop                 (under mpirun -np 2)
     python reliability_child.py end HOW              (under mpirun -np 2 or srun -n 2;
                                                       HOW: exit-3, raise-3, exit-0, raise)
+    python reliability_child.py differ               (mpirun: rank 1 with JAX_ENABLE_X64=1)
     python reliability_child.py top HOW              (one process; HOW: exit-4, message,
                                                       thread-then-0)
     python reliability_child.py kill-save PATH MARKER
@@ -26,6 +27,7 @@ import numpy as np
 
 import pencilfft
 from pencilfft._processes import io as _io
+from pencilfft._processes.agree import DifferentPlansError
 
 _SYSTEM_EXIT_CODE = SystemExit.__dict__["code"]  # before anything replaces it
 
@@ -156,6 +158,27 @@ def top(how: str) -> None:
     raise SystemExit(0)
 
 
+def differ() -> None:
+    """Rank 1 plans another grid than rank 0 (caught: each reports its error), then, started
+    with JAX_ENABLE_X64=1 where rank 0 was not, another dtype for the same float64 data
+    (uncaught: the job must end)."""
+    pencilfft.initialize()
+    rank = jax.process_index()
+    n = len(jax.devices())
+    mesh = jax.make_mesh((n // 2, 2), ("x", "y"))
+    try:
+        pencilfft.pfft3d(np.zeros((16, 16, 8 if rank else 16), np.complex64), mesh=mesh)
+        _report(rank=rank, shape_error=None)
+    except DifferentPlansError as e:
+        _report(rank=rank, shape_error=str(e))
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()  # both reports out before the abort below
+    _report(rank=rank, x64=bool(jax.config.jax_enable_x64), raising_at=time.time())
+    pencilfft.pfft3d(np.zeros((16, 16, 16)), mesh=mesh)
+    _report(unreachable=True)
+
+
 def kill_save(path: str, marker: str) -> None:
     """Save, and stop for good once the first block is in the file (the parent kills us)."""
     real = _io._local_shards
@@ -218,5 +241,5 @@ def full_disk(directory: str) -> None:
 
 if __name__ == "__main__":
     what, *args = sys.argv[1:]
-    {"abort": abort, "stop": stop, "end": end, "top": top, "kill-save": kill_save, "size-limit": size_limit,
+    {"abort": abort, "stop": stop, "end": end, "top": top, "differ": differ, "kill-save": kill_save, "size-limit": size_limit,
      "full-disk": full_disk}[what](*args)
