@@ -505,6 +505,78 @@ def test_ranks_that_differ_end_the_mpi_job_naming_the_difference():
     assert "pencilfft: uncaught DifferentPlansError in process" in done.stderr
 
 
+def test_a_failed_callback_among_several_local_devices_ends_the_mpi_job():
+    """Issue 57 (upstream): an exception in a jax.debug.callback that is not partitioned, with
+    4 devices per process, left the process's other devices in the collective and every rank
+    waiting (420 s under mpirun, until killed).  pencilfft says so at once and ends the job
+    once the process has not moved for the grace time (3 s here, 30 s by default)."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip(f"no mpirun next to {sys.executable}")
+    done, _ = _run([str(mpirun), "-np", "2", sys.executable, str(CHILD), "callback", "3"],
+                   clean_env(4), timeout=90)
+    ended = time.time()
+    reports = _reports(done.stdout)
+    waiting = [r["waiting_since"] for r in reports if "waiting_since" in r]
+    assert len(waiting) == 2, done.stdout + done.stderr
+    assert ended - max(waiting) < 45, f"the job took {ended - max(waiting):.0f} s to end"
+    assert not any("unreachable" in r for r in reports)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "RuntimeError: boom in the callback" in done.stderr  # jax's own log of it
+    assert ("pencilfft: jax.debug.callback raised in process 0 of 2, which has 4 devices"
+            in done.stderr), done.stderr
+    assert ("pencilfft: process 0 of 2 has not moved for 3 s since its jax.debug.callback "
+            "raised; ending every process of the job" in done.stderr), done.stderr
+    assert "partitioned=True" in done.stderr
+
+
+def test_callback_watch_ends_a_stuck_process_only(monkeypatch, capsys):
+    """The watch is a filter (jax's record still reaches logging), once per logger, removed with
+    the hook; it ends the job when the main thread stays in one place in jax, and leaves a
+    program that goes on alone (or waits in its own code)."""
+    import logging
+
+    from pencilfft._processes import launch as _distributed
+
+    ended = []
+    monkeypatch.setattr(_distributed, "_stop_stdout_filter", lambda: None)
+    monkeypatch.setattr(_distributed, "_wait_until_read", lambda: None)
+    monkeypatch.setattr(_distributed, "_abort_job", lambda status: ended.append(status))
+    monkeypatch.setattr(_distributed.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(_distributed, "_CALLBACK_GRACE_S", 0.1)
+    logger = logging.getLogger("jax._src.debugging")
+    seen = []
+    logger.addHandler(seen_handler := logging.Handler())
+    seen_handler.emit = seen.append
+    try:
+        _distributed._install_callback_watch()
+        _distributed._install_callback_watch()
+        assert sum(isinstance(f, _distributed._CallbackWatch) for f in logger.filters) == 1
+
+        def fail():
+            logger.error("jax.debug.callback failed")
+            assert len(seen) == 1  # let through
+            seen.clear()
+
+        class Waiting:  # as an array whose computation never ends
+            def block_until_ready(self):
+                time.sleep(0.6)
+
+        fail()
+        jax.block_until_ready(Waiting())  # stuck in one place, in jax
+        assert ended == [1]
+        err = capsys.readouterr().err
+        assert "pencilfft: jax.debug.callback raised in process" in err
+        assert "has not moved for 0.1 s since its jax.debug.callback raised" in err
+        fail()
+        time.sleep(1.2)  # ten times the grace, in a place of its own (not jax's)
+        assert ended == [1]
+    finally:
+        logger.removeHandler(seen_handler)
+        _distributed._remove_callback_watch()
+    assert not any(isinstance(f, _distributed._CallbackWatch) for f in logger.filters)
+
+
 def test_sys_exit_hook_reads_the_status_only_at_the_top(monkeypatch, capsys):
     """The wrapped sys.exit's SystemExit ends the job only when the interpreter reads its
     code (no Python caller); caught and read by Python code, it is a plain SystemExit."""

@@ -5,6 +5,7 @@
     python reliability_child.py end HOW              (under mpirun -np 2 or srun -n 2;
                                                       HOW: exit-3, raise-3, exit-0, raise)
     python reliability_child.py differ               (mpirun: rank 1 with JAX_ENABLE_X64=1)
+    python reliability_child.py callback GRACE       (under mpirun -np 2, several devices each)
     python reliability_child.py top HOW              (one process; HOW: exit-4, message,
                                                       thread-then-0)
     python reliability_child.py kill-save PATH MARKER
@@ -134,6 +135,34 @@ def end(how: str) -> None:
     _report(unreachable=True)
 
 
+def callback(grace: str) -> None:
+    """Rank 0's jax.debug.callback (not partitioned, so run on one device of rank 0 only)
+    raises inside a computation with all-to-alls, on several devices per process: rank 0's
+    other devices wait for the failed one, and every process in the collectives, forever
+    (upstream); pencilfft's watch ends the job once rank 0 has not moved for `grace` s."""
+    from pencilfft._processes import launch
+
+    pencilfft.initialize()
+    launch._CALLBACK_GRACE_S = float(grace)
+    rank = jax.process_index()
+    x = _global(new_array((8, 8, 8)).astype(np.complex64))
+    plain = jax.jit(pencilfft.pfft3d)
+    jax.block_until_ready(plain(x))  # every process is connected, and compiled
+
+    def fail(total):
+        if rank == 0:
+            raise RuntimeError("boom in the callback")
+
+    @jax.jit
+    def failing(x):
+        jax.debug.callback(fail, x.real.sum())
+        return pencilfft.pfft3d(x)
+
+    _report(rank=rank, waiting_since=time.time())
+    jax.block_until_ready(failing(x))
+    _report(unreachable=rank)
+
+
 def top(how: str) -> None:
     """One process with the exit hooks of `initialize` (which installs them only under a
     launcher), ending by builtin exit(4) ("exit-4"), a SystemExit with a message raised in a
@@ -241,5 +270,5 @@ def full_disk(directory: str) -> None:
 
 if __name__ == "__main__":
     what, *args = sys.argv[1:]
-    {"abort": abort, "stop": stop, "end": end, "top": top, "differ": differ, "kill-save": kill_save, "size-limit": size_limit,
+    {"abort": abort, "stop": stop, "end": end, "top": top, "differ": differ, "callback": callback, "kill-save": kill_save, "size-limit": size_limit,
      "full-disk": full_disk}[what](*args)
