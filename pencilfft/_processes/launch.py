@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 
 import jax
 
+from .._jax_private import distributed_client
+
 __all__ = ["initialize", "running_mpi", "srun_mpi_hint"]
 
 
@@ -311,6 +313,7 @@ def _remove_abort_hook() -> None:
         sys.exit = sys.exit._pencilfft_previous
     _unwatch_system_exit()
     _remove_callback_watch()
+    atexit.unregister(_say_ending)
 
 
 # ------------------------------------------------------------ SystemExit(n) on one process
@@ -409,6 +412,9 @@ def _install_exit_hook(verbose: bool = False) -> None:
     """Wrap sys.exit and watch SystemExit (once each) so that a non-zero status ends every
     process of the job."""
     _watch_system_exit(verbose)
+    # After jax.distributed's own atexit shutdown (which therefore runs after it), once.
+    atexit.unregister(_say_ending)
+    atexit.register(_say_ending)
     if getattr(sys.exit, "_pencilfft_exit", False):
         return
     previous = sys.exit
@@ -443,6 +449,8 @@ def _end_job_on_exit(code, how: str = "sys.exit") -> None:
         message = ""
     else:
         status, message = 1, f"{code}\n"  # Python prints a non-integer code, exit status 1
+    if _say_ending(status) and _still_running(_ENDING_WAIT_S) == []:
+        return  # every process is ending (a test run that failed on each): jax's shutdown
     try:
         sys.stderr.write(
             f"{message}pencilfft: process {jax.process_index()} of {jax.process_count()} exits "
@@ -564,6 +572,43 @@ def _remove_callback_watch() -> None:
         logger = logging.getLogger(name)
         for watch in [f for f in logger.filters if isinstance(f, _CallbackWatch)]:
             logger.removeFilter(watch)
+
+
+# Where each ending process says so (jax.distributed's key-value store): a process leaving
+# with a non-zero status ends the job only if some other is not ending within _ENDING_WAIT_S
+# seconds (one that waits in a collective for it); processes that all end, as the ranks of a
+# test run that failed, leave through jax's shutdown with their own statuses.
+_ENDING = "pencilfft/ending"
+_ENDING_WAIT_S = 3.0
+
+
+def _say_ending(status: int = 0) -> bool:
+    """Tell the job that this process is ending with `status` (the atexit handler, for a clean
+    end); False without the key-value store, or said already."""
+    client = distributed_client()
+    if client is None or jax.process_count() < 2:
+        return False
+    try:
+        client.key_value_set(f"{_ENDING}/{jax.process_index()}", str(status))
+    except Exception:  # noqa: BLE001 - said already, or the store is gone
+        return False
+    return True
+
+
+def _still_running(timeout: float) -> list[int] | None:
+    """The processes that have not said they end within `timeout` s ([] once all have; None
+    when the store does not answer)."""
+    client = distributed_client()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ended = {key.rsplit("/", 1)[-1] for key, _ in client.key_value_dir_get(f"{_ENDING}/")}
+        except Exception:  # noqa: BLE001 - the store is gone
+            return None
+        running = [r for r in range(jax.process_count()) if str(r) not in ended]
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.02)
 
 
 def _make_abort_hook(previous, index: int, count: int):

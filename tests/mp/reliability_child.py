@@ -3,11 +3,11 @@
     python reliability_child.py abort                (under mpirun -np 2)
     python reliability_child.py stop                 (under mpirun -np 2)
     python reliability_child.py end HOW              (under mpirun -np 2 or srun -n 2;
-                                                      HOW: exit-3, raise-3, exit-0, raise)
+                                                      HOW: exit-3, raise-3, exit-0, all-4,
+                                                      raise)
     python reliability_child.py differ               (mpirun: rank 1 with JAX_ENABLE_X64=1)
     python reliability_child.py callback GRACE       (under mpirun -np 2, several devices each)
-    python reliability_child.py top HOW              (one process; HOW: exit-4, message,
-                                                      thread-then-0)
+    python reliability_child.py top HOW              (one process; HOW: exit-4, thread-then-0)
     python reliability_child.py kill-save PATH MARKER
     python reliability_child.py size-limit PATH LIMIT
     python reliability_child.py full-disk DIR        (DIR: a small file system, e.g. a tmpfs)
@@ -100,7 +100,7 @@ def stop() -> None:
 def end(how: str) -> None:
     """Rank 1 ends while rank 0 waits for it in a jax collective: by sys.exit(3) ("exit-3"), a
     bare `raise SystemExit(3)` ("raise-3") or an uncaught exception ("raise"); with "exit-0"
-    every rank calls sys.exit(0) at the end.
+    every rank calls sys.exit(0) at the end, with "all-4" every rank raises SystemExit(4).
 
     Also under srun (tests/slurm): rank 0 waits in jax's collective, not MPI's, so that the
     job ends the same whichever way jax was started (MPI ranks, or Slurm's variables)."""
@@ -124,6 +124,9 @@ def end(how: str) -> None:
     if how == "exit-0":
         _report(rank=rank, ending_at=time.time())
         sys.exit(0)
+    if how == "all-4":  # as pytest ends every rank of a run that failed: all at once
+        _report(rank=rank, ending_at=time.time())
+        raise SystemExit(4)
     if rank == 1:
         _report(ending_at=time.time())
         if how == "exit-3":
@@ -165,8 +168,8 @@ def callback(grace: str) -> None:
 
 def top(how: str) -> None:
     """One process with the exit hooks of `initialize` (which installs them only under a
-    launcher), ending by builtin exit(4) ("exit-4"), a SystemExit with a message raised in a
-    function ("message"), or sys.exit(7) in a thread and then SystemExit(0) ("thread-then-0")."""
+    launcher), ending by builtin exit(4) ("exit-4"), or sys.exit(7) in a thread and then
+    SystemExit(0) ("thread-then-0")."""
     from pencilfft._processes import launch
 
     launch._install_exit_hook()
@@ -176,10 +179,6 @@ def top(how: str) -> None:
         _report(caught=e.code)
     if how == "exit-4":
         exit(4)
-    if how == "message":
-        def leave():
-            raise SystemExit("bye")
-        leave()
     thread = threading.Thread(target=sys.exit, args=(7,))
     thread.start()
     thread.join()
