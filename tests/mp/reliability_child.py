@@ -7,7 +7,7 @@
                                                       raise)
     python reliability_child.py differ               (mpirun: rank 1 with JAX_ENABLE_X64=1)
     python reliability_child.py callback GRACE       (under mpirun -np 2, several devices each)
-    python reliability_child.py top HOW              (one process; HOW: exit-4, thread-then-0)
+    python reliability_child.py top                  (one process)
     python reliability_child.py kill-save PATH MARKER
     python reliability_child.py size-limit PATH LIMIT
     python reliability_child.py full-disk DIR        (DIR: a small file system, e.g. a tmpfs)
@@ -61,7 +61,8 @@ def abort() -> None:
     pencilfft.initialize()  # idempotent: the same hook, not a second one around it
     once = sys.excepthook is hook and hook._pencilfft_previous is sys.__excepthook__
     pencilfft.initialize(abort_on_error=False)
-    removed = sys.excepthook is sys.__excepthook__
+    removed = (sys.excepthook is sys.__excepthook__
+               and SystemExit.__dict__["code"] is _SYSTEM_EXIT_CODE)  # SystemExit as it was
     pencilfft.initialize()
     _report(rank=rank, installed=installed, once=once, removed=removed,
             reinstalled=bool(getattr(sys.excepthook, "_pencilfft_abort", False)))
@@ -166,10 +167,10 @@ def callback(grace: str) -> None:
     _report(unreachable=rank)
 
 
-def top(how: str) -> None:
+def top() -> None:
     """One process with the exit hooks of `initialize` (which installs them only under a
-    launcher), ending by builtin exit(4) ("exit-4"), or sys.exit(7) in a thread and then
-    SystemExit(0) ("thread-then-0")."""
+    launcher): sys.exit(7) in a thread ends that thread only, then builtin exit(4) ends the
+    process."""
     from pencilfft._processes import launch
 
     launch._install_exit_hook()
@@ -177,13 +178,11 @@ def top(how: str) -> None:
         exit(5)
     except SystemExit as e:
         _report(caught=e.code)
-    if how == "exit-4":
-        exit(4)
     thread = threading.Thread(target=sys.exit, args=(7,))
     thread.start()
     thread.join()
     _report(main_continues=True)
-    raise SystemExit(0)
+    exit(4)
 
 
 def differ() -> None:
