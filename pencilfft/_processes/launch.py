@@ -11,8 +11,10 @@ with the right process count, process id, coordinator and local devices:
 * anything else: nothing happens (one process sees all its devices).
 
 Once jax.distributed runs, `initialize()` also installs an exception hook that ends the whole
-job when one process dies of an uncaught exception, makes SIGTERM and SIGINT end it too, and
-keeps gloo's connection messages off standard output (see `initialize`).
+job when one process dies of an uncaught exception or leaves with a non-zero SystemExit
+(sys.exit, exit, raise) while the others go on, or hangs after a failed jax callback; makes
+SIGTERM and SIGINT end it too, and keeps gloo's connection messages off standard output (see
+`initialize`).
 """
 from __future__ import annotations
 
@@ -90,7 +92,11 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
         traceback of an uncaught exception, waits (at most 2 s) until the launcher has read
         it, and then ends every process of the job (`MPI.COMM_WORLD.Abort(1)`, or
         `os._exit(1)` without MPI).  Without it the failing process waits in jax's shutdown
-        and the others in their next collective, for minutes.  Default: on, unless the environment variable PENCILFFT_ABORT_ON_ERROR is
+        and the others in their next collective, for minutes.  The same for a process that
+        leaves with a non-zero status (`sys.exit(n)`, `exit(n)`, `raise SystemExit(n)`) while
+        the others are not leaving within 3 s (the job ends with status n), and for one that
+        waits in jax for 30 s after a jax callback raised on one of its several devices.
+        Default: on, unless the environment variable PENCILFFT_ABORT_ON_ERROR is
         0/false/no/off; `initialize(abort_on_error=False)` also removes a hook installed
         before.  Not installed in an interactive interpreter.
       bind_cpus: under mpirun/mpiexec with several processes on a node that the launcher did
