@@ -268,5 +268,6 @@ def full_disk(directory: str) -> None:
 
 if __name__ == "__main__":
     what, *args = sys.argv[1:]
-    {"abort": abort, "stop": stop, "end": end, "top": top, "differ": differ, "callback": callback, "kill-save": kill_save, "size-limit": size_limit,
+    {"abort": abort, "stop": stop, "end": end, "top": top, "differ": differ,
+     "callback": callback, "kill-save": kill_save, "size-limit": size_limit,
      "full-disk": full_disk}[what](*args)
