@@ -293,8 +293,8 @@ def _local_rank_and_size(env: Mapping[str, str], rank_var: str, size_var: str) -
 
 
 def _install_abort_hook(verbose: bool = False) -> bool:
-    """Put the abort hook in front of the current sys.excepthook, and wrap sys.exit (once
-    each); True if installed."""
+    """Put the abort hook in front of the current sys.excepthook, wrap sys.exit, watch
+    SystemExit and jax's callback failures (once each); True if installed."""
     if getattr(sys.excepthook, "_pencilfft_abort", False):
         _install_exit_hook(verbose)
         _install_callback_watch()
@@ -418,7 +418,7 @@ def _install_exit_hook(verbose: bool = False) -> None:
     """Wrap sys.exit and watch SystemExit (once each) so that a non-zero status ends every
     process of the job."""
     _watch_system_exit(verbose)
-    # After jax.distributed's own atexit shutdown (which therefore runs after it), once.
+    # Registered after jax's atexit shutdown (at jax's import), so run before it; once.
     atexit.unregister(_say_ending)
     atexit.register(_say_ending)
     if getattr(sys.exit, "_pencilfft_exit", False):
@@ -497,10 +497,9 @@ class _CallbackWatch(logging.Filter):
     through: a handler would take the place of logging's last resort, which prints them when
     the program configured no logging), and watches the main thread."""
 
-    def __init__(self, grace: float | None = None):
+    def __init__(self):
         super().__init__()
-        self.grace = grace
-        self.watching = threading.Lock()
+        self.watching = threading.Lock()  # one watch at a time
 
     def filter(self, record: logging.LogRecord) -> bool:
         self._seen(record)
@@ -510,8 +509,7 @@ class _CallbackWatch(logging.Filter):
         if (record.msg not in _CALLBACK_FAILED or jax.process_count() < 2
                 or jax.local_device_count() < 2 or not self.watching.acquire(blocking=False)):
             return
-        grace = _CALLBACK_GRACE_S if self.grace is None else self.grace
-        name = record.msg.split()[0]
+        grace, name = _CALLBACK_GRACE_S, record.msg.split()[0]
         sys.stderr.write(
             f"pencilfft: {name} raised in process {jax.process_index()} of "
             f"{jax.process_count()}, which has {jax.local_device_count()} devices: its other "
