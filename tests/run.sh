@@ -146,8 +146,8 @@ done
 # not CI: the step runs where CI is set (.ci/run sets it) or PENCILFFT_TEST_SLURM=1 asks for
 # it, and never with pytest arguments or --quick (a subset was asked for).  tests/slurm/run.sh
 # says why when it cannot run, and installs Slurm with apt-get only where CI is set or
-# PENCILFFT_SLURM_INSTALL=1.
-SLURM_HOW="PENCILFFT_TEST_SLURM=1 bash tests/run.sh, or bash tests/slurm/run.sh alone, runs it (as root: it starts slurmctld, slurmd and munged)"
+# PENCILFFT_TEST_SLURM=1.
+SLURM_HOW="PENCILFFT_TEST_SLURM=1 bash tests/run.sh runs it, as root: it starts slurmctld, slurmd and munged, and apt-gets them where missing"
 if [ $# -gt 0 ] || [ "$QUICK" = 1 ]; then
   echo "== slurm: left out (a subset was asked for; $SLURM_HOW)"
   record "slurm" - skipped "a subset was asked for"

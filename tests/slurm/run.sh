@@ -6,7 +6,7 @@
 #                                            where CI is set or PENCILFFT_TEST_SLURM=1)
 #
 # Where they are missing, it installs Debian's slurmctld, slurmd and munge with apt-get, but
-# only where CI is set or PENCILFFT_SLURM_INSTALL=1 asks for it (never unasked on a user's
+# only where CI is set or PENCILFFT_TEST_SLURM=1 asks for this step (never unasked on a user's
 # machine); it writes
 # a private configuration under a temporary folder (nothing in /etc is changed: SLURM_CONF
 # points there), and starts the daemons by hand, without systemd:
@@ -41,8 +41,8 @@ cannot() {  # cannot REASON: skip, or fail where it was asked for
   say "skipped: $1"
   exit 0
 }
-INSTALL=0  # apt-get what is missing: in CI, or where PENCILFFT_SLURM_INSTALL=1 asks for it
-if [ -n "${CI:-}" ] || [ "${PENCILFFT_SLURM_INSTALL:-0}" = 1 ]; then INSTALL=1; fi
+INSTALL=0  # apt-get what is missing: in CI, or where PENCILFFT_TEST_SLURM=1 asks for this step
+if [ -n "${CI:-}" ] || [ "${PENCILFFT_TEST_SLURM:-0}" = 1 ]; then INSTALL=1; fi
 
 DAEMONS=(slurmctld slurmd munged sbatch srun scontrol sinfo squeue scancel)
 missing=()
@@ -51,7 +51,7 @@ if [ "$(id -u)" != 0 ]; then
   cannot "not root (slurmctld, slurmd and munged run as root here, and apt-get installs them)"
 fi
 if [ ${#missing[@]} -gt 0 ] && [ "$INSTALL" != 1 ]; then
-  cannot "${missing[*]} missing (PENCILFFT_SLURM_INSTALL=1 installs Debian's slurmctld slurmd munge with apt-get)"
+  cannot "${missing[*]} missing (PENCILFFT_TEST_SLURM=1 installs Debian's slurmctld slurmd munge with apt-get, and runs this step)"
 fi
 if [ ${#missing[@]} -gt 0 ] && ! command -v apt-get > /dev/null; then
   cannot "${missing[*]} missing, and no apt-get to install Debian's slurmctld slurmd munge"
