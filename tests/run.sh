@@ -58,20 +58,23 @@ child=
 stop() {  # stop EXIT_STATUS
   trap - INT TERM HUP
   echo "== tests/run.sh stopped: stopping the running step"
-  if [ -n "$child" ]; then
-    pkill -TERM -P "$child" 2>/dev/null  # the step's timeout(1) and tee, by their parent's id
-    wait "$child" 2>/dev/null
-  fi
+  if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; fi
   exit "$1"
 }
 trap 'stop 130' INT
 trap 'stop 143' TERM
 trap 'stop 129' HUP
 
-summary_of() {  # summary_of FILE: pytest's last summary line in FILE ("3 passed in 1.2s")
-  sed 's/\x1b\[[0-9;]*m//g' "$1" 2>/dev/null \
+summary_of() {  # summary_of FILE: pytest's last summary line in FILE ("3 passed in 1.2s"), or
+  # the Slurm step's own word where it ran no pytest ("skipped: not root ...")
+  local line
+  line=$(sed 's/\x1b\[[0-9;]*m//g' "$1" 2>/dev/null \
     | grep -E '(passed|failed|errors?|skipped|deselected|xfailed|xpassed|no tests ran).* in [0-9.]+s' \
-    | tail -n 1 | sed 's/^=* *//; s/ *=*$//'
+    | tail -n 1 | sed 's/^=* *//; s/ *=*$//')
+  if [ -z "$line" ]; then
+    line=$(grep -E '^== slurm: (skipped|cannot run):' "$1" 2>/dev/null | tail -n 1 | sed 's/^== slurm: //')
+  fi
+  echo "$line"
 }
 
 record() {  # record NAME SECONDS STATUS SUMMARY: a row of the final table
@@ -80,18 +83,22 @@ record() {  # record NAME SECONDS STATUS SUMMARY: a row of the final table
 
 step() {  # step NAME TIMEOUT CMD...: run a step with its limit, in the background, wait for
   # it, and say how long it took and what pytest said
-  local name=$1 limit=$2 start=$SECONDS rc=0 out
+  local name=$1 limit=$2 start=$SECONDS rc=0 out tee_fd tee_pid
   shift 2
   out="$LOGS/step.out"
-  : > "$out"
-  ( timeout -s INT -k "$GRACE" "$limit" "$@" 2>&1 | tee "$out"; exit "${PIPESTATUS[0]}" ) &
+  # The step's output goes to the terminal and, through tee, to a file its summary is read from.
+  exec {tee_fd}> >(tee "$out")
+  tee_pid=$!
+  timeout -s INT -k "$GRACE" "$limit" "$@" >&"$tee_fd" 2>&1 &
   child=$!
+  exec {tee_fd}>&-
   wait "$child" || rc=$?
   child=
+  for _ in $(seq 100); do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.05; done
   STEP_SECONDS=$((SECONDS - start))
   STEP_SUMMARY=$(summary_of "$out")
   case $rc in
-    0) STEP_STATUS=passed ;;
+    0) STEP_STATUS=passed; case $STEP_SUMMARY in skipped:*) STEP_STATUS=skipped ;; esac ;;
     124 | 137) STEP_STATUS="timed out"
        echo "== $name: timed out after its $limit s (PENCILFFT_STEP_TIMEOUT): stopped with" \
             "SIGINT; pytest's summary above lists what ran" ;;

@@ -50,11 +50,11 @@ for d in "${DAEMONS[@]}"; do command -v "$d" > /dev/null || missing+=("$d"); don
 if [ "$(id -u)" != 0 ]; then
   cannot "not root (slurmctld, slurmd and munged run as root here, and apt-get installs them)"
 fi
-if [ ${#missing[@]} -gt 0 ] && [ "$INSTALL" != 1 ]; then
-  cannot "${missing[*]} missing (PENCILFFT_TEST_SLURM=1 installs Debian's slurmctld slurmd munge with apt-get, and runs this step)"
-fi
 if [ ${#missing[@]} -gt 0 ] && ! command -v apt-get > /dev/null; then
   cannot "${missing[*]} missing, and no apt-get to install Debian's slurmctld slurmd munge"
+fi
+if [ ${#missing[@]} -gt 0 ] && [ "$INSTALL" != 1 ]; then
+  cannot "${missing[*]} missing (PENCILFFT_TEST_SLURM=1 installs Debian's slurmctld slurmd munge with apt-get, and runs this step)"
 fi
 
 W=$(mktemp -d /tmp/pencilfft-slurm.XXXXXX)
