@@ -86,8 +86,20 @@ def _soft_timeout() -> bool:
             and threading.current_thread() is threading.main_thread())
 
 
+_RUNNING: list[str] = []  # the test running now (for the message when the run is interrupted)
+
+
+def pytest_keyboard_interrupt(excinfo):
+    """The step's limit was reached (tests/run.sh sends SIGINT) or Ctrl-C: say which test was
+    running, next to pytest's summary of those that ran."""
+    if _RUNNING:
+        _STDERR.write(f"\n{_WHO}interrupted while running {_RUNNING[-1]}\n")
+        _STDERR.flush()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    _RUNNING[:] = [item.nodeid]
     if _TIMEOUT <= 0:
         yield
         return
