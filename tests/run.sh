@@ -100,7 +100,7 @@ step() {  # step NAME TIMEOUT CMD...: run a step with its limit, in the backgrou
   case $rc in
     0) STEP_STATUS=passed; case $STEP_SUMMARY in skipped:*) STEP_STATUS=skipped ;; esac ;;
     124 | 137) STEP_STATUS="timed out"
-       STEP_SUMMARY=${STEP_SUMMARY:-"none: stopped at its limit (mpirun's ranks end on SIGINT)"}
+       STEP_SUMMARY=${STEP_SUMMARY:-"none: stopped at its limit (under mpirun the ranks end on SIGINT)"}
        echo "== $name: timed out after its $limit s (PENCILFFT_STEP_TIMEOUT): stopped with" \
             "SIGINT; pytest's summary above lists what ran" ;;
     *) STEP_STATUS=failed ;;
