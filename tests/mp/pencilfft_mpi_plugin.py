@@ -97,6 +97,10 @@ def pytest_keyboard_interrupt(excinfo):
         _STDERR.flush()
 
 
+def pytest_runtest_logfinish(nodeid, location):
+    _RUNNING.clear()  # done (an interrupted test never gets here)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _RUNNING[:] = [item.nodeid]
