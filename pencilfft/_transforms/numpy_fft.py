@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from .. import _exchange
 from .._decomposition.mesh import find_mesh, has_explicit_axes, is_tracer, typed_mesh
 from .partitioned import LinearOp, apply, place, with_mesh
-from .plan import NORMS, _fft_dtype, _float_dtype, _platform, check_chunks
+from .plan import NORMS, fft_dtype, float_dtype, platform_of, check_chunks
 from .routes import Problem, find_route, out_stored, route_stages, spec_text
 
 __all__ = ["fftn", "ifftn", "rfftn", "irfftn", "fft2", "ifft2", "rfft2", "irfft2"]
@@ -185,7 +185,7 @@ class Call:
                 even: bool = False) -> Problem:
         splits = [int(np.prod([sizes[m] for m in s])) for s in in_spec]
         stored = tuple(-(-n // q) * q for n, q in zip(self.shape, splits))
-        real = np.dtype(_float_dtype(self.out_dtype if self.kind != "c2r" else self.in_dtype))
+        real = np.dtype(float_dtype(self.out_dtype if self.kind != "c2r" else self.in_dtype))
         cplx = np.dtype(self.in_dtype if self.kind == "c2r" else self.out_dtype)
         return Problem(tuple((m, n) for m, n in sizes.items() if n > 1), self.shape, stored,
                        in_spec, self.axes, self.kind, self.fit, self.after,
@@ -197,7 +197,7 @@ def _call(a, s, axes, norm, kind, inverse, caller, default_axes, exchange) -> Ca
     axes, s = _axes_and_s(shape, s, axes, default_axes, caller)
     norm = _check_norm(norm)
     dtype = np.dtype(a.dtype)
-    cdtype = _fft_dtype(dtype, "a")
+    cdtype = fft_dtype(dtype, "a")
     if kind == "r2c" and np.issubdtype(dtype, np.complexfloating):
         raise TypeError(f"`a` must be real for {caller} (jnp.fft.{caller} takes real input); "
                         f"got dtype {dtype}")
@@ -217,8 +217,8 @@ def _call(a, s, axes, norm, kind, inverse, caller, default_axes, exchange) -> Ca
             fit[i], after[i] = n, n
     if 0 in shape:
         raise ValueError(f"`a` has a zero-length axis (shape {shape})")
-    in_dtype = _float_dtype(cdtype) if kind == "r2c" else cdtype
-    out_dtype = _float_dtype(cdtype) if kind == "c2r" else cdtype
+    in_dtype = float_dtype(cdtype) if kind == "r2c" else cdtype
+    out_dtype = float_dtype(cdtype) if kind == "c2r" else cdtype
     if exchange not in _exchange.EXCHANGES:
         raise ValueError(f"`exchange` must be one of {_exchange.EXCHANGES}; got {exchange!r}")
     return Call(shape, axes, kind, inverse, tuple(fit), tuple(after), norm, np.dtype(in_dtype),
@@ -308,7 +308,7 @@ def _on_mesh(call: Call, mesh, in_spec_given: P, target: Spec | None, target_giv
     sizes = dict(mesh.shape)
     in_spec = _spec_tuple(in_spec_given, len(call.shape), sizes, "a.sharding")
     route, stages, problem = _planned(call, tuple(sizes.items()), _without_ones(in_spec, sizes),
-                                      target, _platform(mesh), True)
+                                      target, platform_of(mesh), True)
     out_spec = target_given if target_given is not None else _out_spec_entries(route.spec)
     body = with_mesh(functools.partial(_run_stages, stages), mesh)
     return body, P(*in_spec_given), out_spec, problem.stored, out_stored(problem, route)
@@ -337,6 +337,7 @@ class RouteOp(LinearOp):
     call: Call
     target_given: P | None = None
     transposed: bool = False
+    reads_in_spec = True
 
     @property
     def primal_in(self):
@@ -400,8 +401,10 @@ def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, 
             _target(out_sharding, None, len(call.shape), {})
         given = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
         y = apply(RouteOp(call, given), a.astype(call.in_dtype))
-        if isinstance(out_sharding, NamedSharding):
-            y = jax.lax.with_sharding_constraint(y, out_sharding)
+        if given is not None:  # the partitioner hands this sharding to the op's result
+            typed = typed_mesh(a) if not isinstance(out_sharding, NamedSharding) else None
+            sharding = out_sharding if typed is None else NamedSharding(typed, given)
+            y = jax.lax.with_sharding_constraint(y, sharding)
         return y
     if found is None:
         _target(out_sharding, None, len(call.shape), {})

@@ -10,7 +10,9 @@ route is one of
   reordering): m leaves array axis i, where it is the minor-most splitter (the blocks of i are
   gathered), and becomes the minor-most splitter of axis j (the blocks of j are cut |m| ways);
 * a take of one mesh axis m over which the input is replicated: each device keeps its 1/|m| of
-  axis j (no communication; `Take`).
+  axis j (no communication; `Take`);
+* a swap of the two minor-most splitters (u, v) of an axis into (v, u): one collective permute
+  over (u, v) (`Swap`), the only way to reach some orders (P(x, y) -> P(y, x)).
 
 The search (Dijkstra over (spec, stored lengths, axes done)) minimises the bytes moved, then the
 number of exchanges, then the number of stages; each exchange moves the whole array as it is at
@@ -37,7 +39,7 @@ import jax.numpy as jnp
 
 from .stages import Exchange, Fft
 
-__all__ = ["Fit", "Inverse", "Problem", "Route", "Take", "find_route", "out_stored",
+__all__ = ["Fit", "Inverse", "Problem", "Route", "Swap", "Take", "find_route", "out_stored",
            "route_stages", "spec_text"]
 
 Spec = tuple[tuple[str, ...], ...]
@@ -236,6 +238,14 @@ def _moves(p: Problem, spec: Spec, stored: tuple, done: frozenset):
                 yield nxt, ("move", m, i, j, length), (moved, 1)
 
 
+    for j, s in enumerate(spec):
+        if len(s) >= 2:
+            new_spec = list(spec)
+            new_spec[j] = s[:-2] + (s[-1], s[-2])
+            q = p.size(s[-1]) * p.size(s[-2])
+            yield (tuple(new_spec), stored, done), ("swap", j), (nbytes * (q - 1) // q, 1)
+
+
 def _cut(spec: Spec, stored: tuple, done, j: int, m: str, length: int):
     new_spec = list(spec)
     new_spec[j] = spec[j] + (m,)
@@ -288,6 +298,21 @@ class Take:
 
 
 @dataclasses.dataclass(frozen=True)
+class Swap:
+    """An axis split (..., u, v) becomes split (..., v, u): the device at (iu, iv) then holds
+    chunk iv |u| + iu of its parent block, which the device at linear (u, v) index
+    iv |u| + iu held (one collective permute over (u, v))."""
+
+    axis_names: tuple[str, str]
+    sizes: tuple[int, int]
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        nu, nv = self.sizes
+        perm = [(iv * nu + iu, iu * nv + iv) for iu in range(nu) for iv in range(nv)]
+        return jax.lax.ppermute(k, self.axis_names, perm)
+
+
+@dataclasses.dataclass(frozen=True)
 class Inverse:
     """`stage` run the other way (an inverse transform as a forward step)."""
 
@@ -317,6 +342,12 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
                           for i in axes)
             fft = Fft(axes, kinds, sizes, norm)
             stages.append(Inverse(fft) if inverse else fft)
+            continue
+        if step[0] == "swap":
+            j = step[1]
+            u, v = spec[j][-2:]
+            spec[j] = spec[j][:-2] + (v, u)
+            stages.append(Swap((u, v), (p.size(u), p.size(v))))
             continue
         kind, m, *rest = step
         j, length = rest[-2], rest[-1]
