@@ -467,6 +467,7 @@ def fftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, excha
       A 2-D field split over 8 devices along its rows comes back split along its columns
       (one exchange):
 
+      >>> from jax.sharding import NamedSharding, PartitionSpec as P
       >>> mesh = jax.make_mesh((8,), ("x",))
       >>> a = jax.device_put(np.ones((16, 32), np.complex64), NamedSharding(mesh, P("x")))
       >>> k = pencilfft.fftn(a)
@@ -484,11 +485,12 @@ def ifftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, exch
     """jnp.fft.ifftn on a sharded array, without gathering it.
     %s
     Example:
+      >>> from jax.sharding import NamedSharding, PartitionSpec as P
       >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
       >>> a = jax.device_put(np.ones((8, 8, 8), np.complex64), NamedSharding(mesh, P("x", "y")))
       >>> y = pencilfft.ifftn(pencilfft.fftn(a), out_sharding=P("x", "y"))
       >>> y.sharding.spec, bool(jnp.allclose(y, a))
-      (P('x', 'y'), True)
+      (P('x', 'y', None), True)
     """
     return _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, kind="c2c",
                       inverse=True, caller="ifftn", default_axes=_all_axes)
@@ -500,11 +502,12 @@ def rfftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, exch
     to n//2+1 (odd or even n), exactly jnp's shape.
     %s
     Example:
+      >>> from jax.sharding import NamedSharding, PartitionSpec as P
       >>> mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"))
-      >>> a = jax.device_put(np.ones((8, 8, 7), np.float32), NamedSharding(mesh, P("a", "b", "c")))
+      >>> a = jax.device_put(np.ones((8, 8, 14), np.float32), NamedSharding(mesh, P("a", "b", "c")))
       >>> k = pencilfft.rfftn(a)
       >>> k.shape, k.dtype
-      ((8, 8, 4), dtype('complex64'))
+      ((8, 8, 8), dtype('complex64'))
     """
     return _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, kind="r2c",
                       inverse=False, caller="rfftn", default_axes=_all_axes)
@@ -516,11 +519,12 @@ def irfftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, exc
     real of length s[-1] (default 2 (n - 1): pass `s` for an odd length).
     %s
     Example:
+      >>> from jax.sharding import NamedSharding, PartitionSpec as P
       >>> mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"))
-      >>> a = jax.device_put(np.ones((8, 8, 7), np.float32), NamedSharding(mesh, P("a", "b", "c")))
-      >>> y = pencilfft.irfftn(pencilfft.rfftn(a), s=(8, 8, 7), out_sharding=a.sharding)
+      >>> a = jax.device_put(np.ones((8, 8, 14), np.float32), NamedSharding(mesh, P("a", "b", "c")))
+      >>> y = pencilfft.irfftn(pencilfft.rfftn(a), s=(8, 8, 14), out_sharding=a.sharding)
       >>> y.shape, y.sharding.spec, bool(jnp.allclose(y, a, atol=1e-5))
-      ((8, 8, 7), P('a', 'b', 'c'), True)
+      ((8, 8, 14), P('a', 'b', 'c'), True)
     """
     return _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, kind="c2r",
                       inverse=True, caller="irfftn", default_axes=_all_axes)
@@ -531,6 +535,7 @@ def fft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
     """jnp.fft.fft2 on a sharded array: `fftn` over the last two axes (`axes`).
 
     Example:
+      >>> from jax.sharding import NamedSharding, PartitionSpec as P
       >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
       >>> a = jax.device_put(np.ones((8, 16), np.complex64), NamedSharding(mesh, P("x", "y")))
       >>> pencilfft.fft2(a, out_sharding=P("x", "y")).sharding.spec
@@ -545,6 +550,7 @@ def ifft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
     """jnp.fft.ifft2 on a sharded array: `ifftn` over the last two axes (`axes`).
 
     Example:
+      >>> from jax.sharding import NamedSharding, PartitionSpec as P
       >>> mesh = jax.make_mesh((8,), ("x",))
       >>> a = jax.device_put(np.ones((8, 16), np.complex64), NamedSharding(mesh, P("x")))
       >>> pencilfft.ifft2(a).shape
@@ -559,6 +565,7 @@ def rfft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
     """jnp.fft.rfft2 on a sharded array: `rfftn` over the last two axes (`axes`).
 
     Example:
+      >>> from jax.sharding import NamedSharding, PartitionSpec as P
       >>> mesh = jax.make_mesh((8,), ("x",))
       >>> a = jax.device_put(np.ones((8, 15), np.float32), NamedSharding(mesh, P("x")))
       >>> pencilfft.rfft2(a).shape
@@ -573,6 +580,7 @@ def irfft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
     """jnp.fft.irfft2 on a sharded array: `irfftn` over the last two axes (`axes`).
 
     Example:
+      >>> from jax.sharding import NamedSharding, PartitionSpec as P
       >>> mesh = jax.make_mesh((8,), ("x",))
       >>> a = jax.device_put(np.ones((8, 8), np.complex64), NamedSharding(mesh, P("x")))
       >>> pencilfft.irfft2(a, s=(8, 15)).shape
