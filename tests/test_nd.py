@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import put_global, random_field, to_numpy
+from conftest import MPIRUN, put_global, random_field, to_numpy
 from pencilfft._transforms import numpy_fft
 from pencilfft._transforms.routes import find_route
 
@@ -50,6 +50,13 @@ CASES = [
     ("padded-inside", (4, 2), ("x", "y"), (8, 10, 6), P("x", "y"), None),
 ]
 IDS = [c[0] for c in CASES]
+# Under jit (an Explicit mesh: the traced type names the split) a representative subset; under
+# mpirun (the exchanges across processes) the brick and the batch.
+JIT = {"slab2d", "split2d", "pencil", "brick-cab", "batch4d", "padded-inside"}
+MODES = [pytest.param(case, mode, id=f"{case[0]}-{mode}",
+                      marks=[MPIRUN] if mode == "eager" and case[0] in ("brick-cab", "batch4d")
+                      else [])
+         for case in CASES for mode in ("eager", "jit") if mode == "eager" or case[0] in JIT]
 
 
 def _input(case, real: bool, seed: int = 0):
@@ -74,8 +81,7 @@ def _apply(mode, f, a, **kw):
     return _jitted(f, **kw)(a) if mode == "jit" else f(a, **kw)
 
 
-@pytest.mark.parametrize("mode", ["eager", "jit"])
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case,mode", MODES)
 def test_c2c_round_trip(case, mode):
     mesh, data, a, axes = _input(case, real=False)
     k = _apply(mode, pencilfft.fftn, a, axes=axes)
@@ -87,8 +93,7 @@ def test_c2c_round_trip(case, mode):
     assert back.sharding.is_equivalent_to(a.sharding, a.ndim)
 
 
-@pytest.mark.parametrize("mode", ["eager", "jit"])
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case,mode", MODES)
 def test_r2c_round_trip(case, mode):
     mesh, data, a, axes = _input(case, real=True)
     k = _apply(mode, pencilfft.rfftn, a, axes=axes)
@@ -160,12 +165,13 @@ def test_default_layouts_and_their_exchanges():
 _COLLECTIVES = r" (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)[(-]"
 
 
-SCOPE_CASES = [(CASES[2], P("y", "x")), (CASES[5], P(None, "y", "x")),
-               (CASES[7], P("c", "b", "a")), (CASES[10], P("y", "c", "x", None)),
-               (CASES[15], P(("x", "y"), None, None))]
+SCOPE_CASES = [(CASES[2], P("y", "x")), (CASES[7], P("c", "b", "a")),
+               (CASES[10], P("y", "c", "x", None)), (CASES[15], P(("x", "y"), None, None))]
 
 
-@pytest.mark.parametrize("case,out_spec", SCOPE_CASES, ids=[c[0][0] for c in SCOPE_CASES])
+@pytest.mark.parametrize("case,out_spec", [pytest.param(*c, marks=[MPIRUN] if i == 1 else [])
+                                           for i, c in enumerate(SCOPE_CASES)],
+                         ids=[c[0][0] for c in SCOPE_CASES])
 def test_no_all_gather_with_nothing_in_scope(case, out_spec):
     """jit on an Auto mesh with no mesh in scope (XLA's partitioner tells the layout): the
     values, and no collective but all-to-alls (and the collective permute of a swap of two
