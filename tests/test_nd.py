@@ -274,3 +274,13 @@ def test_wrong_inputs_name_the_argument():
         with pytest.raises(kind, match=message):
             call()
     assert pencilfft.irfftn(pencilfft.rfftn(r), s=r.shape).shape == r.shape
+
+
+def test_memory_check_before_anything_runs(monkeypatch):
+    monkeypatch.setenv("PENCILFFT_MEMORY_LIMIT", "1MiB")
+    mesh = mesh_of((4, 2), ("x", "y"))
+    a = put_global(np.zeros((128, 128, 64), np.complex64), NamedSharding(mesh, P("x", "y")))
+    for f in (pencilfft.fftn, jax.jit(pencilfft.ifftn)):
+        with pytest.raises(pencilfft.MemoryLimitError, match=r"fftn of a 128x128x64 complex64 "
+                                                             r"grid on 8 device\(s\) needs about"):
+            f(a)

@@ -20,10 +20,12 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import _exchange
+from .._jax_private import is_traced_argument
 from .._decomposition.mesh import find_mesh, has_explicit_axes, is_tracer, typed_mesh
 from .partitioned import LinearOp, apply, place, with_mesh
 from .plan import NORMS, fft_dtype, float_dtype, platform_of, check_chunks
-from .routes import Problem, find_route, out_stored, route_stages, spec_text
+from .budget import check_route
+from .routes import Problem, find_route, largest_bytes, out_stored, route_stages, spec_text
 
 __all__ = ["fftn", "ifftn", "rfftn", "irfftn", "fft2", "ifft2", "rfft2", "irfft2"]
 
@@ -408,6 +410,7 @@ def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, 
         return y
     if found is None:
         _target(out_sharding, None, len(call.shape), {})
+        _check_memory(call, None, None, None, a, caller)
         return _one_device(jnp.asarray(a), call=call)
     mesh = found
     sizes = dict(mesh.shape)
@@ -418,10 +421,28 @@ def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, 
     in_spec = P(*tuple(in_spec))
     if not is_tracer(a) and not isinstance(getattr(a, "sharding", None), NamedSharding):
         a = place(a, NamedSharding(mesh, in_spec))
-    # Validate at the call (the route, the sizes), not inside XLA.
+    # Validate at the call (the route, the sizes, the memory), not inside XLA.
     _on_mesh(call, mesh, in_spec, target, target_given)
+    _check_memory(call, mesh, in_spec, target, a, caller)
     return _shard_mapped(a, call=call, mesh=mesh, in_spec=in_spec, target=target,
                          target_given=target_given)
+
+
+def _check_memory(call: Call, mesh, in_spec, target, a, caller: str) -> None:
+    """The memory check (`budget.check_route`) of the route this call takes."""
+    if mesh is None:
+        problem = call.problem({}, ((),) * len(call.shape), None)
+    else:
+        sizes = dict(mesh.shape)
+        spec = _without_ones(_spec_tuple(in_spec, len(call.shape), sizes, "a.sharding"), sizes)
+        problem = _planned(call, tuple(sizes.items()), spec, target, platform_of(mesh), True)[2]
+    route = find_route(problem) if mesh is None else _planned(
+        call, tuple(dict(mesh.shape).items()), problem.in_spec, target, platform_of(mesh),
+        True)[0]
+    n_in, n_out = int(np.prod(call.shape)), int(np.prod(call.out_shape))
+    resident = is_traced_argument(a) if is_tracer(a) else isinstance(a, jax.Array)
+    check_route(caller, call.shape, call.in_dtype, mesh, n_in * call.in_dtype.itemsize,
+                n_out * call.out_dtype.itemsize, largest_bytes(problem, route), resident)
 
 
 def _all_axes(ndim: int) -> tuple[int, ...]:

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from .stages import Exchange, Fft
 
 __all__ = ["Fit", "Inverse", "Problem", "Route", "Swap", "Take", "find_route", "out_stored",
-           "route_stages", "spec_text"]
+           "largest_bytes", "route_stages", "spec_text"]
 
 Spec = tuple[tuple[str, ...], ...]
 
@@ -367,6 +367,22 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
             stages.append(Fit(i, route.lengths[i], stored[i]))
             stored[i] = route.lengths[i]
     return tuple(stages)
+
+
+def largest_bytes(p: Problem, route: Route) -> int:
+    """The global bytes of the largest array along the route (padding included): what one
+    exchange's buffers hold, over the devices."""
+    stored, done = list(p.stored), frozenset()
+    most = math.prod(stored) * _itemsize(p, done)
+    for step in route.steps:
+        if step[0] == "fft":
+            for i in step[1]:
+                stored[i] = p.after[i]
+            done = done | set(step[1])
+        elif step[0] in ("move", "take"):
+            stored[step[-2]] = step[-1]
+        most = max(most, math.prod(stored) * _itemsize(p, done))
+    return most
 
 
 def out_stored(p: Problem, route: Route) -> tuple[int, ...]:
