@@ -15,7 +15,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import pencilfft
 from conftest import MPIRUN, put_global, random_field, to_numpy
 from pencilfft._transforms import numpy_fft
-from pencilfft._transforms.routes import find_route
+from pencilfft._transforms.routes import find_route, spec_text
 
 TOL = 2e-5  # complex64 against float64 numpy, relative to the largest entry
 
@@ -284,3 +284,57 @@ def test_memory_check_before_anything_runs(monkeypatch):
         with pytest.raises(pencilfft.MemoryLimitError, match=r"fftn of a 128x128x64 complex64 "
                                                              r"grid on 8 device\(s\) needs about"):
             f(a)
+
+
+def test_brick_temporaries_are_at_most_three_blocks():
+    """XLA's memory analysis of a brick's transform at 64^3: at most 3 blocks of temporaries
+    (2 measured, 4 blocks in all with the input and the output)."""
+    mesh = mesh_of((2, 2, 2), ("a", "b", "c"))
+    x = jax.ShapeDtypeStruct((64, 64, 64), np.complex64,
+                             sharding=NamedSharding(mesh, P("a", "b", "c")))
+    for out in (None, P("a", "b", "c")):
+        ma = jax.jit(lambda v: pencilfft.fftn(v, out_sharding=out)).lower(x).compile() \
+            .memory_analysis()
+        assert ma.temp_size_in_bytes <= 3 * ma.argument_size_in_bytes, ma
+
+
+def _route_text(route) -> str:
+    steps = []
+    for s in route.steps:
+        if s[0] == "fft":
+            steps.append("FFT " + ",".join(map(str, s[1])))
+        elif s[0] == "move":
+            steps.append(f"{s[1]}: {s[2]}->{s[3]}")
+        elif s[0] == "swap":
+            steps.append(f"swap on {s[1]}")
+        else:
+            steps.append(f"take {s[1]} on {s[2]}")
+    return "; ".join(steps)
+
+
+def test_the_how_to_table_is_the_planner():
+    """docs/howto/any-layout.md's table of layouts, exchanges and routes is what the planner
+    gives (each row re-planned here)."""
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "howto" / "any-layout.md"
+    rows = [line for line in page.read_text().splitlines() if line.startswith("| `")]
+    assert len(rows) >= 10
+    for row in rows:
+        what, given, out, result, exchanges, route = [c.strip() for c in row.split("|")[1:-1]]
+        m = re.fullmatch(r"`(\w+)` ([\dx]+) on ([\dx]+) \(([\w, ]+?),?\)", what)
+        name, shape, sizes, names = m.groups()
+        shape = tuple(int(n) for n in shape.split("x"))
+        names = tuple(n.strip() for n in names.split(","))
+        sizes = dict(zip(names, (int(n) for n in sizes.split("x"))))
+        kind = {"fftn": "c2c", "rfftn": "r2c"}[name]
+        axes = None if len(shape) < 4 else (1, 2, 3)
+        dtype = np.float32 if kind == "r2c" else np.complex64
+        call = numpy_fft._call(np.zeros(shape, dtype), None, axes, None, kind, False, name,
+                               numpy_fft._all_axes, "alltoall")
+        spec = numpy_fft._spec_tuple(eval(given.strip("`")), len(shape), sizes, "a")
+        target = None if out == "(default)" else numpy_fft._spec_tuple(
+            eval(out.strip("`")), len(shape), sizes, "out_sharding")
+        r = find_route(call.problem(sizes, spec, target, True))
+        assert (f"`{spec_text(r.spec)}`", str(r.exchanges), _route_text(r)) == \
+            (result, exchanges, route), row
