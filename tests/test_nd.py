@@ -338,3 +338,24 @@ def test_the_how_to_table_is_the_planner():
         r = find_route(call.problem(sizes, spec, target, True))
         assert (f"`{spec_text(r.spec)}`", str(r.exchanges), _route_text(r)) == \
             (result, exchanges, route), row
+
+
+@pytest.mark.parametrize("auto", [False, True], ids=["explicit", "auto"])
+def test_vmap_over_a_split_axis_and_a_replicated_input(auto):
+    """vmap over an axis a mesh axis splits (the partitioner sees it: no gather), and an input
+    replicated over a mesh axis (each device keeps its share eagerly; under jit it may compute
+    its replica's copy): the values, and only all-to-alls in the programs."""
+    mesh = mesh_of((2, 2, 2), ("a", "b", "c"), auto=auto)
+    data = random_field((4, 8, 8, 16), np.complex64, 8)
+    a = put_global(data, NamedSharding(mesh, P("a", "b", "c")))
+    f = jax.jit(jax.vmap(lambda v: pencilfft.fftn(v, exchange="alltoall")))
+    _close(f(a), np.fft.fftn(data.astype(np.complex128), axes=(1, 2, 3)))
+    assert set(re.findall(_COLLECTIVES, f.lower(a).compile().as_text())) <= {"all-to-all"}
+    r = put_global(data[0], NamedSharding(mesh, P("a", "b")))
+    ref = np.fft.fftn(data[0].astype(np.complex128))
+    k = pencilfft.fftn(r)
+    _close(k, ref)
+    assert "c" in str(k.sharding.spec)  # split over the mesh axis the input was replicated on
+    g = jax.jit(lambda v: pencilfft.fftn(v, exchange="alltoall"))
+    _close(g(r), ref)
+    assert set(re.findall(_COLLECTIVES, g.lower(r).compile().as_text())) <= {"all-to-all"}

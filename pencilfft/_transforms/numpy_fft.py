@@ -151,7 +151,12 @@ def _input_layout(a, mesh_arg):
         return mesh, _default_spec(np.shape(a), mesh), False
     typed = jax.typeof(a).sharding if hasattr(jax.typeof(a), "sharding") else None
     if isinstance(typed, NamedSharding) and not typed.mesh.empty and has_explicit_axes(typed.mesh):
-        return typed.mesh, typed.spec, False
+        used = {m for e in typed.spec if e is not None for m in ((e,) if isinstance(e, str) else e)}
+        if all(n == 1 or m in used for m, n in typed.mesh.shape.items()):
+            return typed.mesh, typed.spec, False
+        # A mesh axis the type does not name: under jax.vmap it may split the mapped axis,
+        # which only XLA's partitioner sees (the primitive's batching rule adds it).
+        return typed.mesh, None, True
     mesh = find_mesh(a, mesh_arg)
     if mesh_arg is not None and has_explicit_axes(mesh_arg):
         return mesh_arg, None, True
@@ -398,7 +403,7 @@ def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, 
         raise TypeError(f"`mesh` must be a jax.sharding.Mesh; got {type(mesh).__name__}")
     call = _call(a, s, axes, norm, kind, inverse, caller, default_axes, exchange)
     found, in_spec, compiler = _input_layout(a, mesh)
-    if compiler and found is None:
+    if compiler:
         if out_sharding is not None and not isinstance(out_sharding, (P, NamedSharding)):
             _target(out_sharding, None, len(call.shape), {})
         given = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
