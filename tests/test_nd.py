@@ -359,3 +359,21 @@ def test_vmap_over_a_split_axis_and_a_replicated_input(auto):
     g = jax.jit(lambda v: pencilfft.fftn(v, exchange="alltoall"))
     _close(g(r), ref)
     assert set(re.findall(_COLLECTIVES, g.lower(r).compile().as_text())) <= {"all-to-all"}
+
+
+def test_norms_dtypes_and_size_one_mesh_axes():
+    """norm as jnp's; an integer input promoted as jnp.fft promotes it; a mesh with a size-1
+    axis, named in the input's and the output's specs or not."""
+    mesh = mesh_of((8, 1), ("x", "y"))
+    data = random_field((8, 16), np.complex64, 9)
+    a = put_global(data, NamedSharding(mesh, P("x", "y")))
+    for norm in ("ortho", "forward"):
+        _close(pencilfft.ifftn(a, norm=norm), np.fft.ifftn(data.astype(np.complex128), norm=norm))
+    k = pencilfft.fftn(a, out_sharding=P("y", "x"))
+    assert k.sharding.spec == P("y", "x")
+    _close(k, np.fft.fftn(data.astype(np.complex128)))
+    ints = put_global(np.arange(128, dtype=np.int32).reshape(8, 16), NamedSharding(mesh, P("x")))
+    for f, g in ((pencilfft.fftn, jnp.fft.fftn), (pencilfft.rfftn, jnp.fft.rfftn)):
+        got = f(ints)
+        assert got.dtype == g(jnp.zeros((8, 16), np.int32)).dtype
+        _close(got, getattr(np.fft, g.__name__)(np.arange(128.0).reshape(8, 16)))
