@@ -377,3 +377,19 @@ def test_norms_dtypes_and_size_one_mesh_axes():
         got = f(ints)
         assert got.dtype == g(jnp.zeros((8, 16), np.int32)).dtype
         _close(got, getattr(np.fft, g.__name__)(np.arange(128.0).reshape(8, 16)))
+
+
+def test_the_2d_example_runs(tmp_path):
+    """examples/field2d.py (shown in docs/howto/any-layout.md) checks itself against numpy."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import clean_env
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "field2d.py"
+    proc = subprocess.run([sys.executable, str(script), "--n", "32"], capture_output=True,
+                          text=True, timeout=300, env=clean_env(8), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for spec in ("P('x', None)", "P('x', 'y')"):
+        assert f"phi (32, 32) sharded {spec}, error vs numpy" in proc.stdout, proc.stdout
