@@ -17,7 +17,7 @@ import re
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import AxisType
 
 import pencilfft
 

@@ -3,10 +3,17 @@
 `fftn`, `ifftn`, `rfftn`, `irfftn` and the 2-D forms take jnp.fft's arguments `(a, s, axes,
 norm)` and return what jnp.fft returns (values, shape, dtype, axis order), computed where the
 data are: the route between the input's sharding and the output's (`routes.py`) is run in
-`shard_map` as a list of stages (`stages.Fft`, `stages.Exchange`, `routes.Fit`, `routes.Take`),
-so that no device ever holds more than its share.  Under `jax.jit` with an Auto mesh and nothing
-in scope the same route is planned when XLA's partitioner tells the input's sharding
-(`partitioned.py`, `RouteOp`).
+`shard_map` as a list of stages (`stages.Fft`, `stages.Exchange`, `routes.Fit`, `routes.Take`,
+`routes.Swap`), so that no device ever holds more than its share.  Under `jax.jit` where the
+input's split is not in its type (an Auto mesh, or an Explicit one with a mesh axis the type
+leaves out, as under `jax.vmap` over a split axis) the route is planned when XLA's partitioner
+tells the input's sharding (`partitioned.py`, `RouteOp`); without `out_sharding` it ends in
+the input's own sharding there (what the sharding rule can say before the partitioner runs).
+
+The input's and the output's splits divide their axes (jax's arrays are split evenly); between
+the stages any length works (`routes.Fit` pads while an axis is whole).  The memory check
+(`budget.check_route`) runs before anything else where the mesh is known; where the mesh spans
+processes they first agree on the stages (`_processes.agree`).
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import _exchange
 from .._jax_private import is_traced_argument
+from .._processes import agree
 from .._decomposition.mesh import find_mesh, has_explicit_axes, is_tracer, typed_mesh
 from .partitioned import LinearOp, apply, place, with_mesh
 from .plan import NORMS, fft_dtype, float_dtype, platform_of, check_chunks
@@ -437,6 +445,11 @@ def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, 
         a = place(a, NamedSharding(mesh, in_spec))
     # Validate at the call (the route, the sizes, the memory), not inside XLA.
     _on_mesh(call, mesh, in_spec, target, target_given)
+    if agree.spans_processes(mesh):  # one program on every process, or one error on each
+        sizes = dict(mesh.shape)
+        spec = _without_ones(_spec_tuple(in_spec, len(call.shape), sizes, "a.sharding"), sizes)
+        stages = _planned(call, tuple(sizes.items()), spec, target, platform_of(mesh), True)[1]
+        agree.same({"stages": stages}, f"{caller} of a {call.shape} array split {in_spec}")
     _check_memory(call, mesh, in_spec, target, a, caller)
     return _shard_mapped(a, call=call, mesh=mesh, in_spec=in_spec, target=target,
                          target_given=target_given)
