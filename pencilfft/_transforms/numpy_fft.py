@@ -279,13 +279,16 @@ def _planned(call: Call, sizes: tuple, in_spec: Spec, target: Spec | None, platf
         route = find_route(problem)
     except ValueError:
         where = f" to `out_sharding` {spec_text(target)}" if target is not None else ""
-        even = (" (every split of the result must divide its axis, as jax's arrays' do: "
-                "an axis the mesh does not divide is padded only between the stages)")
+        advice = ("choose another `out_sharding`" if target is not None else
+                  "pass an `out_sharding` that splits axes the mesh divides")
         raise ValueError(
             f"no route of exchanges takes `a` (shape {call.shape}, split {spec_text(in_spec)} "
-            f"over mesh axes {sizes}){where} for a result of shape {call.out_shape}{even}: an "
-            f"axis that stays split throughout must be divisible by the mesh axes that join "
-            f"it; try another `out_sharding`"
+            f"over mesh axes {sizes}){where} to a result of shape {call.out_shape} split over "
+            f"every mesh axis: each transformed axis must be whole on every device when it is "
+            f"transformed (its mesh axes moved onto other axes, which they must divide unless "
+            f"those are whole then), and each split of the result must divide its axis (jax's "
+            f"arrays are split evenly). Nothing is gathered: {advice}, or use a mesh with fewer "
+            f"devices"
         ) from None
     pdims = tuple(n for _, n in problem.sizes)
     block = int(np.prod(call.shape)) * call.out_dtype.itemsize // max(int(np.prod(pdims)), 1)
