@@ -45,7 +45,7 @@ __all__ = ["Fit", "Inverse", "Problem", "Route", "Swap", "Take", "find_route", "
 Spec = tuple[tuple[str, ...], ...]
 
 # Dijkstra visits at most this many states (a 4-axis mesh on a 5-D array stays far below).
-MAX_STATES = 200_000
+MAX_STATES = 50_000
 
 
 def spec_text(spec: Spec) -> str:
@@ -176,6 +176,12 @@ def _preference(p: Problem, spec: Spec) -> tuple:
 
 def find_route(p: Problem) -> Route:
     """The cheapest route for `p` (see the module docstring); ValueError if there is none."""
+    if p.target is not None and p.even:
+        for i, s in enumerate(p.target):
+            n = p.after[i] if i in p.axes else p.lengths[i]
+            if s and n % _splits(s, p):
+                raise ValueError(f"axis {i} of the result has {n} entries, which the mesh axes "
+                                 f"{s} of the target do not divide")
     start = (p.in_spec, p.stored, frozenset())
     counter = itertools.count()
     heap = [((0, 0, 0), next(counter), start, ())]
@@ -190,7 +196,7 @@ def find_route(p: Problem) -> Route:
             break
         visited += 1
         if visited > MAX_STATES:
-            break
+            raise ValueError(f"no route found among the first {MAX_STATES} layouts")
         spec, stored, done = state
         if _goal(p, spec, stored, done):
             goals.append((cost, state, steps))
@@ -205,16 +211,56 @@ def find_route(p: Problem) -> Route:
     cost, (spec, stored, done), steps = min(goals, key=lambda g: (g[0][:2], _preference(p, g[1][0]),
                                                                  g[0][2]))
     lengths = tuple(_n(p, done, i) for i in range(len(spec)))
-    return Route(steps, spec, stored, lengths, cost[1], cost[0])
+    return Route(_merged(p, steps), spec, stored, lengths, cost[1], cost[0])
+
+
+def _touched(step) -> set[int]:
+    """The array axes a step splits, gathers or reorders."""
+    if step[0] == "move":
+        return {step[2], step[3]}
+    if step[0] in ("take", "swap"):
+        return {step[2] if step[0] == "take" else step[1]}
+    return set()
+
+
+def _merged(p: Problem, steps: tuple) -> tuple:
+    """The steps with each transform run together with the next one where the exchanges between
+    leave its axes alone (a transform along an axis commutes with exchanges of the others):
+    one multi-axis FFT instead of two.  The real-to-complex one stays first."""
+    steps = list(steps)
+    k = 0
+    while k < len(steps):
+        step = steps[k]
+        if step[0] != "fft" or (p.kind == "r2c" and p.half in step[1]):
+            k += 1
+            continue
+        nxt = next((t for t in range(k + 1, len(steps)) if steps[t][0] == "fft"), None)
+        if nxt is None or any(_touched(steps[t]) & set(step[1]) for t in range(k + 1, nxt)):
+            k += 1
+            continue
+        axes = step[1] + steps[nxt][1]
+        if p.half in axes:  # the complex-to-real axis last
+            axes = tuple(a for a in axes if a != p.half) + (p.half,)
+        steps[nxt] = ("fft", axes)
+        del steps[k]
+    return tuple(steps)
 
 
 def _moves(p: Problem, spec: Spec, stored: tuple, done: frozenset):
-    """(next state, step, (bytes, exchanges)) of every step from a state."""
-    for axes in _transforms(p, spec, done):
+    """(next state, step, (bytes, exchanges)) of every step from a state.
+
+    A transform that can run runs before any exchange (it moves nothing, and the real-to-complex
+    one halves what follows; `_merged` then lets it wait for the next transform where the
+    exchanges between leave its axes alone), except the complex-to-real one, which doubles what
+    follows: it may wait for the exchanges after it."""
+    options = _transforms(p, spec, done)
+    for axes in options:
         new = list(stored)
         for i in axes:
             new[i] = p.after[i]
         yield (spec, tuple(new), done | set(axes)), ("fft", axes), (0, 0)
+    if options and options[0] != (p.half,):
+        return
     nbytes = math.prod(stored) * _itemsize(p, done)
     used = {m for s in spec for m in s}
     for name, size in p.sizes:
@@ -235,8 +281,11 @@ def _moves(p: Problem, spec: Spec, stored: tuple, done: frozenset):
                 new_spec[i] = s[:-1]
                 nxt = _cut(tuple(new_spec), stored, done, j, m, length)
                 moved = nbytes * length // stored[j] * (p.size(m) - 1) // p.size(m)
+                if not new_spec[i]:  # whole again: cropped to its exact length (`Fit`)
+                    cropped = list(nxt[1])
+                    cropped[i] = _n(p, done, i)
+                    nxt = (nxt[0], tuple(cropped), done)
                 yield nxt, ("move", m, i, j, length), (moved, 1)
-
 
     for j, s in enumerate(spec):
         if len(s) >= 2:
@@ -330,9 +379,11 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
     stages = []
     stored = list(p.stored)
     spec = [tuple(s) for s in p.in_spec]
+    done = frozenset()
     for step in route.steps:
         if step[0] == "fft":
             axes = step[1]
+            done = done | set(axes)
             for i in axes:
                 if stored[i] != p.fit[i]:
                     stages.append(Fit(i, p.fit[i], stored[i]))
@@ -362,6 +413,10 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
             spec[i] = spec[i][:-1]
             stages.append(Exchange(m, p.size(m), split=j, gather=i,
                                    order=tuple(range(len(spec))), algorithm=algorithms[m]))
+            n = _n(p, done, i)
+            if not spec[i] and stored[i] != n:  # whole again: back to its exact length
+                stages.append(Fit(i, n, stored[i]))
+                stored[i] = n
     for i, s in enumerate(spec):  # whole axes back to their exact length
         if not s and stored[i] != route.lengths[i]:
             stages.append(Fit(i, route.lengths[i], stored[i]))
