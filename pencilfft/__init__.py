@@ -30,6 +30,8 @@ from ._processes.launch import initialize
 from ._processes.memory import MemoryLimitError
 from ._transforms.autotune import Tuning, autotune
 from ._transforms.fft import pfft3d, pifft3d, pirfft3d, pitransform3d, prfft3d, ptransform3d
+from ._transforms.numpy_fft import (fft2, fftn, ifft2, ifftn, irfft2, irfftn, rfft2,
+                                    rfftn)
 from ._transforms.freq import fftfreq3d, rfftfreq3d, wavenumbers3d
 from . import compat  # noqa: E402,F401 - `pencilfft.compat` after `import pencilfft`, as before
 
@@ -39,11 +41,17 @@ _warn_if_untested()  # once, where jax is outside the releases the suite has pas
 
 __all__ = [
     "autotune",
+    "fft2",
     "fftfreq3d",
+    "fftn",
     "gather",
     "get_fft_output_sharding",
     "halo_exchange",
+    "ifft2",
+    "ifftn",
     "initialize",
+    "irfft2",
+    "irfftn",
     "k_space_sharding",
     "load",
     "MemoryLimitError",
@@ -55,6 +63,8 @@ __all__ = [
     "power_spectrum",
     "prfft3d",
     "readout",
+    "rfft2",
+    "rfftn",
     "ptransform3d",
     "real_space_sharding",
     "rfftfreq3d",

@@ -231,3 +231,30 @@ def test_the_replica_group_reader(text, groups):
     line = f"%a = c64[8] all-to-all(%p), replica_groups={text}, dimensions={{0}}"
     assert replica_groups(line) == groups
     assert replica_groups("%p = f32[2] parameter(0)") is None
+
+
+# ----------------------------------------------------------------------------------------------
+# pfft3d & co. lower to the programs they lowered to before the N-D planner (issue 54)
+
+
+def test_pfft3d_programs_are_unchanged():
+    """The StableHLO of pfft3d/pifft3d/prfft3d/pirfft3d/ptransform3d/pitransform3d, for CPU and
+    for CUDA, on one device, slabs, pencils both ways, a padded grid and a batch mesh, in both
+    layouts: identical to the texts recorded from the code before the N-D planner
+    (tests/stablehlo_programs.py wrote them)."""
+    import difflib
+
+    import stablehlo_programs
+
+    version, reference = stablehlo_programs.load()
+    if version != jax.__version__:
+        pytest.skip(f"the reference programs were lowered on jax {version}, not "
+                    f"{jax.__version__}")
+    texts = stablehlo_programs.programs()
+    assert sorted(texts) == sorted(reference)
+    changed = [name for name in texts if texts[name] != reference[name]]
+    if changed:
+        name = changed[0]
+        diff = "\n".join(list(difflib.unified_diff(reference[name].splitlines(),
+                                                   texts[name].splitlines(), lineterm=""))[:60])
+        raise AssertionError(f"{len(changed)} programs changed: {changed}; the first:\n{diff}")

@@ -24,7 +24,8 @@ from .._processes.memory import (HOW_TO_SET, MemoryLimitError, available, block_
 from .chunks import in_place, stages_of
 from .stages import Move
 
-__all__ = ["Estimate", "transform_estimate", "transform_name", "fit_chunks", "AUTO_CHUNKS"]
+__all__ = ["Estimate", "transform_estimate", "transform_name", "fit_chunks", "AUTO_CHUNKS",
+           "check_route"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,3 +216,28 @@ def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> 
         f"about {gib(free.per_device)} ({free.source}). Use {'; or '.join(ways)}. {HOW_TO_SET}."
     )
 
+
+
+def check_route(name: str, shape: Sequence[int], dtype: Any, mesh: Any, in_bytes: int,
+                out_bytes: int, largest: int, resident: bool) -> None:
+    """MemoryLimitError, before XLA allocates, where a transform of jnp.fft's names cannot fit:
+    its input block (unless already in memory), its output block and the two buffers of an
+    exchange of the largest array on its route (global bytes here, per device below)."""
+    limit = setting()
+    if limit == "off":
+        return
+    devices = mesh.size if mesh is not None else 1
+    est = Estimate(-(-in_bytes // devices), -(-out_bytes // devices), -(-largest // devices),
+                   2 if devices > 1 else 1)
+    free = available(local_devices(mesh))
+    need = est.new_bytes(resident=resident, donated=False)
+    if free is None or need <= free.per_device:
+        return
+    raise MemoryLimitError(
+        f"{name} of a {grid_text(shape, (), dtype)} on {devices} device(s) needs about "
+        f"{gib(need)} more per device (output {gib(est.out_bytes)}, {est.buffers} exchange "
+        f"buffers of {gib(est.buffer_bytes)}"
+        f"{'' if resident else f', input {gib(est.in_bytes)}'}), but a device has about "
+        f"{gib(free.per_device)} ({free.source}). Use a mesh with more devices, or the "
+        f"real-to-complex transforms if the data are real. {HOW_TO_SET}."
+    )

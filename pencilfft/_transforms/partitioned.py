@@ -98,9 +98,17 @@ class LinearOp:
         if self.deferred is not None:
             check_batch(self.primal_in.shape, self.deferred, self.argname)
 
-    def on_mesh(self, mesh) -> tuple[Callable, NamedSharding, NamedSharding]:
-        """(per-device body, input sharding, output sharding) on `mesh`; validates the sizes."""
-        body, in_spec, out_spec = self.primal_on_mesh(mesh)
+    # Whether `primal_on_mesh` takes the input's spec as the partitioner gives it (`in_spec=`):
+    # a map whose route depends on where its input is (`numpy_fft.RouteOp`).
+    reads_in_spec = False
+
+    def on_mesh(self, mesh, in_spec=None) -> tuple[Callable, NamedSharding, NamedSharding]:
+        """(per-device body, input sharding, output sharding) on `mesh`; validates the sizes.
+        `in_spec`: the spec of the argument as XLA's partitioner holds it (None: unknown)."""
+        if self.reads_in_spec:
+            body, in_spec, out_spec = self.primal_on_mesh(mesh, in_spec=in_spec)
+        else:
+            body, in_spec, out_spec = self.primal_on_mesh(mesh)
         in_sharding, out_sharding = NamedSharding(mesh, in_spec), NamedSharding(mesh, out_spec)
         if self.transposed:
             block = jax.ShapeDtypeStruct(tile(self.primal_in.shape, in_spec, mesh),
@@ -226,8 +234,10 @@ def _checked_on_mesh(t: LinearOp, mesh, arg_infos):
     """t.on_mesh on the input's mesh.  A bad size can only be found here, inside XLA's
     partitioner, which reports it as an INTERNAL error carrying the exception's traceback:
     re-raised from here, that traceback is two frames and the last line pencilfft's message."""
+    sharding = getattr(arg_infos[0], "sharding", None)
+    in_spec = sharding.spec if isinstance(sharding, NamedSharding) else None
     try:
-        return t.on_mesh(_mesh_of(mesh, arg_infos))
+        return t.on_mesh(_mesh_of(mesh, arg_infos), in_spec)
     except (ValueError, TypeError) as e:
         raise type(e)(f"pencilfft (when XLA partitioned the jit-compiled program): {e}") from None
 

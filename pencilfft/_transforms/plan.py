@@ -187,7 +187,7 @@ def check_norm_layout(norm: str, layout: str) -> None:
         raise ValueError(f"`layout` must be one of {LAYOUTS}; got {layout!r}")
 
 
-def _fft_dtype(dtype, argname: str):
+def fft_dtype(dtype, argname: str):
     """The complex dtype jnp.fft.fftn would return for this input dtype."""
     dtype = np.dtype(dtype)
     # Kinds jnp.fft accepts: bools, integers, floats, complex (timedelta64 is an integer to
@@ -201,7 +201,7 @@ def _fft_dtype(dtype, argname: str):
     return jax.eval_shape(lambda a: jnp.fft.fft(a), jax.ShapeDtypeStruct((2,), dtype)).dtype
 
 
-def _float_dtype(cdtype):
+def float_dtype(cdtype):
     return np.dtype(np.float64 if np.dtype(cdtype) == np.complex128 else np.float32)
 
 
@@ -232,7 +232,7 @@ def _exchanges(exchange: str, mesh, pdims, block_bytes: int) -> tuple[str, str]:
     """The exchange algorithm for each mesh axis (`_exchange.ALGORITHMS`, whose table says what
     "auto" picks): all_to_all, except pairwise on CPU axes of 2-4 devices with large blocks."""
     return _exchange.choose(exchange, mesh.size if mesh is not None else None,
-                             _platform(mesh), pdims, block_bytes)
+                             platform_of(mesh), pdims, block_bytes)
 
 
 def _block_bytes(shape, mesh, dtype) -> int:
@@ -242,7 +242,7 @@ def _block_bytes(shape, mesh, dtype) -> int:
     return n * np.dtype(dtype).itemsize // (mesh.size if mesh is not None else 1)
 
 
-def _platform(mesh) -> str:
+def platform_of(mesh) -> str:
     if isinstance(mesh, Mesh) and mesh.devices.size:
         return mesh.devices.flat[0].platform
     return jax.default_backend()  # an AbstractMesh (from a traced type) names no devices
@@ -359,25 +359,25 @@ def _check_lengths(modes, kinds, argname: str) -> None:
 
 def _dtypes(dtype, kinds, argname: str) -> tuple[Any, Any]:
     """(real-space dtype, k-space dtype) of a transform of `kinds` whose input has `dtype`."""
-    c = _fft_dtype(dtype, argname)  # validates: numeric, supported by jax
+    c = fft_dtype(dtype, argname)  # validates: numeric, supported by jax
     if "rfft" in kinds:
         if np.issubdtype(dtype, np.complexfloating):
             raise TypeError(
                 f"`{argname}` must be real for a real-to-complex transform; got dtype {dtype} "
                 f"(use pfft3d, or 'fft' along Z, for complex input)"
             )
-        return _float_dtype(c), c
+        return float_dtype(c), c
     if "fft" in kinds:  # complex from the first FFT on: the input is cast, as fftn does
         return c, c
-    same = c if np.issubdtype(dtype, np.complexfloating) else _float_dtype(c)
+    same = c if np.issubdtype(dtype, np.complexfloating) else float_dtype(c)
     return same, same  # DCTs and DSTs keep real data real
 
 
 def _k_dtypes(dtype, kinds, argname: str) -> tuple[Any, Any]:
     """(real-space dtype, k-space dtype) for the inverse transform of a spectrum of `dtype`."""
     if "rfft" in kinds or "fft" in kinds:
-        c = _fft_dtype(dtype, argname)
-        return (_float_dtype(c) if "rfft" in kinds else c), c
+        c = fft_dtype(dtype, argname)
+        return (float_dtype(c) if "rfft" in kinds else c), c
     return _dtypes(dtype, kinds, argname)
 
 

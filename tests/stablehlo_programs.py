@@ -1,0 +1,104 @@
+"""The lowered StableHLO of pfft3d & co. on a fixed set of cases, for the test that their
+programs stay unchanged (tests/test_hlo.py, `test_pfft3d_programs_are_unchanged`).
+
+`programs()` lowers each case for CPU and for CUDA (`lowering_platforms=("cuda",)` on the CPU
+devices: no GPU needed) and returns {case name: text}.  The reference texts were written by
+`python tests/stablehlo_programs.py` from the code before the N-D planner (issue 54) into
+tests/data/pfft3d_stablehlo.json.gz, with the jax version they were lowered on: a different jax
+lowers differently, and the test skips there (rewrite the file on the new jax from a commit
+known to be right).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+
+import jax
+import numpy as np
+from jax.sharding import AxisType
+
+import pencilfft
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "pfft3d_stablehlo.json.gz")
+
+# (case name, mesh shape, mesh names, global shape, layout): pencils both ways, slabs, one
+# device (a 1x1 mesh), a grid the mesh does not divide in k space, a batch axis of the mesh.
+MESHES = [
+    ("one", (1, 1), ("x", "y"), (8, 8, 8)),
+    ("slab8", (8,), ("x",), (16, 8, 8)),
+    ("pencil4x2", (4, 2), ("x", "y"), (8, 8, 8)),
+    ("pencil2x4", (2, 4), ("x", "y"), (8, 8, 8)),
+    ("padded4x2", (4, 2), ("x", "y"), (8, 6, 10)),
+    ("batch2x2x2", (2, 2, 2), ("c", "x", "y"), (2, 8, 8, 8)),
+]
+KINDS = ("dct2", "fft", "fft")
+
+
+def _functions(shape, layout):
+    s = shape[-3:]
+    return {
+        "pfft3d": (np.complex64, lambda a: pencilfft.pfft3d(a, layout=layout), True),
+        "pifft3d": (np.complex64, lambda k: pencilfft.pifft3d(k, layout=layout), False),
+        "prfft3d": (np.float32, lambda a: pencilfft.prfft3d(a, layout=layout), True),
+        "pirfft3d": (np.float32, lambda k: pencilfft.pirfft3d(k, s, layout=layout), False),
+        "ptransform3d": (np.float32, lambda a: pencilfft.ptransform3d(a, KINDS, layout=layout),
+                         True),
+        "pitransform3d": (np.float32, lambda k: pencilfft.pitransform3d(k, KINDS, s=s,
+                                                                       layout=layout), False),
+    }
+
+
+def _normalized(text: str) -> str:
+    return re.sub(r"\s*loc\([^\n]*", "", text)
+
+
+def cases():
+    """(name, function, argument) for every program compared."""
+    out = []
+    for mesh_name, dims, names, shape in MESHES:
+        mesh = jax.make_mesh(dims, names, axis_types=(AxisType.Explicit,) * len(dims),
+                             devices=jax.devices()[:int(np.prod(dims))])
+        layouts = ("transposed", "natural") if mesh_name in ("pencil4x2", "padded4x2") else \
+            ("transposed",)
+        for layout in layouts:
+            real = pencilfft.real_space_sharding(mesh, len(shape))
+            for fname, (dtype, f, forward) in _functions(shape, layout).items():
+                x = jax.ShapeDtypeStruct(shape, dtype, sharding=real)
+                if not forward:
+                    fwd = {"pifft3d": "pfft3d", "pirfft3d": "prfft3d",
+                           "pitransform3d": "ptransform3d"}[fname]
+                    dt, g, _ = _functions(shape, layout)[fwd]
+                    k = jax.eval_shape(g, jax.ShapeDtypeStruct(shape, dt, sharding=real))
+                    x = jax.ShapeDtypeStruct(k.shape, k.dtype, sharding=pencilfft.k_space_sharding(
+                        mesh, layout, len(shape)))
+                out.append((f"{fname}/{mesh_name}/{layout}", f, x))
+    return out
+
+
+def programs() -> dict[str, str]:
+    texts = {}
+    for name, f, x in cases():
+        traced = jax.jit(f).trace(x)
+        for platform in ("cpu", "cuda"):
+            texts[f"{name}/{platform}"] = _normalized(
+                traced.lower(lowering_platforms=(platform,)).as_text())
+    return texts
+
+
+def load() -> tuple[str, dict[str, str]]:
+    with gzip.open(DATA, "rt") as f:
+        data = json.load(f)
+    return data["jax"], data["programs"]
+
+
+if __name__ == "__main__":
+    # As tests/conftest.py: 8 CPU devices, 64-bit types on.
+    jax.config.update("jax_enable_x64", True)
+    assert jax.device_count() >= 8, ("run with JAX_PLATFORMS=cpu "
+                                     "XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    os.makedirs(os.path.dirname(DATA), exist_ok=True)
+    with gzip.open(DATA, "wt") as f:
+        json.dump({"jax": jax.__version__, "programs": programs()}, f, sort_keys=True)
+    print(f"wrote {DATA}")
