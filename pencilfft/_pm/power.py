@@ -42,7 +42,7 @@ from .._transforms.partitioned import LinearOp, run, tile, with_mesh
 from .._transforms.plan import plan_forward
 from . import window as _window
 
-__all__ = ["power_spectrum"]
+__all__ = ["power_spectrum", "box_lengths"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -156,7 +156,8 @@ def _los(los) -> tuple[float, float, float]:
     return tuple(float(c) for c in v / norm)
 
 
-def _box(box_shape, shape) -> tuple[float, float, float]:
+def box_lengths(box_shape, shape) -> tuple[float, float, float]:
+    """(Lx, Ly, Lz) from `box_shape` (3 finite positive numbers), or the grid `shape` for None."""
     if box_shape is None:
         return tuple(float(n) for n in shape)
     try:
@@ -202,7 +203,7 @@ def plan_bins(shape, box_shape=None, kedges=None, multipoles=0, los=(0, 0, 1), *
     """(BinPlan, scalar multipoles) for a field of global grid `shape` (X, Y, Z), with JaxPM's
     rules: box_shape None is the grid itself (unit cells); the line of sight is used (and
     normalised) unless multipoles is the scalar 0."""
-    box = _box(box_shape, shape)
+    box = box_lengths(box_shape, shape)
     edges = kedges_for(kedges, shape, box)
     poles, scalar = _poles(multipoles)
     direction = None if (scalar and poles == (0,)) else _los(los)
