@@ -131,15 +131,24 @@ def displacement_sharding(mesh: Mesh, ndim: int | None = None) -> NamedSharding:
       >>> float(pencilfft.paint(dx).mean())
       1.0
     """
+    names, sizes = batch_axes(check_mesh(mesh))
     if ndim is not None:
-        if isinstance(ndim, bool) or not isinstance(ndim, int) and not hasattr(ndim, "__index__"):
+        try:
+            if isinstance(ndim, bool):
+                raise TypeError
+            ndim = operator.index(ndim)
+        except TypeError:
             raise TypeError(f"`ndim` must be an integer >= 4 (the global dimensions (..., X, Y, "
-                            f"Z, C)); got {_describe(ndim)}")
-        if operator.index(ndim) < 4:
+                            f"Z, C)); got {_describe(ndim)}") from None
+        if ndim < 4:
             raise ValueError(f"`ndim` must be at least 4 (the global dimensions (..., X, Y, Z, "
                              f"C)); got {ndim}")
-        ndim = operator.index(ndim) - 1
-    spec = real_space_spec(mesh, ndim)
+        if ndim < 4 + len(names):
+            raise ValueError(
+                f"`ndim` (={ndim}) is too small for the mesh's batch axes {names} (of sizes "
+                f"{sizes}), which split one leading axis each: expected at least "
+                f"{4 + len(names)}")
+    spec = real_space_spec(mesh, None if ndim is None else ndim - 1)
     return NamedSharding(mesh, P(*spec, None))
 
 

@@ -26,10 +26,12 @@ import operator
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import AbstractMesh
 
-from .._decomposition.mesh import find_mesh
+from .._decomposition.mesh import find_mesh, is_tracer
 from .._decomposition.rules import batch_axes
 from .._decomposition.sharding import real_space_sharding
+from .._jax_private import concrete_mesh
 from .._transforms.fft import pirfft3d, prfft3d
 from .._transforms.freq import rfftfreq3d
 from .power import box_lengths
@@ -133,26 +135,47 @@ def gaussian_field(key, shape, power, *, box_shape=None, mesh=None, dtype=None):
         raise TypeError(f"`power` must be a callable P(k) or a real array on the k grid; got "
                         f"{type(power).__name__}")
     mesh = find_mesh(key, mesh)
+    if isinstance(mesh, AbstractMesh) and not is_tracer(key):
+        # Eagerly under jax.set_mesh: the devices to draw on are the concrete mesh's
+        mesh = concrete_mesh() or mesh
     shape = _check_shape(shape, mesh)
     dtype = _float_dtype(dtype)
     box = box_lengths(box_shape, shape[-3:])
+    table = None
+    if not callable(power):
+        table = _real(power if hasattr(power, "dtype") else np.asarray(power), "power",
+                      "a callable P(k) or a real array on the k grid")
+        power = None
+    settings = dict(shape=shape, dtype=dtype, box=box, mesh=mesh, power=power)
+    if is_tracer(key) or is_tracer(table) or not _hashable(power):
+        return _field(key, table, **settings)
+    return _field_jit(key, table, **settings)  # eagerly: one program, kept for the next call
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _field(key, table, *, shape, dtype, box, mesh, power):
+    """The field (traced): `power` the callable, or None and `table` the array."""
     sharding = real_space_sharding(mesh, len(shape)) if mesh is not None else None
     draw = jax.jit(lambda k: jax.random.normal(k, shape, dtype), out_shardings=sharding)
-    white = draw(key)
-    wk = prfft3d(white, mesh=mesh)
+    wk = prfft3d(draw(key), mesh=mesh)
     spacing = tuple(b / n for b, n in zip(box, shape[-3:]))
     kvec = rfftfreq3d(wk, d=spacing, s=shape[-3:], mesh=mesh)
     k2 = kvec[0] ** 2 + kvec[1] ** 2 + kvec[2] ** 2
     nonzero = k2 > 0  # the k = 0 mode, and the mesh's padding (whose wavenumbers are 0)
-    if callable(power):
+    if power is not None:
         p = power(jnp.sqrt(jnp.where(nonzero, k2, 1)))
         p = _real(p if hasattr(p, "dtype") else jnp.asarray(p), "power",
                   "a callable returning a real array (P(k))")
         what = "the result of the callable `power`"
     else:
-        p = _real(power if hasattr(power, "dtype") else np.asarray(power), "power",
-                  "a callable P(k) or a real array on the k grid")
-        what = "`power`"
+        p, what = table, "`power`"
     try:
         np.broadcast_shapes(np.shape(p), np.shape(k2))
     except ValueError:
@@ -162,6 +185,9 @@ def gaussian_field(key, shape, power, *, box_shape=None, mesh=None, dtype=None):
     cells_per_volume = math.prod(shape[-3:]) / math.prod(box)
     amplitude = jnp.where(nonzero, jnp.sqrt(jnp.asarray(p, dtype) * cells_per_volume), 0)
     return pirfft3d(wk * amplitude.astype(dtype), shape[-3:], mesh=mesh)
+
+
+_field_jit = jax.jit(_field, static_argnames=("shape", "dtype", "box", "mesh", "power"))
 
 
 def zeldovich_displacement(delta, *, box_shape=None, mesh=None):
@@ -209,6 +235,13 @@ def zeldovich_displacement(delta, *, box_shape=None, mesh=None):
                          f"{tuple(delta.shape)}")
     shape = tuple(delta.shape[-3:])
     box = box_lengths(box_shape, shape)
+    if is_tracer(delta):
+        return _displacement(delta, box=box, mesh=mesh)
+    return _displacement_jit(delta, box=box, mesh=mesh)  # eagerly: one program
+
+
+def _displacement(delta, *, box, mesh):
+    shape = tuple(delta.shape[-3:])
     dk = prfft3d(delta, mesh=mesh)
     spacing = tuple(b / n for b, n in zip(box, shape))
     kvec = rfftfreq3d(dk, d=spacing, s=shape, mesh=mesh)
@@ -221,3 +254,5 @@ def zeldovich_displacement(delta, *, box_shape=None, mesh=None):
         psi.append(pirfft3d(1j * k * inv_k2 * dk, shape, mesh=mesh))
     return jnp.stack(psi, axis=-1)
 
+
+_displacement_jit = jax.jit(_displacement, static_argnames=("box", "mesh"))
