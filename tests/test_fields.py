@@ -84,9 +84,7 @@ def no_all_gather(fn, *args):
 MESHES = [
     pytest.param(None, np.float64, id="one-device"),
     pytest.param((4, 2), np.float64, marks=pytest.mark.mpirun, id="4x2"),
-    pytest.param((1, 8), np.float32, id="1x8-f32"),
-    pytest.param((8, 1), np.float64, id="8x1"),
-    pytest.param((8,), np.float64, id="8"),
+    pytest.param((8,), np.float32, id="8-f32"),  # a 1-axis mesh (slabs)
 ]
 
 

@@ -298,8 +298,8 @@ def _block_rows(bins: BinPlan, rows: tuple, q, starts):
 
     if bins.windows:
         # The windows' transfer functions in radians per cell, even in k: the mirror's too.
-        cell = [wavenumbers("fft", g, n, 1.0).astype(rdtype) for g, n in ((gx, X), (gy, Y),
-                                                                           (gz, Z))]
+        cell = tuple(wavenumbers("fft", g, n, 1.0).astype(rdtype) for g, n in ((gx, X), (gy, Y),
+                                                                                (gz, Z)))
         transfer = 1.0
         for name in bins.windows:
             transfer = transfer * _window.compensation(cell, name)
