@@ -121,6 +121,20 @@ def test_gaussian_field_calling_forms(form):
     assert_close(to_numpy(got), ref, np.float64, form)
 
 
+def test_gaussian_field_gradient_in_the_power():
+    """d/dA of sum(delta^2) for P = A k^-2 is sum(delta^2) / A (delta scales as sqrt(A)): the
+    field is differentiable in the spectrum's parameters (under jit, as explicit meshes need)."""
+    mesh = make_mesh((4, 2))
+
+    def loss(a):
+        d = pencilfft.gaussian_field(jax.random.key(10), SHAPE, lambda k: a * k ** -2.0,
+                                     box_shape=BOX, mesh=mesh)
+        return jnp.sum(d ** 2)
+
+    value, slope = jax.jit(jax.value_and_grad(loss))(2.0)
+    assert float(slope) == pytest.approx(float(value) / 2.0, rel=1e-10)
+
+
 def test_gaussian_field_power_as_array():
     """An array on prfft3d's k grid (here made from rfftfreq3d, padded for a 4x2 mesh: Z//2+1 =
     9 rows by 2) gives the field of the callable."""
