@@ -91,7 +91,7 @@ def gaussian_field(key, shape, power, *, box_shape=None, mesh=None, dtype=None):
     """A real Gaussian random field of power spectrum P(k) on the sharded grid (mean 0).
 
     JaxPM's `linear_field` convention: white noise of unit variance drawn in real space (each
-    device draws its own block), `prfft3d`, times sqrt(P(|k|) N / V) (N = X Y Z cells, V the
+    device draws its own block), `prfft3d`, times `sqrt(P(|k|) N / V)` (N = X Y Z cells, V the
     box's volume), `pirfft3d`; so `power_spectrum(field, box_shape=box_shape)` measures P(k)
     in expectation.  The k = 0 mode is zero.  The same key gives the same field on any mesh.
 
@@ -99,7 +99,7 @@ def gaussian_field(key, shape, power, *, box_shape=None, mesh=None, dtype=None):
       key: one PRNG key (`jax.random.key(seed)` or `jax.random.PRNGKey(seed)`).
       shape: the global shape (X, Y, Z), or (..., X, Y, Z) for independent fields, one per
         leading index (split by a mesh's batch axes).
-      power: a callable P(k) of the wavenumber modulus |k| (an array, in radians per unit of
+      power: a callable P(k) of the wavenumber modulus `|k|` (an array, in radians per unit of
         `box_shape`; never called with k = 0's value used), returning a real array of k's
         shape or a scalar; or a real array that broadcasts against the k grid of `prfft3d`'s
         half spectrum of such a field (transposed layout (..., Y, Z', X), padded where the
