@@ -1,19 +1,23 @@
 """The private jax names pencilfft relies on, in one place: what to check on a new jax release.
 
 Each has a fallback or fails loudly, never silently.  Also here: the jax releases the suite has
-passed on (`TESTED_JAX`, the range pyproject.toml declares), and the one warning a newer or
-older jax gets.
+passed on (`TESTED_JAX`; pyproject.toml declares its floor and no cap, constraints.txt the exact
+set), and the one warning a jax outside them gets (`PENCILFFT_NO_WARN_JAX_VERSION=1` silences it).
 """
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from typing import Any
 
 # The jax releases the whole suite (tests/run.sh) has passed on: [first, end).  pyproject.toml
-# declares the same range (tests/test_dependencies.py checks that they agree).  jax 0.11 needs
-# Python 3.12; on it the CPU suite was not green yet (benchmarks/RESULTS.md, "One GPU").
+# declares `first` as its floor and no cap (a cap would make pip downgrade a newer jax, and its
+# CUDA plugin, installed beside pencilfft); constraints.txt pins the release CI runs
+# (tests/test_dependencies.py checks all three agree).  jax 0.11 needs Python 3.12; on it the
+# CPU suite was not green yet (benchmarks/RESULTS.md, "One GPU").
 TESTED_JAX = ((0, 10, 2), (0, 11))
+NO_WARN = "PENCILFFT_NO_WARN_JAX_VERSION"  # set to 1: no warning for an untested jax
 WHERE_TO_REPORT = ("the project's issue tracker, with the output of `pencilfft check` "
                    "(docs: troubleshooting, \"A jax outside the tested range\")")
 
@@ -29,6 +33,11 @@ def tested_range() -> str:
     return f"jax>={first},<{end}"
 
 
+def required_floor() -> str:
+    """What pyproject.toml asks pip for: the tested range's floor and no cap, "jax>=0.10.2"."""
+    return "jax>=" + ".".join(map(str, TESTED_JAX[0]))
+
+
 def jax_support(version: str | None = None) -> tuple[str, bool]:
     """(jax's version, whether the suite has passed on it)."""
     if version is None:
@@ -41,15 +50,17 @@ def jax_support(version: str | None = None) -> tuple[str, bool]:
 
 
 def warn_if_untested(version: str | None = None) -> bool:
-    """One warning (per process, Python's default filter) when jax is outside `TESTED_JAX`;
-    whether it warned."""
+    """One warning (per process, Python's default filter) when jax is outside `TESTED_JAX`,
+    unless PENCILFFT_NO_WARN_JAX_VERSION=1; whether it warned."""
     version, ok = jax_support(version)
-    if not ok:
-        warnings.warn(
-            f"pencilfft: jax {version} is outside the releases pencilfft's test suite has passed "
-            f"on ({tested_range()}); it may work, or fail where the suite would have caught it. "
-            f"Please report what you see in {WHERE_TO_REPORT}.", UserWarning, stacklevel=3)
-    return not ok
+    if ok or os.environ.get(NO_WARN, "").strip() not in ("", "0"):
+        return False
+    warnings.warn(
+        f"pencilfft: jax {version} is outside the releases pencilfft's test suite has passed "
+        f"on ({tested_range()}); it may work, or fail where the suite would have caught it. "
+        f"Please report what you see in {WHERE_TO_REPORT}. "
+        f"{NO_WARN}=1 silences this warning.", UserWarning, stacklevel=3)
+    return True
 
 
 def needs_devices_when_lowered(prim: Any) -> None:

@@ -3,6 +3,11 @@
 `PENCILFFT_TEST_DEVICES` (default 8) is the number of simulated CPU devices *per process*; under
 `mpirun -np N` the runner sets it to 8/N so that every run sees 8 devices in all.  This must happen
 before jax creates its backend, hence at import time of this file.
+
+Every run refuses `with mesh:` (JAX_DISALLOW_MESH_CONTEXT_MANAGER=1, unless the environment says
+otherwise): jax has deprecated that idiom and will make it an error, so neither pencilfft nor its
+tests may enter one; `jax.set_mesh` is the way.  `PENCILFFT_TEST_QUICK=1` (`bash tests/run.sh
+--quick`) keeps only the quick subset, `QUICK_FILES`.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_N_LOCAL}"
     ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_DISALLOW_MESH_CONTEXT_MANAGER", "1")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -26,6 +32,10 @@ import pencilfft  # noqa: E402
 from pencilfft._decomposition.rules import fits, round_up  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+# The environment is read when jax is imported; a plugin may have imported it before this file.
+DISALLOW_MESH_CONTEXT = os.environ["JAX_DISALLOW_MESH_CONTEXT_MANAGER"].lower() not in ("0", "false")
+if "jax_disallow_mesh_context_manager" in jax.config.values:  # a jax that still has `with mesh:`
+    jax.config.update("jax_disallow_mesh_context_manager", DISALLOW_MESH_CONTEXT)
 pencilfft.initialize()  # a no-op in a plain process; starts jax.distributed under mpirun/srun
 
 MULTI_PROCESS = jax.process_count() > 1
@@ -242,6 +252,14 @@ PROCESS_GRID_FILES = {"test_agree.py", "test_fft.py", "test_rfft.py", "test_padd
                       "test_r2r.py", "test_paint.py"}
 
 
+# The quick subset (`bash tests/run.sh --quick`, or PENCILFFT_TEST_QUICK=1 with pytest): the
+# core cases, a few minutes on 2 cores.  The transforms (complex and real, every mesh class and
+# layout, against numpy float64) and the set-up across processes, what most changes would break
+# first; the rest of the public functions are checked by the whole suite.
+QUICK_FILES = {"test_fft.py", "test_rfft.py", "test_distributed.py"}
+QUICK = os.environ.get("PENCILFFT_TEST_QUICK", "0") == "1"
+
+
 def _again_under_mpirun(item) -> bool:
     """Marked `mpirun`, and not on the one-axis mesh (8,): that mesh differs from (8, 1) only in
     naming one axis, which is planned the same however the devices are spread over processes.
@@ -254,12 +272,23 @@ def _again_under_mpirun(item) -> bool:
     return pdims is None or len(pdims) != 1
 
 
+def pytest_ignore_collect(collection_path, config):
+    """In the quick subset, the other test files are not even imported (collecting all of them
+    takes a while)."""
+    if QUICK and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return collection_path.name not in QUICK_FILES or None
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    if not MULTI_PROCESS:
+    if not MULTI_PROCESS and not QUICK:
         return
     keep, drop = [], []
     for item in items:
-        (keep if _again_under_mpirun(item) else drop).append(item)
+        wanted = not QUICK or item.path.name in QUICK_FILES
+        if MULTI_PROCESS:
+            wanted = wanted and _again_under_mpirun(item)
+        (keep if wanted else drop).append(item)
     config.hook.pytest_deselected(items=drop)
     items[:] = keep
 

@@ -5,6 +5,7 @@ Marked `mpirun`: only there do processes differ (in one process the value is its
 """
 from __future__ import annotations
 
+import re
 import sys
 
 import jax
@@ -141,3 +142,121 @@ def test_same_compares_every_process(transport, monkeypatch):
     with pytest.raises(_agree.DifferentPlansError,
                        match=r"chunks: process 0: 0, process 1: 1.*X: process 0: 0, process 1: 1"):
         _agree.same({"chunks": RANK}, "a test plan", settings={"X": RANK})
+
+
+# ----------------------------------------------------------------------------------------------
+# Everything a transform's program depends on (issue 57): a process that differs in any of it
+# would compile another program and wait forever in its exchanges.  The last processes differ.
+
+
+def _transform_call(differ: str, mine: bool):
+    """(function, argument, keywords) of the transform that processes 0 (`mine` False) and the
+    others (`mine` True) call: alike but for `differ`."""
+    import numpy as np
+
+    import pencilfft
+    from conftest import make_mesh
+
+    shape, dtype, func = (16, 16, 16), np.complex64, pencilfft.pfft3d
+    if differ == "dtype":  # complex128 data; JAX_ENABLE_X64 off on process 0 makes it complex64
+        dtype = np.complex128
+    kwargs = {"mesh": make_mesh((4, 2))}
+    if mine:
+        if differ == "shape":
+            shape = (16, 16, 8)
+        elif differ == "batch":
+            shape = (2, 16, 16, 16)
+        elif differ == "transform":
+            func = pencilfft.pifft3d
+        elif differ == "norm":
+            kwargs["norm"] = "ortho"
+        elif differ == "layout":
+            kwargs["layout"] = "natural"
+        elif differ == "chunks":
+            kwargs["chunks"] = 2
+        elif differ == "padding":
+            shape, dtype, func = (24, 24, 24), np.float32, pencilfft.prfft3d
+            kwargs["padding"] = 1.5
+        elif differ == "mesh axis names":
+            kwargs["mesh"] = jax.make_mesh((4, 2), ("a", "b"),
+                                           axis_types=kwargs["mesh"].axis_types)
+        elif differ == "mesh axis types":
+            kwargs["mesh"] = make_mesh((4, 2), "auto")
+        elif differ == "mesh devices":
+            kwargs["mesh"] = jax.sharding.Mesh(kwargs["mesh"].devices[::-1], ("x", "y"),
+                                               axis_types=kwargs["mesh"].axis_types)
+    elif differ == "padding":
+        shape, dtype, func = (16, 16, 16), np.float32, pencilfft.prfft3d
+    return func, np.zeros(shape, dtype), kwargs
+
+
+# What the message names for each difference (processes 0 and 1; the others as process 1).
+_NAMED = {
+    "shape": r"real_shape: process 0: \(16, 16, 16\), process 1: \(16, 16, 8\)",
+    "batch": r"batch: process 0: \(\), process 1: \(2,\)",
+    "dtype": r"real_dtype: process 0: 'complex64', process 1: 'complex128'",
+    "transform": r"transform: process 0: 'pfft3d', process 1: 'pifft3d'",
+    "norm": r"norm: process 0: 'backward', process 1: 'ortho'",
+    "layout": r"layout: process 0: 'transposed', process 1: 'natural'",
+    "chunks": r"chunks_asked: process 0: 'auto', process 1: 2",
+    "padding": r"real_shape: process 0: \(16, 16, 16\), process 1: \(24, 24, 24\)",
+    "mesh axis names": r"mesh: process 0: '\(x=4 Explicit, y=2 Explicit\) devices \w+', "
+                       r"process 1: '\(a=4 Explicit, b=2 Explicit\) devices",
+    "mesh axis types": r"mesh: process 0: '\(x=4 Explicit, y=2 Explicit\) devices \w+', "
+                       r"process 1: '\(x=4 Auto, y=2 Auto\) devices",
+    "mesh devices": r"mesh: process 0: '\(x=4 Explicit, y=2 Explicit\) devices (\w+)', "
+                    r"process 1: '\(x=4 Explicit, y=2 Explicit\) devices (?!\1)",
+}
+
+
+@MPIRUN
+@pytest.mark.parametrize("differ", list(_NAMED))
+def test_a_plan_that_differs_in_anything_fails_alike_on_every_process(differ):
+    """Issue 57: one rank with another global shape, or with float64 data where the others
+    had float32 (JAX_ENABLE_X64 on one rank), hung in silence until killed.  Now every process
+    raises DifferentPlansError at the call, naming each process's value."""
+    func, x, kwargs = _transform_call(differ, mine=RANK > 0)
+    if jax.process_count() == 1:
+        pytest.skip("one process: nothing to differ from")
+    with jax.enable_x64(differ != "dtype" or RANK > 0), \
+            pytest.raises(_agree.DifferentPlansError, match=_NAMED[differ]) as info:
+        func(x, **kwargs)
+    x64 = "False" if differ == "dtype" else "True"
+    assert f"jax_enable_x64: process 0: {x64}, process 1: True" in str(info.value)
+
+
+def test_plan_decisions_are_every_field_of_the_plan():
+    """A field added to the plan is compared without touching the agreement."""
+    import dataclasses
+
+    import numpy as np
+
+    from conftest import make_mesh
+    from pencilfft._transforms.plan import plan_forward
+
+    mesh = make_mesh((4, 2))
+    x = np.zeros((2, 16, 16, 16), np.float32)
+    plan = plan_forward(x, norm="ortho", layout="natural", mesh=mesh,
+                        kinds=("fft", "fft", "rfft"), padding=1, exchange="auto", chunks="auto")
+    decisions = _agree.plan_decisions(plan, x)
+    assert list(decisions) == [f.name for f in dataclasses.fields(plan)] + ["input"]
+    shown = {k: repr(v) for k, v in decisions.items()}
+    assert shown["real_shape"] == "(16, 16, 16)" and shown["batch"] == "(2,)"
+    assert shown["real_dtype"] == "'float32'" and shown["k_dtype"] == "'complex64'"
+    assert shown["norm"] == "'ortho'" and shown["layout"] == "'natural'"
+    assert shown["chunks_asked"] == "'auto'" and shown["input"] == "'ndarray'"
+    assert re.fullmatch(r"'\(x=4 Explicit, y=2 Explicit\) devices [0-9a-f]{12}'", shown["mesh"])
+    # The same mesh reads the same; its devices in another order do not.
+    other = jax.sharding.Mesh(mesh.devices[::-1], mesh.axis_names, axis_types=mesh.axis_types)
+    assert _agree._mesh_text(jax.make_mesh((4, 2), ("x", "y"), axis_types=mesh.axis_types)) \
+        == _agree._mesh_text(mesh) != _agree._mesh_text(other)
+    assert _agree._mesh_text(mesh.abstract_mesh) == "(x=4 Explicit, y=2 Explicit) abstract"
+
+
+def test_same_reads_back_every_value():
+    """The message each process sends is parsed back only when it differs."""
+    text = _agree._RECORD.join(
+        (_agree._FIELD.join(f"{k}{_agree._PAIR}{v!r}" for k, v in {"a": (1, 2), "b": "x"}.items()),
+         f"S{_agree._PAIR}'y'"))
+    assert _agree._parsed(text) == {"decisions": {"a": "(1, 2)", "b": "'x'"},
+                                    "settings": {"S": "'y'"}}

@@ -78,15 +78,13 @@ def test_jit_finds_explicit_mesh_in_type(pdims):
     assert rel_err(to_numpy(k), reference(x, "transposed")) <= tol(np.complex64)
 
 
-@pytest.mark.parametrize("how", ["set_mesh", "with_mesh"])
-def test_jit_finds_ambient_mesh(axis_type, how):
+# A user's `with mesh:` block (deprecated by jax; the suite refuses to enter one): read-only
+# lookup in tests/test_next_jax.py (test_a_users_legacy_mesh_is_still_found).
+def test_jit_finds_ambient_mesh(axis_type):
     mesh = make_mesh((4, 2), axis_type)
     x = random_field((16, 16, 8), np.complex64, seed=4)
     xs = put_global(x, pencilfft.real_space_sharding(mesh))
-    ctx = jax.set_mesh(mesh) if how == "set_mesh" else mesh
-    if how == "with_mesh" and axis_type == "explicit":
-        pytest.skip("`with mesh:` is the legacy idiom for Auto meshes")
-    with ctx:
+    with jax.set_mesh(mesh):
         k = jax.jit(pencilfft.pfft3d)(xs)
         hlo = jax.jit(pencilfft.pfft3d).lower(xs).compile().as_text()
     moves = ("all-to-all", "collective-permute", "pencilfft_local_exchange")

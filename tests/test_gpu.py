@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
-from test_paint import numpy_paint, numpy_read
+from paint_references import numpy_paint, numpy_read
 
 N = 32
 TOL = {"complex64": 1e-5, "complex128": 1e-12, "float32": 1e-5, "float64": 1e-12}

@@ -424,33 +424,152 @@ def test_uncaught_exception_ends_the_mpi_job():
     assert "pencilfft: uncaught RuntimeError in process 1 of 2; aborting" in done.stderr
 
 
-@pytest.mark.parametrize("how", ["exit-3", "exit-0"])
+@pytest.mark.parametrize("how", ["exit-3", "raise-3", "exit-0", "all-4"])
 def test_sys_exit_on_one_rank_ends_the_mpi_job(how):
     """Before, sys.exit(3) on rank 1 left it in jax's shutdown (300 s) and rank 0 in its
-    collective; then both aborted and the status was lost (issues 48 and 51).  Now the job
-    ends within seconds with status 3, while sys.exit(0) on every rank stays a clean exit."""
+    collective; then both aborted and the status was lost (issues 48 and 51), and a bare
+    `raise SystemExit(3)` did so still (issue 57: 309-320 s, status 6).  Now the job ends
+    within seconds with status 3, while sys.exit(0) on every rank stays a clean exit, and
+    SystemExit(4) on every rank (as pytest's, on every rank of a run that failed) ends each
+    rank as Python would, no rank cut short.  Four devices per process, as in issue 57."""
     mpirun = Path(sys.executable).parent / "mpirun"
     if not mpirun.exists():
         pytest.skip(f"no mpirun next to {sys.executable}")
     done, _ = _run([str(mpirun), "-np", "2", sys.executable, str(CHILD), "end", how],
-                   clean_env(2), timeout=120)
+                   clean_env(4), timeout=120)
     ended = time.time()
     reports = _reports(done.stdout)
     ranks = sorted((r for r in reports if "caught" in r), key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == [0, 1], done.stdout + done.stderr
-    for r in ranks:  # sys.exit is wrapped, and a caught sys.exit(5) ended nothing
-        assert r["wrapped"] and r["caught"] == 5, r
+    for r in ranks:  # sys.exit is wrapped, SystemExit watched; a caught exit ended nothing
+        assert r["wrapped"] and r["watched"] and r["caught"] == [5, 6], r
     ending = [r["ending_at"] for r in reports if "ending_at" in r]
     assert ending and ended - max(ending) < 30, f"the job took {ended - max(ending):.0f} s to end"
     assert not any("unreachable" in r for r in reports)
-    if how == "exit-3":
+    if how in ("exit-3", "raise-3"):
+        way = "sys.exit" if how == "exit-3" else "SystemExit"
         assert done.returncode == 3, (done.returncode, done.stderr)
-        assert ("pencilfft: process 1 of 2 exits with status 3 (sys.exit); ending every process"
+        assert (f"pencilfft: process 1 of 2 exits with status 3 ({way}); ending every process"
                 in done.stderr), done.stderr
-    else:
-        assert done.returncode == 0, done.stderr
+    else:  # every rank ends: through jax's shutdown, each with its status, nothing aborted
+        assert done.returncode == (0 if how == "exit-0" else 4), done.stderr
         assert len(ending) == 2 and "exits with status" not in done.stderr, done.stderr
         assert "MPI_Abort" not in done.stderr
+
+
+def test_builtin_exit_ends_the_job_and_a_threads_exit_does_not():
+    """The builtin exit(n) (a SystemExit raised in Python, as `raise SystemExit(n)`) reaches
+    the hook as sys.exit does (the interpreter reads its status); a caught one and sys.exit in
+    a thread (which ends that thread only, as in plain Python) end nothing.  One process with
+    the hooks installed by hand: the same path as under mpirun, where the end is MPI_Abort."""
+    done, _ = _run([sys.executable, str(CHILD), "top"], clean_env(1), timeout=60)
+    assert done.returncode == 4, done.stderr
+    # exit(5) caught (read by Python), the thread's exit silent, the main thread went on
+    assert _reports(done.stdout) == [{"caught": 5}, {"main_continues": True}], done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    assert ("pencilfft: process 0 of 1 exits with status 4 (SystemExit); ending every process"
+            in done.stderr), done.stderr
+
+
+def test_ranks_that_differ_end_the_mpi_job_naming_the_difference():
+    """Issue 57: under mpirun, a rank started with JAX_ENABLE_X64=1 (float64 data planned as
+    complex128 where the other rank planned complex64), or planning another global shape, hung
+    in silence until killed.  Now every rank raises DifferentPlansError naming each rank's
+    value, and, uncaught, it ends the job within seconds with a non-zero status."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip(f"no mpirun next to {sys.executable}")
+    child = [sys.executable, str(CHILD), "differ"]
+    # MPMD: rank 1 alone gets JAX_ENABLE_X64=1 (Hydra's per-program -env, as MPICH's mpirun).
+    done, took = _run([str(mpirun), "-np", "1", *child, ":", "-np", "1", "-env", "JAX_ENABLE_X64",
+                       "1", *child], clean_env(4), timeout=90)
+    ended = time.time()
+    reports = _reports(done.stdout)
+    shapes = sorted((r for r in reports if "shape_error" in r), key=lambda r: r["rank"])
+    assert [r["rank"] for r in shapes] == [0, 1], done.stdout + done.stderr
+    for r in shapes:
+        assert ("real_shape: process 0: (16, 16, 16), process 1: (16, 16, 8)"
+                in r["shape_error"]), r
+    raising = sorted((r for r in reports if "raising_at" in r), key=lambda r: r["rank"])
+    assert [r["x64"] for r in raising] == [False, True], done.stdout
+    assert ended - max(r["raising_at"] for r in raising) < 30, f"{took:.0f} s in all"
+    assert not any("unreachable" in r for r in reports)
+    assert done.returncode != 0
+    assert ("real_dtype: process 0: 'complex64', process 1: 'complex128'" in done.stderr
+            and "jax_enable_x64: process 0: False, process 1: True" in done.stderr), done.stderr
+    assert "pencilfft: uncaught DifferentPlansError in process" in done.stderr
+
+
+def test_a_failed_callback_among_several_local_devices_ends_the_mpi_job():
+    """Issue 57 (upstream): an exception in a jax.debug.callback that is not partitioned, with
+    4 devices per process, left the process's other devices in the collective and every rank
+    waiting (420 s under mpirun, until killed).  pencilfft says so at once and ends the job
+    once the process has not moved for the grace time (2 s here, 30 s by default)."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip(f"no mpirun next to {sys.executable}")
+    done, _ = _run([str(mpirun), "-np", "2", sys.executable, str(CHILD), "callback", "2"],
+                   clean_env(4), timeout=90)
+    ended = time.time()
+    reports = _reports(done.stdout)
+    waiting = [r["waiting_since"] for r in reports if "waiting_since" in r]
+    assert len(waiting) == 2, done.stdout + done.stderr
+    assert ended - max(waiting) < 45, f"the job took {ended - max(waiting):.0f} s to end"
+    assert not any("unreachable" in r for r in reports)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "RuntimeError: boom in the callback" in done.stderr  # jax's own log of it
+    assert ("pencilfft: jax.debug.callback raised in process 0 of 2, which has 4 devices"
+            in done.stderr), done.stderr
+    assert ("pencilfft: process 0 of 2 has not moved for 2 s since its jax.debug.callback "
+            "raised; ending every process of the job" in done.stderr), done.stderr
+    assert "partitioned=True" in done.stderr
+
+
+def test_callback_watch_ends_a_stuck_process_only(monkeypatch, capsys):
+    """The watch is a filter (jax's record still reaches logging), once per logger, removed with
+    the hook; it ends the job when the main thread stays in one place in jax, and leaves a
+    program that goes on alone (or waits in its own code)."""
+    import logging
+
+    from pencilfft._processes import launch as _distributed
+
+    ended = []
+    monkeypatch.setattr(_distributed, "_stop_stdout_filter", lambda: None)
+    monkeypatch.setattr(_distributed, "_wait_until_read", lambda: None)
+    monkeypatch.setattr(_distributed, "_abort_job", lambda status: ended.append(status))
+    monkeypatch.setattr(_distributed.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(_distributed, "_CALLBACK_GRACE_S", 0.1)
+    logger = logging.getLogger("jax._src.debugging")
+    seen = []
+    logger.addHandler(seen_handler := logging.Handler())
+    seen_handler.emit = seen.append
+    try:
+        _distributed._install_callback_watch()
+        _distributed._install_callback_watch()
+        assert sum(isinstance(f, _distributed._CallbackWatch) for f in logger.filters) == 1
+
+        def fail():
+            logger.error("jax.debug.callback failed")
+            assert len(seen) == 1  # let through
+            seen.clear()
+
+        class Waiting:  # as an array whose computation never ends
+            def block_until_ready(self):
+                time.sleep(0.6)
+
+        fail()
+        jax.block_until_ready(Waiting())  # stuck in one place, in jax
+        assert ended == [1]
+        err = capsys.readouterr().err
+        assert "pencilfft: jax.debug.callback raised in process" in err
+        assert "has not moved for 0.1 s since its jax.debug.callback raised" in err
+        fail()
+        time.sleep(1.2)  # ten times the grace, in a place of its own (not jax's)
+        assert ended == [1]
+    finally:
+        logger.removeHandler(seen_handler)
+        _distributed._remove_callback_watch()
+    assert not any(isinstance(f, _distributed._CallbackWatch) for f in logger.filters)
 
 
 def test_sys_exit_hook_reads_the_status_only_at_the_top(monkeypatch, capsys):
@@ -464,17 +583,32 @@ def test_sys_exit_hook_reads_the_status_only_at_the_top(monkeypatch, capsys):
     monkeypatch.setattr(_distributed, "_abort_job", lambda status: ended.append(status))
     monkeypatch.setattr(sys, "exit", sys.exit)  # both restored afterwards, whatever happens
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
-    _distributed._remove_abort_hook()
-    _distributed._install_exit_hook()
-    wrapped = sys.exit
-    _distributed._install_exit_hook()  # once
-    assert sys.exit is wrapped and wrapped._pencilfft_exit
-    for status, code, args in ((3, 3, (3,)), (None, None, ()), ("bye", "bye", ("bye",)),
-                               ((1, 2), (1, 2), (1, 2))):
-        with pytest.raises(SystemExit) as info:
-            sys.exit(status)
-        assert info.value.code == code and info.value.args == args  # as the built-in's
-    assert ended == []  # read from Python: nothing ended
+    member = SystemExit.__dict__["code"]
+    try:
+        for watched in (True, False):  # SystemExit watched, or (elsewhere) _JobExit instead
+            _distributed._remove_abort_hook()
+            if not watched:
+                monkeypatch.setattr(_distributed, "_set_system_exit_code", lambda d: False)
+            _distributed._install_exit_hook()
+            wrapped = sys.exit
+            _distributed._install_exit_hook()  # once
+            assert sys.exit is wrapped and wrapped._pencilfft_exit
+            assert (SystemExit.__dict__["code"] is not member) == watched
+            for status, code, args in ((3, 3, (3,)), (None, None, ()), ("bye", "bye", ("bye",)),
+                                       ((1, 2), (1, 2), (1, 2))):
+                with pytest.raises(SystemExit) as info:
+                    sys.exit(status)
+                assert info.value.code == code and info.value.args == args  # as the built-in's
+                assert (type(info.value) is SystemExit) == watched
+                with pytest.raises(SystemExit) as info:
+                    raise SystemExit(status)
+                assert info.value.code == code
+            assert ended == []  # read from Python: nothing ended
+            _distributed._remove_abort_hook()
+            assert sys.exit is wrapped._pencilfft_previous
+            assert SystemExit.__dict__["code"] is member
+    finally:
+        _distributed._unwatch_system_exit()
     # As the interpreter reads it at the very end: the job ends with the status.
     for code, status in ((3, 3), (256 + 7, 7), ("bye", 1)):
         _distributed._end_job_on_exit(code)
@@ -485,8 +619,6 @@ def test_sys_exit_hook_reads_the_status_only_at_the_top(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert f"pencilfft: process {RANK} of {N} exits with status 3 (sys.exit)" in err
     assert "bye\npencilfft: process" in err  # a message is printed, as Python does
-    _distributed._remove_abort_hook()
-    assert sys.exit is wrapped._pencilfft_previous
 
 
 def _alive(pid: int) -> bool:

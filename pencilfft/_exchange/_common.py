@@ -73,7 +73,7 @@ def concrete(mesh):
                          f"({mesh.size} of {len(devices)}): pass `mesh=` or call the transform "
                          f"under `jax.set_mesh(mesh)`")
     return jax.sharding.Mesh(np.asarray(devices, object).reshape(mesh.axis_sizes),
-                             mesh.axis_names)
+                             mesh.axis_names, axis_types=mesh.axis_types)
 
 
 def process_groups(mesh, axis_name: str) -> tuple[tuple[int, ...], ...]:

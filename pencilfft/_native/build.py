@@ -9,16 +9,25 @@ source, the command line, the architecture and C library, Python's and jax's ver
 built once per machine and environment, not once per process: the ranks of an mpirun job that
 start together build it once under a file lock, and the others wait for it.
 
+Only a cache that this user alone can write is used (`trust`: ssh's and pip's rule): a folder
+or file owned by another user (root excepted) or writable by its group or others, or in a folder
+others can write without the sticky bit, is never loaded from; one warning, and the handlers go
+to a private folder instead (issue 57: a library planted in a folder of mode 777 ran inside
+root's process).  The default folder is this user's, made 0700.
+
 A cached library is checked before it is loaded: each build writes, beside the library, its
 size and sha256 (`<library>.sha256`), and a library that does not match them (cut short by a
 full disk, a killed build or a copy in progress; or without the record: a build that did not
 finish, an older pencilfft) is rebuilt once, with one warning naming the file and why.  dlopen
 of a library cut short does not fail, it crashes the process (SIGBUS), so the check must come
-first.  A checked library that still does not load is rebuilt once too.  A build writes a
-temporary file and moves it into place (`os.replace`), under the lock, so a process never
-loads a file another is writing.
+first; and what is loaded is a private copy of the bytes that were checked (an in-memory file),
+never the cached file again, which another process could cut or replace after the check.  A
+checked library that still does not load is rebuilt once too.  A build writes a temporary file
+and moves it into place (`os.replace`), under the lock, so a process never loads a file
+another is writing.
 
-Cache folder: $PENCILFFT_CACHE_DIR, else $XDG_CACHE_HOME/pencilfft, else ~/.cache/pencilfft.
+Cache folder: $PENCILFFT_CACHE_DIR, else $XDG_CACHE_HOME/pencilfft, else ~/.cache/pencilfft,
+else (no home folder of this user's) pencilfft-<uid> in the temporary folder.
 A build that fails raises `BuildError` with the compiler's own message, and so does a cache
 folder that cannot be used (any OSError of the folder, the lock, the files: the message names
 the folder and PENCILFFT_CACHE_DIR); callers fall back to XLA's kernels with one warning (they
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import functools
 import hashlib
@@ -36,12 +46,17 @@ import pathlib
 import platform
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
 import jax
+
+from . import trust
 
 __all__ = ["BuildError", "cache_dir", "compiler", "library_path", "load", "missing_compiler",
            "register"]
@@ -52,20 +67,39 @@ class BuildError(RuntimeError):
 
 
 def cache_dir() -> pathlib.Path:
+    """The cache folder as configured (`load` uses it only if it follows `trust`'s rule)."""
     # "~/..." written in quotes in a job script reaches us unexpanded: a folder named "~" in the
     # working directory would surprise anyone.
     if os.environ.get("PENCILFFT_CACHE_DIR", "").strip():
         return pathlib.Path(os.path.expanduser(os.environ["PENCILFFT_CACHE_DIR"].strip()))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "pencilfft"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return pathlib.Path(os.environ["XDG_CACHE_HOME"]) / "pencilfft"
+    home = os.path.expanduser("~")
+    if _usable_home(home):
+        return pathlib.Path(home) / ".cache" / "pencilfft"
+    # no home folder of this user's (HOME=/ for a container's --user, a nonexistent one): a
+    # folder of its own, named for the user, not one folder for everyone
+    return pathlib.Path(tempfile.gettempdir()) / f"pencilfft-{os.geteuid()}"
+
+
+def _usable_home(home: str) -> bool:
+    try:
+        return os.path.isabs(home) and os.stat(home).st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def _cache_source() -> str:
     """Where `cache_dir()` came from, in words for an error message."""
     if os.environ.get("PENCILFFT_CACHE_DIR", "").strip():
         return f"PENCILFFT_CACHE_DIR={os.environ['PENCILFFT_CACHE_DIR']!r}"
-    return ("$XDG_CACHE_HOME/pencilfft" if os.environ.get("XDG_CACHE_HOME")
-            else "~/.cache/pencilfft") + ", PENCILFFT_CACHE_DIR unset"
+    if os.environ.get("XDG_CACHE_HOME"):
+        where = "$XDG_CACHE_HOME/pencilfft"
+    elif _usable_home(os.path.expanduser("~")):
+        where = "~/.cache/pencilfft"
+    else:
+        where = "this user's folder in the temporary folder: no home folder of this user's"
+    return f"{where}, PENCILFFT_CACHE_DIR unset"
 
 
 @contextlib.contextmanager
@@ -177,43 +211,183 @@ def _record(library: pathlib.Path) -> pathlib.Path:
 
 
 def _fingerprint(path: pathlib.Path) -> str:
-    data = path.read_bytes()
+    return _fingerprint_of(path.read_bytes())
+
+
+def _fingerprint_of(data: bytes) -> str:
     return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
 
 
-def _damage(library: pathlib.Path) -> str | None:
-    """Why the cached `library` must not be loaded (missing, or not the file its build wrote),
-    in words; None when it is the one its build wrote, byte for byte.
-
-    dlopen of a library cut short crashes the process with SIGBUS (it maps the file and reads
-    past its end) instead of failing, so this is checked before every load, not after a
-    failed one (issue 51)."""
-    if not library.exists():
-        return "missing"
+def _read_trusted(path: pathlib.Path, what: str) -> bytes:
+    """The bytes of `path`, a file of a cache folder that follows `trust`'s rule, read through
+    one descriptor whose owner and mode are checked (a symbolic link is not followed): raises
+    `trust.Untrusted` for a file that breaks the rule, OSError otherwise."""
     try:
-        recorded = _record(library).read_text().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise trust.Untrusted(f"{what} {path} is a symbolic link") from e
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        why = trust.file_problem(st, what)
+        if why is not None:
+            raise trust.Untrusted(f"{why}: {path} ({trust.owner_and_mode(st)})")
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+            raise OSError(errno.EINVAL, f"{what} is not a regular file", str(path))
+        return f.read()  # a folder: IsADirectoryError
+
+
+def _sound_bytes(library: pathlib.Path) -> tuple[bytes | None, str]:
+    """The cached `library`'s bytes and fingerprint when they are the ones its build wrote;
+    else (None, why not, in words).  Raises `trust.Untrusted` (a file that breaks the owner
+    rule: never read from) and OSError (a cache that cannot be read).
+
+    The bytes are read once, checked and then loaded (`_load_copy`), never the file again: dlopen
+    of a library cut short crashes the process with SIGBUS (it maps the file and reads past its
+    end) instead of failing (issue 51), and a file checked and then opened again by dlopen could
+    be cut or replaced in between (issue 57)."""
+    try:
+        data = _read_trusted(library, "the library")
     except FileNotFoundError:
-        return (f"has no record of its size and sha256 ({_record(library).name}; a build that "
-                f"did not finish, or an older pencilfft, leaves none)")
+        return None, "missing"
+    try:
+        recorded = _read_trusted(_record(library), "its record").decode().strip()
+    except FileNotFoundError:
+        return None, (f"has no record of its size and sha256 ({_record(library).name}; a build "
+                      f"that did not finish, or an older pencilfft, leaves none)")
     except (OSError, UnicodeDecodeError) as e:
-        return f"has an unreadable record ({_record(library).name}: {e})"
-    actual = _fingerprint(library)
+        return None, f"has an unreadable record ({_record(library).name}: {e})"
+    actual = _fingerprint_of(data)
     if actual == recorded:
-        return None
+        return data, actual
     size, _, _ = recorded.partition(" ")
     if actual.split()[0] != size:
-        return (f"is {actual.split()[0]} bytes where its build wrote {size} (cut short or "
-                f"overwritten: a full disk, a killed build, a copy in progress?)")
-    return "does not have the sha256 its build wrote (overwritten or damaged)"
+        return None, (f"is {actual.split()[0]} bytes where its build wrote {size} (cut short or "
+                      f"overwritten: a full disk, a killed build, a copy in progress?)")
+    return None, "does not have the sha256 its build wrote (overwritten or damaged)"
 
 
 @contextlib.contextmanager
 def _lock(library: pathlib.Path) -> Iterator[None]:
     """The cache's lock for `library`: the processes that start together (mpirun's ranks)
-    build it once, the others wait here for it."""
-    with open(library.with_name(library.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    build it once, the others wait here for it.  Opened without truncating and without
+    following a symbolic link (issue 57: open(..., "w") truncated the root-owned file a
+    planted link pointed at)."""
+    path = library.with_name(library.name + ".lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise trust.Untrusted(f"its lock {path} is a symbolic link") from e
+        raise
+    try:
+        st = os.fstat(fd)
+        why = trust.file_problem(st, "its lock")
+        if why is not None:
+            raise trust.Untrusted(f"{why}: {path} ({trust.owner_and_mode(st)})")
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
+
+
+@functools.cache
+def _warn_untrusted(folder: str, source: str, why: str, private: str) -> None:
+    """Once per process and folder."""
+    warnings.warn(
+        f"pencilfft: the cache folder of pencilfft's compiled handlers, {folder} ({source}), is "
+        f"not used: {why}; a library planted there would run inside this process, so the "
+        f"handlers are built and kept in {private} instead. Use a folder only this user can "
+        f"write (docs: Troubleshooting, the cache of compiled handlers)",
+        RuntimeWarning, stacklevel=5)
+
+
+def _private(configured: pathlib.Path, avoid: pathlib.Path | None, why: str) -> pathlib.Path:
+    """The private folder used instead of the configured one, which breaks the rule, after one
+    warning."""
+    try:
+        private = trust.private_folder(avoid)
+    except (trust.Untrusted, OSError) as e:
+        raise BuildError(f"the cache folder of pencilfft's compiled handlers, {configured} "
+                         f"({_cache_source()}), is not used: {why}; and no private folder can "
+                         f"be had: {e}") from e
+    _warn_untrusted(str(configured), _cache_source(), why, str(private))
+    return private
+
+
+def _trusted_folder(configured: pathlib.Path) -> pathlib.Path:
+    """The real path of the cache folder, made 0700 if it is missing, when it follows the rule
+    (`trust`); else a private folder, after one warning."""
+    with _cache_errors(configured):
+        configured.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # the real path from here on: a symbolic link swapped after the check cannot redirect
+        real = pathlib.Path(os.path.realpath(configured))
+        why = trust.folder_problem(real)
+    return real if why is None else _private(configured, real, why)
+
+
+# The libraries this process loaded, by fingerprint: a library loaded again (a caller whose
+# cache was cleared asks again) must be the same one, not a second copy from a second private
+# copy (XLA refuses a state type registered twice, and `register` finds it by its name).  The
+# values hold the descriptors of the private copies: their names must stay theirs.
+_LOADED: dict[str, tuple[ctypes.CDLL, int | None]] = {}
+_LOADING = threading.Lock()
+_MFD_EXEC = getattr(os, "MFD_EXEC", 0x0010)  # executable even where vm.memfd_noexec=1
+
+
+def _load_copy(data: bytes, fingerprint: str, library: pathlib.Path) -> ctypes.CDLL:
+    """dlopen of a private copy of `data` (the checked bytes of `library`): an anonymous
+    in-memory file (memfd), else a file in a fresh 0700 folder, removed once loaded.  Whatever
+    happens to the cached file after its check, what runs is what was checked."""
+    with _LOADING:
+        if fingerprint not in _LOADED:
+            _LOADED[fingerprint] = _load_new_copy(data, library)
+        return _LOADED[fingerprint][0]
+
+
+def _load_new_copy(data: bytes, library: pathlib.Path) -> tuple[ctypes.CDLL, int | None]:
+    fd = None
+    cloexec = getattr(os, "MFD_CLOEXEC", 1)
+    for flags in (cloexec | _MFD_EXEC, cloexec):
+        try:
+            fd = os.memfd_create(library.stem, flags)
+            break
+        except (AttributeError, OSError):  # an old kernel (EINVAL for MFD_EXEC), no memfd
+            continue
+    if fd is not None and os.path.exists(f"/proc/self/fd/{fd}"):
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
+        except OSError:
+            os.close(fd)
+            raise
+    else:
+        if fd is not None:
+            os.close(fd)
+        fd = None
+        lib = _load_file_copy(data, library)
+    return lib, fd
+
+
+def _load_file_copy(data: bytes, library: pathlib.Path) -> ctypes.CDLL:
+    """dlopen of a copy of `data` in a fresh 0700 folder (beside the cache's files: a file
+    system that lets libraries run), removed once loaded (the process keeps its mapping, and
+    dlopen finds a loaded library by its name)."""
+    try:
+        folder = tempfile.mkdtemp(prefix=".load-", dir=library.parent)
+    except OSError:  # a read-only folder (an administrator's)
+        folder = tempfile.mkdtemp(prefix=".load-", dir=trust.private_folder())
+    try:
+        copy = os.path.join(folder, library.name)
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o700)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return ctypes.CDLL(copy)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def load(source: str | os.PathLike, *, mpi: bool = False, include_dirs: Sequence[str] = (),
@@ -224,7 +398,9 @@ def load(source: str | os.PathLike, *, mpi: bool = False, include_dirs: Sequence
     `mpi`: it calls MPI (built with the MPI compiler wrapper, `compiler`); `link`: extra link
     arguments (libraries as full paths or -l names).  A cached library that is not the one its
     build wrote (its size and sha256 are checked first: truncated, overwritten) or that does
-    not load (built for another machine) is rebuilt once, with one warning.  Raises
+    not load (built for another machine) is rebuilt once, with one warning.  A cache folder or
+    file that another user could have written (`trust`) is never loaded from: one warning, and
+    a private folder instead.  What is loaded is a private copy of the checked bytes.  Raises
     `BuildError`, for a cache folder that cannot be used too.
     """
     source = pathlib.Path(source)
@@ -234,37 +410,61 @@ def load(source: str | os.PathLike, *, mpi: bool = False, include_dirs: Sequence
     why = missing_compiler(mpi)
     if why is not None:
         raise BuildError(why)
-    output = library_path(source, mpi=mpi, include_dirs=include_dirs,
-                          library_dirs=library_dirs, link=link)
-    folder = output.parent
-    build_command = _command(command, source, output.with_suffix(".tmp"), include_dirs,
-                             library_dirs, link)
+    configured = library_path(source, mpi=mpi, include_dirs=include_dirs,
+                              library_dirs=library_dirs, link=link)
+    folder = _trusted_folder(configured.parent)
 
-    def rebuild_unless_sound(loaded_before: str | None = None) -> None:
+    def from_folder(folder: pathlib.Path) -> ctypes.CDLL:
+        output = folder / configured.name
+        return _load_from(output, _command(command, source, output.with_suffix(".tmp"),
+                                           include_dirs, library_dirs, link), _origin(mpi))
+
+    try:
+        return from_folder(folder)
+    except trust.Untrusted as e:  # a file in it breaks the rule (a planted link as its lock)
+        private = _private(configured.parent, folder, str(e))
+        try:
+            if private == folder:
+                raise
+            return from_folder(private)
+        except trust.Untrusted as again:  # BuildError: what every caller falls back on
+            raise BuildError(f"the private cache folder {private} of pencilfft's compiled "
+                             f"handlers is not usable either: {again}") from again
+
+
+def _load_from(output: pathlib.Path, build_command: list[str], origin: str) -> ctypes.CDLL:
+    """`load` in a folder that follows the rule (`output`'s)."""
+    folder = output.parent
+
+    def rebuild_unless_sound(loaded_before: str | None = None) -> tuple[bytes, str]:
         # Checked again under the lock: another process may have just built it (then nothing
         # is done here), or be rewriting it (then this waits for it to finish).
         with _cache_errors(folder), _lock(output):
-            damage = _damage(output) if loaded_before is None else loaded_before
-            if damage is None:
-                return
+            data, damage = (_sound_bytes(output) if loaded_before is None
+                            else (None, loaded_before))
+            if data is not None:
+                return data, damage
             if damage != "missing":
                 warnings.warn(f"pencilfft: the cached library {output} {damage}; rebuilding it",
-                              RuntimeWarning, stacklevel=4)
-            _build(build_command, output, _origin(mpi))
+                              RuntimeWarning, stacklevel=6)
+            _build(build_command, output, origin)
+            data, fingerprint = _sound_bytes(output)
+            if data is None:
+                raise BuildError(f"{output} {fingerprint}, right after its build")
+            return data, fingerprint
 
     with _cache_errors(folder):
-        folder.mkdir(parents=True, exist_ok=True)
-        sound = _damage(output) is None  # without the lock: a check, and the usual case
-    if not sound:
-        rebuild_unless_sound()
+        data, fingerprint = _sound_bytes(output)  # without the lock: a check, the usual case
+    if data is None:
+        data, fingerprint = rebuild_unless_sound()
     try:
-        return ctypes.CDLL(str(output))
+        return _load_copy(data, fingerprint, output)
     except OSError as first:
         # A library with its build's size and sha256 that does not load (built for another
         # machine under the same key, a library it links moved): rebuilt once, then given up.
-        rebuild_unless_sound(loaded_before=f"does not load ({first})")
+        data, fingerprint = rebuild_unless_sound(loaded_before=f"does not load ({first})")
         try:
-            return ctypes.CDLL(str(output))
+            return _load_copy(data, fingerprint, output)
         except OSError as e:
             raise BuildError(f"{output} does not load, even rebuilt ({e}; before: {first})") from e
 
@@ -272,7 +472,8 @@ def load(source: str | os.PathLike, *, mpi: bool = False, include_dirs: Sequence
 def _build(command: list[str], output: pathlib.Path, origin: str = "") -> None:
     """Compile into a temporary file, record its size and sha256, then move both into place
     (the library first: a reader that sees the new library with the old record finds them
-    apart and waits for the lock, which this build holds)."""
+    apart and waits for the lock, which this build holds).  Neither is left writable by the
+    group or others (a umask of 002 would), which `trust` would refuse."""
     tmp = output.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)  # a killed build's leftover must not pass for this one's output
     try:
@@ -285,9 +486,14 @@ def _build(command: list[str], output: pathlib.Path, origin: str = "") -> None:
     if not tmp.is_file():  # not a compiler at all (PENCILFFT_CXX=true, say)
         raise BuildError(f"{shlex.join(command)} succeeded but wrote no {tmp} (is {command[0]!r} "
                          f"a C++ compiler?{origin})")
+    os.chmod(tmp, stat.S_IMODE(os.lstat(tmp).st_mode) & ~0o022)
     record = _record(output)
     record_tmp = record.with_name(record.name + ".tmp")
-    record_tmp.write_text(_fingerprint(tmp) + "\n")
+    record_tmp.unlink(missing_ok=True)
+    fd = os.open(record_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(_fingerprint(tmp) + "\n")
     os.replace(tmp, output)  # atomic: a reader never sees half a library
     os.replace(record_tmp, record)
 

@@ -10,7 +10,10 @@ the job would wait forever.  Two tools:
   one reads for itself: every process then plans with the least);
 * `same(decisions, what, settings)`: every process's decisions side by side; where they differ,
   the same error on every process naming each process's values (and the settings that fed
-  them), instead of a hang.
+  them), instead of a hang.  `plan_decisions(plan, x)` is what a transform's program depends
+  on: every field of its static plan (global shape with the batch, dtypes, kinds, norm, layout,
+  padding, chunks, exchanges), its mesh by shape, axis names, axis types and devices, and the
+  kind of input.
 
 Both go through MPI where it runs (one collective), else through jax.distributed's key-value
 store; a process that never gets there makes the others fail after `TIMEOUT_S` seconds with an
@@ -20,18 +23,22 @@ process is matched with the n-th on the others.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import itertools
-import json
 import os
 from collections import defaultdict
 from collections.abc import Mapping
 
 import jax
+import numpy as np
 
 from .._jax_private import distributed_client  # noqa: F401 - the tests look it up here
 from .launch import running_mpi
 
-__all__ = ["least", "gather", "same", "spans_processes", "DifferentPlansError", "TIMEOUT_S"]
+__all__ = ["least", "gather", "same", "plan_decisions", "spans_processes", "DifferentPlansError",
+           "TIMEOUT_S"]
 
 TIMEOUT_S = float(os.environ.get("PENCILFFT_AGREE_TIMEOUT", "300"))
 
@@ -104,19 +111,85 @@ def _store_gather(value: str, what: str) -> list[str]:
     return values
 
 
+def plan_decisions(plan, x=None) -> dict[str, object]:
+    """What the program of a transform depends on, for `same`: every field of its static
+    `plan` (a dataclass: a field added to it later is compared too), a mesh by its axis names,
+    sizes and types and its devices, and the kind of input `x` (a jax.Array, a numpy array,
+    a tracer), which decides the memory the chunk count is fitted to.
+
+    The chunk count each process then resolves from "auto" is not sent: it follows from what
+    is compared here, the memory limit its caller compares and the free memory every process
+    agrees on (`least`), and comparing it would cost a second round per eager call."""
+    decisions = dict(_plan_fields(plan))
+    if x is not None:
+        decisions["input"] = type(x).__name__
+    return decisions
+
+
+class _Shown(str):
+    """A value already written as `same` shows it (its repr is itself)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_fields(plan) -> tuple[tuple[str, _Shown], ...]:
+    """(name, value as shown) of every field of `plan`: written once per plan, as an eager
+    call must stay cheap; meshes by `_mesh_text`, dtypes by name."""
+    fields = []
+    for field in dataclasses.fields(plan):
+        value = getattr(plan, field.name)
+        if isinstance(value, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+            value = _mesh_text(value)
+        elif isinstance(value, np.dtype):
+            value = str(value)
+        fields.append((field.name, _Shown(repr(value))))
+    return tuple(fields)
+
+
+@functools.lru_cache(maxsize=64)
+def _mesh_text(mesh) -> str:
+    """A mesh as every process can compare it (the same on each for one mesh), short at any
+    size: its axes with their sizes and types, and a digest of its devices in mesh order."""
+    types = getattr(mesh, "axis_types", None) or ()
+    axes = ", ".join(f"{name}={size}" + (f" {t.name}" if hasattr(t, "name") else "")
+                     for (name, size), t in zip(mesh.shape.items(),
+                                                tuple(types) or (None,) * len(mesh.shape)))
+    if isinstance(mesh, jax.sharding.Mesh):
+        ids = np.asarray([d.id for d in mesh.devices.flat], np.int64)
+        return f"({axes}) devices {hashlib.sha1(ids.tobytes()).hexdigest()[:12]}"
+    return f"({axes}) abstract"
+
+
+# Separators of `same`'s message (control characters that no repr writes).
+_RECORD, _FIELD, _PAIR = "\x1d", "\x1e", "\x1f"
+
+
+def _parsed(text: str) -> dict[str, dict[str, str]]:
+    decisions, _, settings = text.partition(_RECORD)
+    return {kind: dict(field.split(_PAIR, 1) for field in part.split(_FIELD) if field)
+            for kind, part in (("decisions", decisions), ("settings", settings))}
+
+
 def same(decisions: Mapping[str, object], what: str,
          settings: Mapping[str, object] | None = None) -> None:
     """Raise `DifferentPlansError` on every process unless every process made the same
     `decisions` (name -> value) for `what`; `settings` (name -> this process's value) are only
-    reported, as what fed the decisions.  Nothing to do in one process."""
+    reported, as what fed the decisions (with jax's 64-bit switch, which every dtype follows).
+    Nothing to do in one process."""
     if jax.process_count() == 1:
         return
-    mine = json.dumps({"decisions": {k: repr(v) for k, v in decisions.items()},
-                       "settings": {k: repr(v) for k, v in (settings or {}).items()}},
-                      sort_keys=True)
-    every = [json.loads(text) for text in gather(mine, "plan")]
-    if all(e["decisions"] == every[0]["decisions"] for e in every):
+    settings = {"jax_enable_x64": bool(jax.config.jax_enable_x64), **(settings or {})}
+    # Plain text, not JSON: every eager call sends it, and it is parsed only when it differs.
+    mine = _RECORD.join((_FIELD.join(f"{k}{_PAIR}{v!r}" for k, v in decisions.items()),
+                         _FIELD.join(f"{k}{_PAIR}{v!r}" for k, v in settings.items())))
+    texts = gather(mine, "plan")
+    if all(t.partition(_RECORD)[0] == texts[0].partition(_RECORD)[0] for t in texts):
         return
+    every = [_parsed(text) for text in texts]
+    if all(e["decisions"] == every[0]["decisions"] for e in every):
+        return  # the same decisions, in another order
 
     def table(kind: str, keys) -> str:
         rows = []
@@ -136,6 +209,7 @@ def same(decisions: Mapping[str, object], what: str,
         f"pencilfft: the {len(every)} processes of this job decided {what} differently, and "
         f"would wait for each other forever in its exchanges: {differ}"
         + (f". What each process had: {fed}" if fed else "")
-        + ". Give every process the same settings (the environment of `mpirun -x`, `srun "
-        "--export`), and the same software (a handler that builds on one node and not on "
-        "another); detected free memory is agreed by itself.")
+        + ". Give every process the same program, arguments and settings (the environment of "
+        "`mpirun -x`, `srun --export`: JAX_ENABLE_X64 changes every dtype), and the same "
+        "software (a handler that builds on one node and not on another); detected free "
+        "memory is agreed by itself.")

@@ -11,13 +11,16 @@ with the right process count, process id, coordinator and local devices:
 * anything else: nothing happens (one process sees all its devices).
 
 Once jax.distributed runs, `initialize()` also installs an exception hook that ends the whole
-job when one process dies of an uncaught exception, makes SIGTERM and SIGINT end it too, and
-keeps gloo's connection messages off standard output (see `initialize`).
+job when one process dies of an uncaught exception or leaves with a non-zero SystemExit
+(sys.exit, exit, raise) while the others go on, or hangs after a failed jax callback; makes
+SIGTERM and SIGINT end it too, and keeps gloo's connection messages off standard output (see
+`initialize`).
 """
 from __future__ import annotations
 
 import atexit
 import inspect
+import logging
 import os
 import re
 import signal
@@ -29,6 +32,8 @@ import time
 from collections.abc import Mapping, Sequence
 
 import jax
+
+from .._jax_private import distributed_client
 
 __all__ = ["initialize", "running_mpi", "srun_mpi_hint"]
 
@@ -87,7 +92,11 @@ def initialize(*, verbose: bool = False, abort_on_error: bool | None = None,
         traceback of an uncaught exception, waits (at most 2 s) until the launcher has read
         it, and then ends every process of the job (`MPI.COMM_WORLD.Abort(1)`, or
         `os._exit(1)` without MPI).  Without it the failing process waits in jax's shutdown
-        and the others in their next collective, for minutes.  Default: on, unless the environment variable PENCILFFT_ABORT_ON_ERROR is
+        and the others in their next collective, for minutes.  The same for a process that
+        leaves with a non-zero status (`sys.exit(n)`, `exit(n)`, `raise SystemExit(n)`) while
+        the others are not leaving within 3 s (the job ends with status n), and for one that
+        waits in jax for 30 s after a jax callback raised on one of its several devices.
+        Default: on, unless the environment variable PENCILFFT_ABORT_ON_ERROR is
         0/false/no/off; `initialize(abort_on_error=False)` also removes a hook installed
         before.  Not installed in an interactive interpreter.
       bind_cpus: under mpirun/mpiexec with several processes on a node that the launcher did
@@ -284,18 +293,20 @@ def _local_rank_and_size(env: Mapping[str, str], rank_var: str, size_var: str) -
 
 
 def _install_abort_hook(verbose: bool = False) -> bool:
-    """Put the abort hook in front of the current sys.excepthook, and wrap sys.exit (once
-    each); True if installed."""
+    """Put the abort hook in front of the current sys.excepthook, wrap sys.exit, watch
+    SystemExit and jax's callback failures (once each); True if installed."""
     if getattr(sys.excepthook, "_pencilfft_abort", False):
-        _install_exit_hook()
+        _install_exit_hook(verbose)
+        _install_callback_watch()
         return True
     if sys.flags.interactive or hasattr(sys, "ps1"):
         # The interactive interpreter reports every failed statement through the hook.
         _say(verbose, "interactive interpreter: no abort-on-error exception hook")
         return False
     sys.excepthook = _make_abort_hook(sys.excepthook, jax.process_index(), jax.process_count())
-    _install_exit_hook()
-    _say(verbose, f"an uncaught exception or sys.exit(n) with n != 0 aborts the whole job "
+    _install_exit_hook(verbose)
+    _install_callback_watch()
+    _say(verbose, f"an uncaught exception or SystemExit(n) with n != 0 aborts the whole job "
                   f"({_ABORT_ENV}=0 to keep going)")
     return True
 
@@ -306,24 +317,49 @@ def _remove_abort_hook() -> None:
         sys.excepthook = hook._pencilfft_previous
     if getattr(sys.exit, "_pencilfft_exit", False):
         sys.exit = sys.exit._pencilfft_previous
+    _unwatch_system_exit()
+    _remove_callback_watch()
+    atexit.unregister(_say_ending)
 
 
-# ------------------------------------------------------------------ sys.exit(n) on one process
+# ------------------------------------------------------------ SystemExit(n) on one process
 #
-# sys.exit(n) raises SystemExit, which never reaches sys.excepthook: the interpreter ends, and
-# jax's atexit shutdown waits (shutdown_timeout_seconds, 300 s) for the other processes, which
-# wait in their next collective for this one; then both abort and the status is lost (issues
-# 48 and 51).  No atexit handler can tell the status: the interpreter reads it from the
-# exception's `code` at the very top, once every Python frame is gone, and keeps it in C.
-# So `sys.exit` is wrapped to raise a SystemExit whose `code`, when the interpreter itself
-# reads it (no Python caller, the main thread), ends the whole job with that status as an
-# uncaught exception does.  Read from Python (`except SystemExit as e: e.code`, pytest.raises),
-# it is the plain code and nothing happens: a sys.exit that is caught changes nothing.  A
-# status of 0 (or None) is a clean exit and goes through jax's shutdown as before.  A bare
-# `raise SystemExit(n)` (or the site's `exit(n)`) does not pass through sys.exit, and is not
-# seen.
+# sys.exit(n), builtin exit(n) and `raise SystemExit(n)` raise SystemExit, which never reaches
+# sys.excepthook: the interpreter ends, and jax's atexit shutdown waits
+# (shutdown_timeout_seconds, 300 s) for the other processes, which wait in their next
+# collective for this one; then both abort and the status is lost (issues 48, 51 and 57).  No
+# atexit handler can tell the status: the interpreter reads it from the exception's `code` at
+# the very top, once every Python frame is gone, keeps it in C and only then runs atexit.  So
+# that reading is where the job ends: `code` read with no Python caller on the main thread ends
+# every process with that status, as an uncaught exception does.  Read from Python (`except
+# SystemExit as e: e.code`, pytest.raises) it is the plain code and nothing happens: a
+# SystemExit that is caught changes nothing, and a status of 0 (or None) is a clean exit
+# through jax's shutdown as before.  Two places read it that way:
+#
+# * SystemExit's own `code` descriptor, replaced (`_watch_system_exit`) by a property that
+#   reads the original member: `raise SystemExit(n)` and builtin exit(n) (site's, which raises
+#   it in Python).  The type is a built-in one, whose attributes Python code cannot set: its
+#   namespace is changed in place and its attribute cache reset through the C API, as no
+#   pure-Python way exists.  Where that fails (another interpreter) it says so with verbose.
+# * a wrapped `sys.exit`, which raises a SystemExit object: CPython 3.11's sys.exit, written
+#   in C, sets the bare status as the pending exception, which the interpreter reads without
+#   making a SystemExit object, so no descriptor is asked (3.12 and later always make the
+#   object).  Where SystemExit cannot be watched, it raises `_JobExit`, whose own `code` does
+#   the same.
+#
+# A SystemExit raised in another thread ends that thread only (Python's rule; the threading
+# module drops it without reading `code`): the process goes on, and so does the job.
 
 _SYSTEM_EXIT_CODE = SystemExit.__dict__["code"]  # the C member the interpreter reads
+
+
+def _exit_code_read(exc) -> object:
+    """`exc.code` from the C member; the job ends here when the interpreter is the reader."""
+    code = _SYSTEM_EXIT_CODE.__get__(exc)
+    if (sys._getframe(1).f_back is None  # read by the interpreter, not by Python code
+            and threading.current_thread() is threading.main_thread()):
+        _end_job_on_exit(code, getattr(exc, "_pencilfft_how", "SystemExit"))
+    return code
 
 
 class _JobExit(SystemExit):
@@ -331,39 +367,83 @@ class _JobExit(SystemExit):
 
     @property
     def code(self):
-        code = _SYSTEM_EXIT_CODE.__get__(self)
-        if (sys._getframe(0).f_back is None  # read by the interpreter, not by Python code
-                and threading.current_thread() is threading.main_thread()
-                and getattr(sys.exit, "_pencilfft_exit", False)):
-            _end_job_on_exit(code)
-        return code
+        if not getattr(sys.exit, "_pencilfft_exit", False):
+            return _SYSTEM_EXIT_CODE.__get__(self)
+        return _exit_code_read(self)
 
     @code.setter
     def code(self, value):
         _SYSTEM_EXIT_CODE.__set__(self, value)
 
 
-def _install_exit_hook() -> None:
-    """Wrap sys.exit (once) so that a non-zero status ends every process of the job."""
+def _watched_code(self):
+    return _exit_code_read(self)
+
+
+_WATCHED_CODE = property(_watched_code, _SYSTEM_EXIT_CODE.__set__, _SYSTEM_EXIT_CODE.__delete__,
+                         _SYSTEM_EXIT_CODE.__doc__)
+
+
+def _set_system_exit_code(descriptor) -> bool:
+    """Put `descriptor` as SystemExit's `code`; False where this interpreter does not allow it."""
+    import ctypes
+    import gc
+
+    try:
+        (namespace,) = gc.get_referents(SystemExit.__dict__)  # behind the read-only view
+        if not isinstance(namespace, dict) or "code" not in namespace:
+            return False
+        namespace["code"] = descriptor
+        ctypes.pythonapi.PyType_Modified(ctypes.py_object(SystemExit))  # its attribute cache
+    except (AttributeError, TypeError, ValueError, OSError):
+        return False
+    return SystemExit.__dict__["code"] is descriptor
+
+
+def _watch_system_exit(verbose: bool = False) -> None:
+    """Make the interpreter's reading of any SystemExit's status end the job (once)."""
+    if SystemExit.__dict__["code"] is _WATCHED_CODE:
+        return
+    if not _set_system_exit_code(_WATCHED_CODE):
+        _say(verbose, "cannot watch SystemExit in this interpreter: a bare `raise "
+                      "SystemExit(n)` or exit(n) on one process leaves the others waiting")
+
+
+def _unwatch_system_exit() -> None:
+    if SystemExit.__dict__["code"] is _WATCHED_CODE:
+        _set_system_exit_code(_SYSTEM_EXIT_CODE)
+
+
+def _install_exit_hook(verbose: bool = False) -> None:
+    """Wrap sys.exit and watch SystemExit (once each) so that a non-zero status ends every
+    process of the job."""
+    _watch_system_exit(verbose)
+    # Registered after jax's atexit shutdown (at jax's import), so run before it; once.
+    atexit.unregister(_say_ending)
+    atexit.register(_say_ending)
     if getattr(sys.exit, "_pencilfft_exit", False):
         return
     previous = sys.exit
-    index, count = jax.process_index(), jax.process_count()
 
     def exit(status=None):  # noqa: A001  (it is sys.exit)
+        # A SystemExit object, which the interpreter reads through the watched `code`; where
+        # SystemExit is not watched, a _JobExit (in the main thread only: the threading module
+        # drops exactly SystemExit silently, and a thread's exit ends nothing).
+        kind = (SystemExit if SystemExit.__dict__["code"] is _WATCHED_CODE
+                or threading.current_thread() is not threading.main_thread() else _JobExit)
         # As the built-in: no argument is no args, a tuple becomes the args.
-        if status is None:
-            raise _JobExit()
-        raise _JobExit(*status) if isinstance(status, tuple) else _JobExit(status)
+        args = () if status is None else status if isinstance(status, tuple) else (status,)
+        exc = kind(*args)
+        exc._pencilfft_how = "sys.exit"  # for the message
+        raise exc
 
     exit.__doc__ = previous.__doc__
     exit._pencilfft_exit = True
     exit._pencilfft_previous = previous
-    exit._pencilfft_process = (index, count)
     sys.exit = exit
 
 
-def _end_job_on_exit(code) -> None:
+def _end_job_on_exit(code, how: str = "sys.exit") -> None:
     """The interpreter is ending with SystemExit `code`: for a failure (what Python turns into
     a non-zero status), say so and end the whole job with that status; else return."""
     if code is None:
@@ -375,11 +455,13 @@ def _end_job_on_exit(code) -> None:
         message = ""
     else:
         status, message = 1, f"{code}\n"  # Python prints a non-integer code, exit status 1
-    index, count = sys.exit._pencilfft_process
+    if _say_ending(status) and _still_running(_ENDING_WAIT_S) == []:
+        return  # every process is ending (a test run that failed on each): jax's shutdown
     try:
         sys.stderr.write(
-            f"{message}pencilfft: process {index} of {count} exits with status {status} "
-            "(sys.exit); ending every process of the job so that none waits for this one "
+            f"{message}pencilfft: process {jax.process_index()} of {jax.process_count()} exits "
+            f"with status {status} ({how}); ending every process of the job so that none "
+            "waits for this one "
             f"(pencilfft.initialize(abort_on_error=False) or {_ABORT_ENV}=0 turns this off)\n"
         )
         sys.stderr.flush()
@@ -388,6 +470,149 @@ def _end_job_on_exit(code) -> None:
         _wait_until_read()
     finally:
         _abort_job(status)
+
+
+# ------------------------------------------- a failed callback among several local devices
+#
+# An exception in a jax callback that is not partitioned (jax.debug.callback, pure_callback,
+# io_callback) fails that callback's device only: with several devices per process the others
+# wait for it in the computation's collectives (XLA's own all-to-all too), so the error never
+# reaches Python and every process of the job hangs (upstream; with one device per process the
+# error reaches the caller, and the abort hook).  jax logs the failure from the thread that ran
+# the callback: seen there, in a job of several processes with several local devices, it says
+# so at once, and ends the job if the main thread then waits in jax, at one place, for
+# `_CALLBACK_GRACE_S` seconds (a program that goes on is left alone: the watch stops after ten
+# times as long).
+
+_CALLBACK_LOGGERS = ("jax._src.debugging", "jax._src.callback")
+_CALLBACK_FAILED = ("jax.debug.callback failed", "jax.pure_callback failed",
+                    "jax.io_callback failed")
+_CALLBACK_GRACE_S = 30.0
+_WAYS_OUT = ("pass partitioned=True to jax.debug.callback, or run one device per process, "
+             "or catch the exception inside the callback")
+
+
+class _CallbackWatch(logging.Filter):
+    """Sees jax's own "jax.debug.callback failed" records (a filter that lets every record
+    through: a handler would take the place of logging's last resort, which prints them when
+    the program configured no logging), and watches the main thread."""
+
+    def __init__(self):
+        super().__init__()
+        self.watching = threading.Lock()  # one watch at a time
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self._seen(record)
+        return True
+
+    def _seen(self, record: logging.LogRecord) -> None:
+        if (record.msg not in _CALLBACK_FAILED or jax.process_count() < 2
+                or jax.local_device_count() < 2 or not self.watching.acquire(blocking=False)):
+            return
+        grace, name = _CALLBACK_GRACE_S, record.msg.split()[0]
+        sys.stderr.write(
+            f"pencilfft: {name} raised in process {jax.process_index()} of "
+            f"{jax.process_count()}, which has {jax.local_device_count()} devices: its other "
+            "devices may wait for the failed one forever (jax ends only the callback's). If "
+            f"this process stops for {grace:g} s, pencilfft ends the job; to avoid it, "
+            f"{_WAYS_OUT}\n")
+        sys.stderr.flush()
+        threading.Thread(target=self._end_if_stuck, args=(name, grace), daemon=True,
+                         name="pencilfft-callback-watch").start()
+
+    def _end_if_stuck(self, name: str, grace: float) -> None:
+        main = threading.main_thread()
+        start = since = time.monotonic()
+        place = None
+        try:
+            while time.monotonic() - start < 10 * grace:
+                frame = sys._current_frames().get(main.ident)
+                if frame is None:
+                    return  # the main thread is gone: the process is ending
+                now = (frame, frame.f_lasti)
+                if (place is None or now[0] is not place[0] or now[1] != place[1]
+                        or not _in_jax(frame)):
+                    place, since = now, time.monotonic()
+                elif time.monotonic() - since >= grace:
+                    break
+                del frame, now
+                time.sleep(min(1.0, grace / 4))
+            else:
+                return  # the program went on
+            place = None
+            sys.stderr.write(
+                f"pencilfft: process {jax.process_index()} of {jax.process_count()} has not "
+                f"moved for {grace:g} s since its {name} raised; ending every process of the "
+                f"job (to avoid it: {_WAYS_OUT}; PENCILFFT_ABORT_ON_ERROR=0 turns this off)\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            _stop_stdout_filter()
+            _wait_until_read()
+            _abort_job(1)
+        finally:
+            if self.watching.locked():
+                self.watching.release()
+
+
+def _in_jax(frame, depth: int = 3) -> bool:
+    """Whether one of the `depth` innermost frames is jax's: where a process that waits for
+    a computation's results waits (a program's own loop, sleeping or polling, is not)."""
+    while frame is not None and depth > 0:
+        if str(frame.f_globals.get("__name__", "")).startswith(("jax.", "jaxlib.")):
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
+
+
+def _install_callback_watch() -> None:
+    for name in _CALLBACK_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _CallbackWatch) for f in logger.filters):
+            logger.addFilter(_CallbackWatch())
+
+
+def _remove_callback_watch() -> None:
+    for name in _CALLBACK_LOGGERS:
+        logger = logging.getLogger(name)
+        for watch in [f for f in logger.filters if isinstance(f, _CallbackWatch)]:
+            logger.removeFilter(watch)
+
+
+# Where each ending process says so (jax.distributed's key-value store): a process leaving
+# with a non-zero status ends the job only if some other is not ending within _ENDING_WAIT_S
+# seconds (one that waits in a collective for it); processes that all end, as the ranks of a
+# test run that failed, leave through jax's shutdown with their own statuses.
+_ENDING = "pencilfft/ending"
+_ENDING_WAIT_S = 3.0
+
+
+def _say_ending(status: int = 0) -> bool:
+    """Tell the job that this process is ending with `status` (the atexit handler, for a clean
+    end); False without the key-value store, or said already."""
+    client = distributed_client()
+    if client is None or jax.process_count() < 2:
+        return False
+    try:
+        client.key_value_set(f"{_ENDING}/{jax.process_index()}", str(status))
+    except Exception:  # noqa: BLE001 - said already, or the store is gone
+        return False
+    return True
+
+
+def _still_running(timeout: float) -> list[int] | None:
+    """The processes that have not said they end within `timeout` s ([] once all have; None
+    when the store does not answer)."""
+    client = distributed_client()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ended = {key.rsplit("/", 1)[-1] for key, _ in client.key_value_dir_get(f"{_ENDING}/")}
+        except Exception:  # noqa: BLE001 - the store is gone
+            return None
+        running = [r for r in range(jax.process_count()) if str(r) not in ended]
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.02)
 
 
 def _make_abort_hook(previous, index: int, count: int):

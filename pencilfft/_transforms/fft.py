@@ -51,19 +51,21 @@ def _decided(plan: Plan, forward: bool, x) -> Plan:
     the devices of several processes, first the same on every process what that depends on,
     else one `DifferentPlansError` on every process before anything else is asked of them.
 
-    Compared: the memory limit each process was given (`PENCILFFT_MEMORY_LIMIT`, as read) and
-    the exchanges it chose (from the handlers it could build).  The chunk count then follows
-    from what every process has alike: that limit, the detected free memory (the least over
-    the processes, `agree.least`) and the plan; so does a refusal (`MemoryLimitError`).  Left
-    out: the FFT kernel and the threads, which change no exchange (FFTW's and XLA's FFTs, on
-    any number of threads, take part in the same ones)."""
+    Compared: the memory limit each process was given (`PENCILFFT_MEMORY_LIMIT`, as read), the
+    transform and all of its plan (`agree.plan_decisions`: shapes, dtypes, mesh, kinds, norm,
+    layout, padding, chunks, the exchanges chosen from the handlers each process could build).
+    The chunk count then follows from what every process has alike: that limit, the detected
+    free memory (the least over the processes, `agree.least`) and the plan; so does a refusal
+    (`MemoryLimitError`).  Left out: the FFT kernel and the threads, which change no exchange
+    (FFTW's and XLA's FFTs, on any number of threads, take part in the same ones)."""
     mesh = plan.mesh if plan.mesh is not None else typed_mesh(x)
     if agree.spans_processes(mesh):
         try:
             limit = memory_setting()
         except ValueError as e:  # raised by fit_chunks below, once every process has compared
             limit = f"invalid: {e}"
-        agree.same({MEMORY_ENV: limit, "exchanges": plan.exchanges},
+        agree.same({MEMORY_ENV: limit, "transform": transform_name(plan, forward),
+                    **agree.plan_decisions(plan, x)},
                    f"{transform_name(plan, forward)} of a "
                    f"{grid_text(plan.real_shape, plan.batch, plan.real_dtype)}",
                    settings={MEMORY_ENV: os.environ.get(MEMORY_ENV, "(not set)")})

@@ -3,7 +3,11 @@
     python reliability_child.py abort                (under mpirun -np 2)
     python reliability_child.py stop                 (under mpirun -np 2)
     python reliability_child.py end HOW              (under mpirun -np 2 or srun -n 2;
-                                                      HOW: exit-3, exit-0, raise)
+                                                      HOW: exit-3, raise-3, exit-0, all-4,
+                                                      raise)
+    python reliability_child.py differ               (mpirun: rank 1 with JAX_ENABLE_X64=1)
+    python reliability_child.py callback GRACE       (under mpirun -np 2, several devices each)
+    python reliability_child.py top                  (one process)
     python reliability_child.py kill-save PATH MARKER
     python reliability_child.py size-limit PATH LIMIT
     python reliability_child.py full-disk DIR        (DIR: a small file system, e.g. a tmpfs)
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import jax
@@ -23,6 +28,9 @@ import numpy as np
 
 import pencilfft
 from pencilfft._processes import io as _io
+from pencilfft._processes.agree import DifferentPlansError
+
+_SYSTEM_EXIT_CODE = SystemExit.__dict__["code"]  # before anything replaces it
 
 
 def new_array(shape) -> np.ndarray:
@@ -53,7 +61,8 @@ def abort() -> None:
     pencilfft.initialize()  # idempotent: the same hook, not a second one around it
     once = sys.excepthook is hook and hook._pencilfft_previous is sys.__excepthook__
     pencilfft.initialize(abort_on_error=False)
-    removed = sys.excepthook is sys.__excepthook__
+    removed = (sys.excepthook is sys.__excepthook__
+               and SystemExit.__dict__["code"] is _SYSTEM_EXIT_CODE)  # SystemExit as it was
     pencilfft.initialize()
     _report(rank=rank, installed=installed, once=once, removed=removed,
             reinstalled=bool(getattr(sys.excepthook, "_pencilfft_abort", False)))
@@ -90,8 +99,9 @@ def stop() -> None:
 
 
 def end(how: str) -> None:
-    """Rank 1 ends while rank 0 waits for it in a jax collective: by sys.exit(3) ("exit-3") or
-    an uncaught exception ("raise"); with "exit-0" every rank calls sys.exit(0) at the end.
+    """Rank 1 ends while rank 0 waits for it in a jax collective: by sys.exit(3) ("exit-3"), a
+    bare `raise SystemExit(3)` ("raise-3") or an uncaught exception ("raise"); with "exit-0"
+    every rank calls sys.exit(0) at the end, with "all-4" every rank raises SystemExit(4).
 
     Also under srun (tests/slurm): rank 0 waits in jax's collective, not MPI's, so that the
     job ends the same whichever way jax was started (MPI ranks, or Slurm's variables)."""
@@ -104,18 +114,95 @@ def end(how: str) -> None:
         sys.exit(5)
     except SystemExit as e:
         caught = e.code  # a sys.exit that is caught (and its code read) ends nothing
+    try:
+        raise SystemExit(6)
+    except SystemExit as e:
+        caught = (caught, e.code)
     _report(rank=rank, pid=os.getpid(), caught=caught,
-            wrapped=bool(getattr(sys.exit, "_pencilfft_exit", False)))
+            wrapped=bool(getattr(sys.exit, "_pencilfft_exit", False)),
+            watched=SystemExit.__dict__["code"] is not _SYSTEM_EXIT_CODE)
     jax.block_until_ready(total(x))  # both reports are out before anything ends
     if how == "exit-0":
         _report(rank=rank, ending_at=time.time())
         sys.exit(0)
+    if how == "all-4":  # as pytest ends every rank of a run that failed: all at once
+        _report(rank=rank, ending_at=time.time())
+        raise SystemExit(4)
     if rank == 1:
         _report(ending_at=time.time())
         if how == "exit-3":
             sys.exit(3)
+        if how == "raise-3":
+            raise SystemExit(3)
         raise RuntimeError("boom on rank 1")
     jax.block_until_ready(total(x))  # rank 1 never joins: only the job's end ends this
+    _report(unreachable=True)
+
+
+def callback(grace: str) -> None:
+    """Rank 0's jax.debug.callback (not partitioned, so run on one device of rank 0 only)
+    raises inside a computation with all-to-alls, on several devices per process: rank 0's
+    other devices wait for the failed one, and every process in the collectives, forever
+    (upstream); pencilfft's watch ends the job once rank 0 has not moved for `grace` s."""
+    from pencilfft._processes import launch
+
+    pencilfft.initialize()
+    launch._CALLBACK_GRACE_S = float(grace)
+    rank = jax.process_index()
+    x = _global(new_array((8, 8, 8)).astype(np.complex64))
+    plain = jax.jit(pencilfft.pfft3d)
+    jax.block_until_ready(plain(x))  # every process is connected, and compiled
+
+    def fail(total):
+        if rank == 0:
+            raise RuntimeError("boom in the callback")
+
+    @jax.jit
+    def failing(x):
+        jax.debug.callback(fail, x.real.sum())
+        return pencilfft.pfft3d(x)
+
+    _report(rank=rank, waiting_since=time.time())
+    jax.block_until_ready(failing(x))
+    _report(unreachable=rank)
+
+
+def top() -> None:
+    """One process with the exit hooks of `initialize` (which installs them only under a
+    launcher): sys.exit(7) in a thread ends that thread only, then builtin exit(4) ends the
+    process."""
+    from pencilfft._processes import launch
+
+    launch._install_exit_hook()
+    try:
+        exit(5)
+    except SystemExit as e:
+        _report(caught=e.code)
+    thread = threading.Thread(target=sys.exit, args=(7,))
+    thread.start()
+    thread.join()
+    _report(main_continues=True)
+    exit(4)
+
+
+def differ() -> None:
+    """Rank 1 plans another grid than rank 0 (caught: each reports its error), then, started
+    with JAX_ENABLE_X64=1 where rank 0 was not, another dtype for the same float64 data
+    (uncaught: the job must end)."""
+    pencilfft.initialize()
+    rank = jax.process_index()
+    n = len(jax.devices())
+    mesh = jax.make_mesh((n // 2, 2), ("x", "y"))
+    try:
+        pencilfft.pfft3d(np.zeros((16, 16, 8 if rank else 16), np.complex64), mesh=mesh)
+        _report(rank=rank, shape_error=None)
+    except DifferentPlansError as e:
+        _report(rank=rank, shape_error=str(e))
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()  # both reports out before the abort below
+    _report(rank=rank, x64=bool(jax.config.jax_enable_x64), raising_at=time.time())
+    pencilfft.pfft3d(np.zeros((16, 16, 16)), mesh=mesh)
     _report(unreachable=True)
 
 
@@ -181,5 +268,6 @@ def full_disk(directory: str) -> None:
 
 if __name__ == "__main__":
     what, *args = sys.argv[1:]
-    {"abort": abort, "stop": stop, "end": end, "kill-save": kill_save, "size-limit": size_limit,
+    {"abort": abort, "stop": stop, "end": end, "top": top, "differ": differ,
+     "callback": callback, "kill-save": kill_save, "size-limit": size_limit,
      "full-disk": full_disk}[what](*args)
