@@ -15,12 +15,13 @@ only the parts below it:
 * `_transforms`: the distributed transforms (plan -> stages -> runner), the local FFT kernel,
   frequencies, `autotune`;
 * `_pm`: the particle-mesh tools (painting and readout, catalogs, windows, halos, power
-  spectra);
+  spectra, Gaussian fields and their Zel'dovich displacement);
 * `compat` (jaxdecomp's API) and `_cli` (`pencilfft check`) on top.
 """
 from ._jax_private import warn_if_untested as _warn_if_untested
-from ._decomposition.sharding import (get_fft_output_sharding, k_space_sharding,
-                                      real_space_sharding)
+from ._decomposition.sharding import (displacement_sharding, get_fft_output_sharding,
+                                      k_space_sharding, real_space_sharding)
+from ._pm.fields import gaussian_field, zeldovich_displacement
 from ._pm.halo import halo_exchange
 from ._pm.paint import paint, readout
 from ._pm.power import power_spectrum
@@ -41,10 +42,12 @@ _warn_if_untested()  # once, where jax is outside the releases the suite has pas
 
 __all__ = [
     "autotune",
+    "displacement_sharding",
     "fft2",
     "fftfreq3d",
     "fftn",
     "gather",
+    "gaussian_field",
     "get_fft_output_sharding",
     "halo_exchange",
     "ifft2",
@@ -73,4 +76,5 @@ __all__ = [
     "Tuning",
     "wavenumbers3d",
     "window_compensation",
+    "zeldovich_displacement",
 ]

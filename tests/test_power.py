@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
 from conftest import (check_directional_derivative, make_mesh, put_global, random_field,
@@ -44,9 +44,27 @@ def jaxpm_edges(kedges, shape, box):
     return np.asarray(kedges, float)
 
 
+SUPPORT = {"ngp": 1, "cic": 2, "tsc": 3, "pcs": 4}
+
+
+def window_transfer(shape, windows):
+    """prod over windows and axes of sinc(k_i / 2)^s on the full grid (k_i in radians per cell),
+    written from the windows' definition (nbodykit's CompensateCIC etc., Jing 2005 eq. 18)."""
+    w = np.ones(shape)
+    for name in windows:
+        for axis, n in enumerate(shape):
+            k = 2 * np.pi * np.fft.fftfreq(n)
+            shape1 = [1, 1, 1]
+            shape1[axis] = n
+            w = w * (np.sinc(k / (2 * np.pi)) ** SUPPORT[name]).reshape(shape1)
+    return w
+
+
 def reference(field, field2=None, *, box_shape=None, kedges=None, multipoles=0, los=(0, 0, 1),
-              jaxpm_cross=False, exact_ties=True):
-    """(k, pk) of JaxPM's power_spectrum for one 3-D field (numpy, float64)."""
+              jaxpm_cross=False, exact_ties=True, windows=(), shot=None, counts=False):
+    """(k, pk) of JaxPM's power_spectrum for one 3-D field (numpy, float64); with `windows`, each
+    mode's power divided by their transfer functions; with `shot`, that subtracted from the
+    monopole; with `counts`, (k, pk, modes per bin) counted on the whole grid."""
     shape = np.array(field.shape)
     box = shape.astype(float) if box_shape is None else np.asarray(box_shape, float)
     edges = jaxpm_edges(kedges, shape, box)
@@ -74,6 +92,7 @@ def reference(field, field2=None, *, box_shape=None, kedges=None, multipoles=0, 
         power = np.abs(f) ** 2
     else:
         power = f * np.fft.fftn(np.asarray(field2, np.float64), norm="ortho").conj()
+    power = power / window_transfer(field.shape, windows)
     pk = []
     for ell in np.atleast_1d(multipoles):
         w = (power * (2 * ell + 1) * np.polynomial.legendre.legval(mu, [0] * ell + [1])).ravel()
@@ -86,7 +105,10 @@ def reference(field, field2=None, *, box_shape=None, kedges=None, multipoles=0, 
         pk.append(s)
     with np.errstate(invalid="ignore"):
         pk = (np.stack(pk) / count)[:, 1:-1] * np.prod(box / shape)
-    return kavg, (pk[0] if np.ndim(multipoles) == 0 else pk)
+    if shot is not None:
+        pk = pk - shot * (np.atleast_1d(multipoles) == 0)[:, None]
+    pk = pk[0] if np.ndim(multipoles) == 0 else pk
+    return (kavg, pk, count[1:-1]) if counts else (kavg, pk)
 
 
 def assert_close(got, ref, dtype, what=""):
@@ -332,3 +354,177 @@ def test_bad_fields():
     with pytest.raises(ValueError, match=r"`field2` must be sharded as `field` \(P\('x', 'y', "
                                          r"None\) on mesh \{'x': 4, 'y': 2\}\); got P\('y', 'x'\)"):
         pencilfft.power_spectrum(x, y)
+
+
+# ---------------------------------------------------------------------------------------------
+# For analysts: mode counts, window compensation, shot noise (nbodykit's FFTPower options)
+
+
+def check_options(result, fields, field2s=None, dtype=np.float64, *, windows=(), shot=None,
+                  **kw):
+    """(k, pk, nmodes) against the reference (counts on the whole grid, power divided by the
+    windows' transfer functions, the shot noise off the monopole)."""
+    k, pk, nmodes = (to_numpy(r) for r in result)
+    fields = np.asarray(fields)
+    lead = fields.shape[:-3]
+    flat = fields.reshape((-1,) + fields.shape[-3:])
+    flat2 = None if field2s is None else np.asarray(field2s).reshape(flat.shape)
+    refs = [reference(f, None if flat2 is None else flat2[i], windows=windows, shot=shot,
+                      counts=True, **kw) for i, f in enumerate(flat)]
+    assert_close(k, refs[0][0], dtype, "k")
+    assert_close(pk, np.stack([r[1] for r in refs]).reshape(lead + refs[0][1].shape), dtype, "pk")
+    assert nmodes.dtype == np.int32 and np.array_equal(nmodes, refs[0][2]), (nmodes, refs[0][2])
+
+
+def test_counts_are_the_full_grids_modes():
+    """The half spectrum's weights count every mode of the full grid once: the counts of all
+    bins (the outer ones included) sum to X * Y * Z, on even and odd grids."""
+    for shape in ((16, 16, 16), (12, 15, 13), (8, 6, 10)):
+        x = np.zeros(shape)
+        edges = np.linspace(-1.0, 2 * np.pi, 9)  # every mode in a returned bin
+        *_, nmodes = pencilfft.power_spectrum(x, kedges=edges, return_counts=True)
+        assert int(np.sum(nmodes)) == np.prod(shape), shape
+
+
+ANALYST = {
+    "counts": dict(kw=dict(kedges=0.3)),
+    "cic-poles": dict(kw=dict(multipoles=(0, 2), los=(0, 1, 1)), compensation="cic",
+                      windows=("cic", "cic")),
+    "tsc-shot-box": dict(kw=dict(box_shape=(100.0, 50.0, 80.0), kedges=0.12),
+                         compensation="tsc", windows=("tsc", "tsc"), shot_noise=3.5, shot=3.5),
+    # nbodykit's V / N, subtracted from the monopole only; odd grid, NGP and PCS
+    "pcs-nparticles-odd": dict(shape=(12, 15, 13), kw=dict(multipoles=(2, 0, 4), kedges=4),
+                               compensation="pcs", windows=("pcs", "pcs"), n_particles=777,
+                               shot=12 * 15 * 13 / 777),
+    "ngp-int-multipole": dict(kw=dict(multipoles=0), compensation="nnb", windows=("ngp", "ngp")),
+}
+
+
+@pytest.mark.parametrize("case", list(ANALYST))
+def test_analyst_options_one_device(case):
+    c = dict(ANALYST[case])
+    x = random_field(c.pop("shape", SHAPE), np.float64, 21)
+    kw, windows, shot = c.pop("kw"), c.pop("windows", ()), c.pop("shot", None)
+    got = pencilfft.power_spectrum(x, return_counts=True, **kw, **c)
+    check_options(got, x, windows=windows, shot=shot, **kw)
+    # without return_counts: JaxPM's (k, pk), the same numbers
+    k, pk = pencilfft.power_spectrum(x, **kw, **c)
+    np.testing.assert_array_equal(np.asarray(pk), np.asarray(got[1]))
+
+
+def test_cross_spectrum_compensates_each_field():
+    """One window per field: the cross power divided by W_cic(k) W_tsc(k); one name for both."""
+    x, y = random_field(SHAPE, np.float64, 22), random_field(SHAPE, np.float64, 23)
+    kw = dict(multipoles=(0, 2), kedges=0.4)
+    got = pencilfft.power_spectrum(x, y, compensation=("cic", "tsc"), shot_noise=0.25,
+                                   return_counts=True, **kw)
+    check_options(got, x, y, windows=("cic", "tsc"), shot=0.25, **kw)
+    got = pencilfft.power_spectrum(x, y, compensation=("cic", None), return_counts=True, **kw)
+    check_options(got, x, y, windows=("cic",), **kw)
+    got = pencilfft.power_spectrum(x, y, compensation="tsc", return_counts=True, **kw)
+    check_options(got, x, y, windows=("tsc", "tsc"), **kw)
+
+
+OPTIONS = dict(compensation="cic", n_particles=4096, return_counts=True, **POLES)
+OPTIONS_REF = dict(windows=("cic", "cic"), shot=16 ** 3 / 4096, **POLES)
+
+
+@pytest.mark.parametrize("form", [pytest.param("eager-4x2", marks=pytest.mark.mpirun),
+                                  "jit-no-mesh-padded", "batch-mesh-f32", "vmap-shot-traced"])
+def test_analyst_options_on_meshes(form):
+    """The options in every path of the binning: shard_map (mesh known), the partitioner's
+    uneven blocks (padded grid, nothing in scope), a batch mesh, vmap with a traced shot noise."""
+    if form == "batch-mesh-f32":
+        mesh = jax.make_mesh((2, 2, 2), ("c", "x", "y"), axis_types=(AxisType.Explicit,) * 3)
+        data = random_field((2,) + SHAPE, np.float32, 24)
+        x = put_global(data, pencilfft.real_space_sharding(mesh))
+        return check_options(pencilfft.power_spectrum(x, **OPTIONS), data, dtype=np.float32,
+                             **OPTIONS_REF)
+    shape = PADDED if form == "jit-no-mesh-padded" else SHAPE
+    mesh = make_mesh((4, 2), "auto" if form == "jit-no-mesh-padded" else "explicit")
+    data = random_field(shape, np.float64, 25)
+    x = put_global(data, pencilfft.real_space_sharding(mesh))
+    ref = dict(OPTIONS_REF, shot=np.prod(shape) / 4096)
+    if form == "eager-4x2":
+        return check_options(pencilfft.power_spectrum(x, **OPTIONS), data, **ref)
+    if form == "jit-no-mesh-padded":
+        fn = lambda f: pencilfft.power_spectrum(f, **OPTIONS)
+        check_options(jax.jit(fn)(x), data, **ref)
+        return no_all_gather(fn, x)
+    # vmap over two fields with a shot noise that is itself traced (one per field)
+    opts = {k: v for k, v in OPTIONS.items() if k != "n_particles"}
+    fn = jax.vmap(lambda f, s: pencilfft.power_spectrum(f, shot_noise=s, **opts)[1])
+    pair = put_global(np.stack([data, 2 * data]), NamedSharding(mesh, P(None, "x", "y")))
+    got = to_numpy(jax.jit(fn)(pair, jnp.asarray([1.0, 2.0])))
+    refs = np.stack([reference(d, windows=("cic", "cic"), shot=s, **POLES)[1]
+                     for d, s in ((data, 1.0), (2 * data, 2.0))])
+    assert_close(got, refs, np.float64)
+
+
+def test_compensation_gradient():
+    """The compensation is in the binning's weights: its transpose (jax.grad) carries it."""
+    mesh = make_mesh((4, 2), "auto")
+    x = put_global(random_field(PADDED, np.float64, 26), pencilfft.real_space_sharding(mesh))
+    w = jnp.asarray(random_field((3, 5), np.float64, 27))
+    check_directional_derivative(
+        lambda a: jnp.sum(w * pencilfft.power_spectrum(a, compensation="tsc", **POLES)[1]), x)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(compensation="lanczos"), ValueError,
+     r"`compensation` must be None, a window name \('ngp', 'cic', 'tsc', 'pcs'\); got 'lanczos'"),
+    (dict(compensation=("cic", "cic")), ValueError,
+     r"`compensation` must be None, a window name .*; got \('cic', 'cic'\)"),
+    (dict(compensation=2), TypeError, r"`compensation` must be None, a window name"),
+    (dict(shot_noise="poisson"), TypeError, r"`shot_noise` must be a real number .*'poisson'"),
+    (dict(shot_noise=float("nan")), ValueError, r"`shot_noise` must be finite; got nan"),
+    (dict(shot_noise=True), TypeError, r"`shot_noise` must be a real number"),
+    (dict(n_particles=0), ValueError, r"`n_particles` must be > 0 .*; got 0"),
+    (dict(n_particles=2.5), TypeError, r"`n_particles` must be an int .*; got 2.5"),
+    (dict(n_particles=10, shot_noise=1.0), ValueError,
+     r"give `shot_noise` .* or `n_particles` .*, not both"),
+    (dict(return_counts="yes"), TypeError, r"`return_counts` must be True or False; got 'yes'"),
+])
+def test_bad_analyst_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        pencilfft.power_spectrum(np.zeros(SHAPE), **kwargs)
+    if "compensation" in kwargs and isinstance(kwargs["compensation"], str):
+        with pytest.raises(ValueError, match=r"or a pair \(window of `field`, window of "
+                                             r"`field2`\), each a name or None; got"):
+            pencilfft.power_spectrum(np.zeros(SHAPE), np.zeros(SHAPE),
+                                     compensation=(kwargs["compensation"], None))
+
+
+# ---------------------------------------------------------------------------------------------
+# The how-to's compensation snippet, as written
+
+
+def _python_block(page: str, containing: str) -> str:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "howto" / page).read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if containing in b]
+    assert len(blocks) == 1, f"{page}: {len(blocks)} python blocks hold {containing!r}"
+    return blocks[0]
+
+
+def test_painting_compensation_snippet():
+    """docs/howto/painting.md's deconvolution runs as written (with a `dx` as the page's), gives
+    numpy's rfftn(rho) / W(k), and its sentence holds: the power of the deconvolved field is
+    power_spectrum(rho, compensation=...)'s."""
+    mesh = make_mesh((4, 2))
+    dx = put_global(random_field(SHAPE + (3,), np.float64, 31) * 0.4,
+                    pencilfft.displacement_sharding(mesh))
+    scope = {"pencilfft": pencilfft, "dx": dx}
+    exec(_python_block("painting.md", "window_compensation"), scope)
+    rho, rho_k = to_numpy(scope["rho"]), to_numpy(scope["rho_k"])
+    ref = np.fft.rfftn(rho) / window_transfer(SHAPE, ("tsc",))[:, :, :SHAPE[2] // 2 + 1]
+    got = np.moveaxis(rho_k, -1, 0)[:, :, :SHAPE[2] // 2 + 1]  # transposed (Y, Z', X), padded
+    assert rel_err(got, ref) < 1e-12
+    # |rho_k|^2 binned (numpy's ortho norm and cell volume: / N) against the one-pass option
+    kw = dict(kedges=0.4)
+    k, pk = pencilfft.power_spectrum(scope["rho"], compensation="tsc", **kw)
+    full = np.fft.fftn(rho) / window_transfer(SHAPE, ("tsc",))
+    deconvolved = np.fft.ifftn(full).real  # the deconvolved field, whose plain spectrum it is
+    assert_close(pk, reference(deconvolved, **kw)[1], np.float64, "pk")

@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from .rules import batch_axes, check_mesh, mesh_axes
 
 __all__ = ["real_space_spec", "k_space_spec", "real_space_sharding", "k_space_sharding",
-           "get_fft_output_sharding", "LAYOUTS"]
+           "displacement_sharding", "get_fft_output_sharding", "LAYOUTS"]
 
 LAYOUTS = ("transposed", "natural")
 
@@ -106,6 +106,50 @@ def real_space_sharding(mesh: Mesh, ndim: int | None = None) -> NamedSharding:
       P('c', 'x', 'y', None)
     """
     return NamedSharding(mesh, real_space_spec(mesh, ndim))
+
+
+def displacement_sharding(mesh: Mesh, ndim: int | None = None) -> NamedSharding:
+    """NamedSharding of a vector field on the grid, global shape (..., X, Y, Z, C): `paint`'s and
+    `readout`'s displacements `dx` (X, Y, Z, 3), `zeldovich_displacement`'s psi.
+
+    The grid axes are split as in `real_space_sharding` (X by the mesh's pencil axis a, Y by
+    b, the leading axes by its batch axes), the last axis (the components) whole.
+    `real_space_sharding(mesh, 4)` is not this: it takes the first of 4 axes for a batch axis.
+    `ndim` (default: 4 plus one per batch axis of the mesh) counts the component axis.
+
+    Raises:
+      ValueError, TypeError: `ndim` below 4, or too small for the mesh's batch axes.
+
+    Example:
+      >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
+      >>> pencilfft.displacement_sharding(mesh).spec
+      P('x', 'y', None, None)
+      >>> pencilfft.real_space_sharding(mesh, 4).spec      # a batch of fields instead
+      P(None, 'x', 'y', None)
+      >>> dx = jax.device_put(np.zeros((32, 32, 32, 3), np.float32),
+      ...                     pencilfft.displacement_sharding(mesh))
+      >>> float(pencilfft.paint(dx).mean())
+      1.0
+    """
+    names, sizes = batch_axes(check_mesh(mesh))
+    if ndim is not None:
+        try:
+            if isinstance(ndim, bool):
+                raise TypeError
+            ndim = operator.index(ndim)
+        except TypeError:
+            raise TypeError(f"`ndim` must be an integer >= 4 (the global dimensions (..., X, Y, "
+                            f"Z, C)); got {_describe(ndim)}") from None
+        if ndim < 4:
+            raise ValueError(f"`ndim` must be at least 4 (the global dimensions (..., X, Y, Z, "
+                             f"C)); got {ndim}")
+        if ndim < 4 + len(names):
+            raise ValueError(
+                f"`ndim` (={ndim}) is too small for the mesh's batch axes {names} (of sizes "
+                f"{sizes}), which split one leading axis each: expected at least "
+                f"{4 + len(names)}")
+    spec = real_space_spec(mesh, None if ndim is None else ndim - 1)
+    return NamedSharding(mesh, P(*spec, None))
 
 
 def k_space_sharding(mesh: Mesh, layout: str = "transposed",

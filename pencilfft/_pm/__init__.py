@@ -10,10 +10,13 @@ Holds:
   the shard_map runner both forms share;
 * `paint`: `paint`/`readout` on the lattice (JaxPM's form) and interlacing; `catalog`:
   particles routed to the devices that own their cells;
-* `halo`: `halo_exchange`; `power`: `power_spectrum`.
+* `halo`: `halo_exchange`; `power`: `power_spectrum` (mode counts, window compensation, shot
+  noise);
+* `fields`: `gaussian_field` and `zeldovich_displacement` (initial conditions).
 
 Data flow: positions -> the owning device (catalogs) -> its padded block (`kernel`) -> halos
 folded to the neighbours (`grid`) -> the field, split like any real-space array; readout walks
-it back.  May import: jax, numpy, `_jax_private`, `_decomposition`, `_native`, `_exchange`,
-`_transforms` (the power spectrum's and interlacing's FFTs).  `compat` builds on it.
+it back.  Initial conditions: a Gaussian field (`fields`) -> its displacement -> `paint` ->
+`power_spectrum`.  May import: jax, numpy, `_jax_private`, `_decomposition`, `_native`,
+`_exchange`, `_transforms` (the FFTs of power spectra, fields and interlacing).  `compat` builds on it.
 """

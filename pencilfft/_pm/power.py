@@ -10,7 +10,10 @@ JaxPM user switches by import), computed without gathering anything:
 where h counts each stored mode for the modes of the full grid it stands for: the kz = 0 and
 (Z even) kz = Z/2 planes once, the others twice (themselves and their Hermitian mirrors, whose
 mu and |k| are evaluated too: they differ where a component is a Nyquist frequency), padded
-positions zero.  The binning is a linear map of q (`BinSums`, a `_transforms.partitioned.LinearOp`): in
+positions zero: nbodykit's `hermitian_weights`, whose sums are its `modes`.  A window
+compensation divides q by the assignment windows' transfer functions W(k) (`window.py`) in the
+same weights, mode by mode: no extra transform; the shot noise is subtracted from the binned
+monopole.  The binning is a linear map of q (`BinSums`, a `_transforms.partitioned.LinearOp`): in
 shard_map where the mesh is known, through the compiler-partitioned primitive under jit with
 no mesh in scope, its transpose giving the gradient.  Each device computes the wavenumbers, mu
 and bins of its own block from the block's global indices: nothing of size N^3 exists on the
@@ -37,8 +40,9 @@ from .._transforms.fft import prfft3d
 from .._transforms.freq import wavenumbers
 from .._transforms.partitioned import LinearOp, run, tile, with_mesh
 from .._transforms.plan import plan_forward
+from . import window as _window
 
-__all__ = ["power_spectrum"]
+__all__ = ["power_spectrum", "box_lengths"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -52,7 +56,9 @@ class BinPlan:
     `shape` (X, Y, Z) is the field's global grid, `box` its physical size, `edges` the bin
     edges in |k| (np.digitize's rule: bin i holds edges[i-1] <= |k| < edges[i]; bin 0 and the
     last one, below and above the edges, are computed and dropped as JaxPM does), `poles` the
-    Legendre orders, `los` the unit line of sight (None: mu is not needed, every pole is 0).
+    Legendre orders, `los` the unit line of sight (None: mu is not needed, every pole is 0),
+    `windows` the assignment windows whose transfer functions divide each mode's power (one per
+    painted field: ("cic", "cic") compensates an auto spectrum of a CIC-painted field).
     """
 
     shape: tuple[int, int, int]
@@ -60,6 +66,7 @@ class BinPlan:
     edges: tuple[float, ...]
     poles: tuple[int, ...]
     los: tuple[float, float, float] | None
+    windows: tuple[str, ...] = ()
 
     @property
     def n_bins(self) -> int:
@@ -149,7 +156,8 @@ def _los(los) -> tuple[float, float, float]:
     return tuple(float(c) for c in v / norm)
 
 
-def _box(box_shape, shape) -> tuple[float, float, float]:
+def box_lengths(box_shape, shape) -> tuple[float, float, float]:
+    """(Lx, Ly, Lz) from `box_shape` (3 finite positive numbers), or the grid `shape` for None."""
     if box_shape is None:
         return tuple(float(n) for n in shape)
     try:
@@ -163,18 +171,74 @@ def _box(box_shape, shape) -> tuple[float, float, float]:
     return tuple(float(v) for v in box)
 
 
-def plan_bins(shape, box_shape=None, kedges=None, multipoles=0, los=(0, 0, 1)
-              ) -> tuple[BinPlan, bool]:
+def _windows(compensation, cross: bool) -> tuple[str, ...]:
+    """The windows whose transfer functions divide each mode's power: one name compensates
+    every field (twice for an auto spectrum: |F|^2 / W^2); a cross spectrum may name one per
+    field, None for a field that was not painted."""
+    if compensation is None:
+        return ()
+    expected = ("None, a window name " + str(tuple(_window.WINDOWS)) +
+                (", or a pair (window of `field`, window of `field2`), each a name or None"
+                 if cross else ""))
+    if isinstance(compensation, str):
+        names = (compensation, compensation)
+    elif cross and isinstance(compensation, (tuple, list)) and len(compensation) == 2:
+        names = tuple(compensation)
+    else:
+        raise (TypeError if not isinstance(compensation, (tuple, list)) else ValueError)(
+            f"`compensation` must be {expected}; got {compensation!r}")
+    out = []
+    for name in names:
+        if name is None:
+            continue
+        try:
+            out.append(_window.check_window(name))
+        except (TypeError, ValueError):
+            raise ValueError(f"`compensation` must be {expected}; got {compensation!r}") from None
+    return tuple(out)
+
+
+def plan_bins(shape, box_shape=None, kedges=None, multipoles=0, los=(0, 0, 1), *,
+              compensation=None, cross: bool = False) -> tuple[BinPlan, bool]:
     """(BinPlan, scalar multipoles) for a field of global grid `shape` (X, Y, Z), with JaxPM's
     rules: box_shape None is the grid itself (unit cells); the line of sight is used (and
     normalised) unless multipoles is the scalar 0."""
-    box = _box(box_shape, shape)
+    box = box_lengths(box_shape, shape)
     edges = kedges_for(kedges, shape, box)
     poles, scalar = _poles(multipoles)
     direction = None if (scalar and poles == (0,)) else _los(los)
     plan = BinPlan(tuple(int(n) for n in shape), box, tuple(float(e) for e in edges), poles,
-                   direction)
+                   direction, _windows(compensation, cross))
     return plan, scalar
+
+
+def shot_noise_for(shot_noise, n_particles, box) -> Any:
+    """The power to subtract from the monopole: `shot_noise` as given (a real scalar, traced
+    too), or nbodykit's Poisson shot noise V / N from `n_particles`; None for neither."""
+    if shot_noise is not None and n_particles is not None:
+        raise ValueError(f"give `shot_noise` (the power to subtract) or `n_particles` (for "
+                         f"V / N), not both; got shot_noise={shot_noise!r}, "
+                         f"n_particles={n_particles!r}")
+    if n_particles is not None:
+        if not _is_int(n_particles) and not (_is_float(n_particles)
+                                             and float(n_particles).is_integer()):
+            raise TypeError(f"`n_particles` must be an int (the number of particles painted); "
+                            f"got {n_particles!r}")
+        if n_particles <= 0:
+            raise ValueError(f"`n_particles` must be > 0 (the number of particles painted); "
+                             f"got {n_particles!r}")
+        return math.prod(box) / int(n_particles)
+    if shot_noise is None:
+        return None
+    if isinstance(shot_noise, (bool, np.bool_)) or not (
+            isinstance(shot_noise, numbers.Real) or
+            (hasattr(shot_noise, "dtype") and np.ndim(shot_noise) == 0
+             and np.dtype(shot_noise.dtype).kind in "iuf")):
+        raise TypeError(f"`shot_noise` must be a real number (the power to subtract from the "
+                        f"monopole, in the units of pk); got {shot_noise!r}")
+    if isinstance(shot_noise, numbers.Real) and not np.isfinite(float(shot_noise)):
+        raise ValueError(f"`shot_noise` must be finite; got {shot_noise!r}")
+    return shot_noise
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,6 +296,15 @@ def _block_rows(bins: BinPlan, rows: tuple, q, starts):
         mu = jnp.where(k2 > 0, sum(c * l for c, l in zip(k, bins.los)) / safe, 0)
         mum = jnp.where(k2 > 0, sum(c * l for c, l in zip(km, bins.los)) / safe, 0)
 
+    if bins.windows:
+        # The windows' transfer functions in radians per cell, even in k: the mirror's too.
+        cell = tuple(wavenumbers("fft", g, n, 1.0).astype(rdtype) for g, n in ((gx, X), (gy, Y),
+                                                                                (gz, Z)))
+        transfer = 1.0
+        for name in bins.windows:
+            transfer = transfer * _window.compensation(cell, name)
+        inverse = 1 / transfer  # > 0: sinc(k / 2) >= 2 / pi for |k| <= pi
+
     q = jnp.where(valid, q, 0)  # XLA's padding of uneven blocks may hold anything
     out = []
     for row in rows:
@@ -244,6 +317,8 @@ def _block_rows(bins: BinPlan, rows: tuple, q, starts):
         else:
             w = (2 * row + 1) * (jnp.where(valid, _legendre(row, mu), 0)
                                  + mirrored * _legendre(row, mum))
+        if bins.windows and row not in ("count", "ksum"):
+            w = w * inverse
         out.append(q * w)
     return _segment_sum(jnp.stack(out, axis=-1), b, bins.n_bins)
 
@@ -363,13 +438,16 @@ class BinSums(LinearOp):
 
 
 def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipoles=0,
-                   los=(0, 0, 1)):
+                   los=(0, 0, 1), compensation=None, shot_noise=None, n_particles=None,
+                   return_counts=False):
     """The power spectrum of a sharded 3-D field (or the cross spectrum of two), with multipoles.
 
     As JaxPM's `jaxpm.utils.power_spectrum` (same arguments and results, so that a JaxPM user
     switches by import), computed from `prfft3d` on each device's block with one all-reduce of
     the per-bin sums and no gather; eagerly, under `jax.jit` (with the mesh known or left to the
-    compiler), `jax.vmap` and `jax.grad`.
+    compiler), `jax.vmap` and `jax.grad`.  Three options for analysts (nbodykit's FFTPower's,
+    differences in docs/howto/power-spectra.md): the mode counts, a window compensation applied
+    mode by mode in the same pass, and the shot noise.
 
     Args:
       field: real array of global shape (X, Y, Z), or (..., X, Y, Z) for one spectrum per field
@@ -387,17 +465,33 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
         (`|k|^2` within 16 float eps of edge^2, the field's precision) is in the upper bin.
       multipoles: a Legendre order or a sequence of them (each >= 0).
       los: the line of sight (X, Y, Z), normalised; used unless multipoles is 0.
+      compensation: None, or the mass-assignment window the field was painted with ("ngp",
+        "cic", "tsc", "pcs"): each mode's power is divided by W(k)^2, W(k) = prod_i
+        sinc(k_i / 2)^s (k_i in radians per cell, `window_compensation`), in the same pass (no
+        extra transform).  For a cross spectrum, a name compensates both fields, a pair
+        (window of `field`, window of `field2`) each its own (None: not painted).
+      shot_noise: a real number (traced too) subtracted from the monopole (ell = 0) of every
+        bin, in the units of pk (volume); None: nothing subtracted.
+      n_particles: the number N of particles painted (unit weights): subtracts nbodykit's
+        Poisson shot noise V / N from the monopole, V = prod(box_shape).  Not with `shot_noise`.
+      return_counts: also return the number of modes in each bin.
 
     Returns:
-      `(k, pk)`: k (n_bins,) the mean `|k|` of the modes in each bin; pk (..., n_bins) for an int
-      `multipoles`, (..., len(multipoles), n_bins) for a sequence: the mean over the bin's
-      modes of `(2 ell + 1) L_ell(mu) |F_ortho|^2` times the cell volume prod(box / shape), as
-      JaxPM's (an empty bin is NaN).  k is replicated on every device, pk too except along
-      batch axes split by the mesh, which keep their split.
+      `(k, pk)`, or `(k, pk, nmodes)` with `return_counts`: k (n_bins,) the mean `|k|` of the
+      modes in each bin; pk (..., n_bins) for an int `multipoles`, (..., len(multipoles),
+      n_bins) for a sequence: the mean over the bin's modes of `(2 ell + 1) L_ell(mu)
+      |F_ortho|^2` times the cell volume prod(box / shape), as JaxPM's (an empty bin is NaN),
+      divided by W(k)^2 mode by mode and less the shot noise when asked; nmodes (n_bins,) int32,
+      the modes of the full grid in each bin (the Hermitian mirrors of the half spectrum
+      counted, as nbodykit's `modes`; exact up to 2^24 modes per bin in float32).  k and nmodes
+      are replicated on every device, pk too except along batch axes split by the mesh, which
+      keep their split.
 
     Raises:
-      TypeError: a complex field.
-      ValueError: fields of different shapes or shardings; bad `kedges`, `multipoles` or `los`.
+      TypeError: a complex field; a `compensation`, `shot_noise` or `n_particles` of the wrong
+        type.
+      ValueError: fields of different shapes or shardings; bad `kedges`, `multipoles`, `los`,
+        `compensation` or `n_particles`; both `shot_noise` and `n_particles`.
 
     Example:
       >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
@@ -410,10 +504,20 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
       >>> k, pl = pencilfft.power_spectrum(delta, multipoles=(0, 2, 4))
       >>> pl.shape[0]
       3
+
+      The modes per bin, a CIC compensation and the Poisson shot noise of 32^3 particles:
+
+      >>> k, pk, nmodes = pencilfft.power_spectrum(delta, box_shape=(100.0, 100.0, 100.0),
+      ...                                          compensation="cic", n_particles=32**3,
+      ...                                          return_counts=True)
+      >>> nmodes.dtype, [int(n) for n in nmodes[:3]]
+      (dtype('int32'), [392, 880, 1604])
     """
     shape = _field_shape(field, "field")
     if np.dtype(field.dtype).kind == "c":
         raise TypeError(f"`field` must be real (float32 or float64); got {field.dtype}")
+    if not isinstance(return_counts, (bool, np.bool_)):
+        raise TypeError(f"`return_counts` must be True or False; got {return_counts!r}")
     plan = plan_forward(field, norm="backward", layout="transposed", mesh=None, real=True,
                         argname="field")
     if field2 is not None:
@@ -423,7 +527,9 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
         if np.dtype(field2.dtype).kind == "c":
             raise TypeError(f"`field2` must be real (float32 or float64); got {field2.dtype}")
         _check_same_sharding(field, field2)
-    bins, scalar = plan_bins(shape[-3:], box_shape, kedges, multipoles, los)
+    bins, scalar = plan_bins(shape[-3:], box_shape, kedges, multipoles, los,
+                             compensation=compensation, cross=field2 is not None)
+    shot = shot_noise_for(shot_noise, n_particles, bins.box)
     if field2 is not None and field2.dtype != field.dtype:
         field2 = field2.astype(field.dtype)
     mesh = plan.mesh
@@ -435,12 +541,18 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
     spectrum = _spectrum
     if not (is_tracer(field) or is_tracer(field2)):
         spectrum = _spectrum_jit  # called eagerly: one program instead of op-by-op dispatch
-    k, pk = spectrum(field, field2, bins=bins, mesh=mesh, deferred=plan.deferred)
-    return k, (pk[..., 0, :] if scalar else pk)
+    k, pk, count = spectrum(field, field2, bins=bins, mesh=mesh, deferred=plan.deferred)
+    if shot is not None:
+        monopole = np.array([[1.0 if ell == 0 else 0.0] for ell in bins.poles])  # (poles, 1)
+        pk = pk - jnp.asarray(shot, pk.dtype) * monopole.astype(pk.dtype)
+    pk = pk[..., 0, :] if scalar else pk
+    if return_counts:
+        return k, pk, jnp.round(count).astype(jnp.int32)
+    return k, pk
 
 
 def _spectrum(field, field2, *, bins: BinPlan, mesh, deferred):
-    """(k, pk (..., poles, bins)) of the planned spectrum (traced)."""
+    """(k, pk (..., poles, bins), the modes per bin) of the planned spectrum (traced)."""
     f1 = prfft3d(field, mesh=mesh)
     if field2 is None:
         q = f1.real ** 2 + f1.imag ** 2
@@ -454,7 +566,7 @@ def _spectrum(field, field2, *, bins: BinPlan, mesh, deferred):
     count, ksum = counts[0], counts[1]
     k = (ksum / count)[1:-1]
     pk = (sums / count)[..., 1:-1] * bins.scale
-    return k, pk
+    return k, pk, count[1:-1]
 
 
 _spectrum_jit = jax.jit(_spectrum, static_argnames=("bins", "mesh", "deferred"))
