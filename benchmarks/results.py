@@ -5,7 +5,8 @@
 
 A table sits between `<!-- table: KIND PATH [PATH ...] -->` and `<!-- end table -->`: KIND
 names a maker of `TABLES` (a comparison's), the PATHs (from the repository root) the JSON lines
-it reads.  tests/tooling/test_results.py checks every block against its data, that every kind
+it reads.  Every table is headed by the CPU model and SIMD flags of the machines its records
+were measured on (`harness.cpu_line`).  tests/tooling/test_results.py checks every block against its data, that every kind
 has a block (or, awaiting data, the placeholder of `PENDING`) and that no table is pasted.
 """
 from __future__ import annotations
@@ -66,7 +67,10 @@ def render(kind: str, paths: Sequence[str], root: Path = ROOT) -> str:
     make, n = TABLES[kind]
     if len(paths) != n:
         raise ValueError(f"table kind {kind!r} takes {n} data file(s); got {list(paths)}")
-    return make(*(harness.load_records([root / p]) for p in paths)).strip()
+    data = [harness.load_records([root / p]) for p in paths]
+    cpu = harness.cpu_line(r for records in data for r in records)
+    table = make(*data).strip()
+    return table if cpu is None else f"{cpu}\n\n{table}"
 
 
 def regenerate(text: str, root: Path = ROOT) -> str:
