@@ -214,15 +214,22 @@ CHUNKED = {  # name: (fft_type, axes, norm, order, real-space shape)
 
 
 @needs_fftw
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("case", list(CHUNKED))
-def test_chunked_scaling(monkeypatch, case):
+def test_chunked_scaling(monkeypatch, case, threads):
     monkeypatch.setenv("PENCILFFT_FFTW_PLANNER", "estimate")  # (planning 16 MiB: seconds)
+    if threads > 1:  # 3 threads per call (each runs whole chunks), whatever this machine has
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+        monkeypatch.setattr(os, "cpu_count", lambda: 64)
+        monkeypatch.setenv("PENCILFFT_THREADS", str(threads * len(jax.local_devices(backend="cpu"))))
     fft_type, axes, norm, order, shape = CHUNKED[case]
     x = _data(np.float32, True, shape, seed=5)
     sizes = tuple(shape[a] for a in axes)
     if fft_type == "irfft":
         x = np.fft.rfftn(x.real, axes=axes).astype(np.complex64)
-    got = np.asarray(jax.jit(lambda a: _kernel.fft(a, fft_type, axes, norm, sizes, order))(x))
+    f = jax.jit(lambda a: _kernel.fft(a, fft_type, axes, norm, sizes, order))
+    assert f"threads = {threads} : i32" in f.lower(x).as_text()
+    got = np.asarray(f(x))
     ref = _reference(fft_type, x, axes, norm, sizes)
     ref = ref if order is None else np.transpose(ref, order)
     assert got.shape == ref.shape

@@ -4,7 +4,8 @@
 // axis is a "howmany" dimension of the same plan, so a transform along a non-last axis needs no
 // transpose.  Kinds: c2c (sign -1 forward / +1 backward), r2c, c2r and r2r (DCT/DST I-IV as
 // FFTW's REDFT/RODFT kinds; complex data as the real and imaginary parts, a howmany dimension
-// of 2 with stride 1).  FFTW is unnormalised: `scale` multiplies the output in the same call.
+// of 2 with stride 1).  FFTW is unnormalised: `scale` multiplies the output in the same call
+// (on large blocks chunk by chunk while in the cache, `Execute`).
 //
 // FFTW comes from pyFFTW's wheel (libfftw3, libfftw3f and their _omp threads libraries with
 // hashed names, linked by full path); its few prototypes are declared here by hand, so no
@@ -20,7 +21,8 @@
 // when the program was lowered, so that the devices of a process share its cores) with FFTW's
 // threaded planner (libfftw3[f]_omp from the same wheel, OpenMP from its bundled libgomp); the
 // count is part of the plan's key.  FFTW keeps a plan for 1 thread free of OpenMP: with as
-// many devices as cores nothing changes.  The scaling pass is split over as many std::threads.
+// many devices as cores nothing changes.  A scaling pass of its own (blocks under 16 MiB) is
+// split over as many std::threads.
 //
 // c2r over several axes: FFTW has no input-preserving multi-dimensional c2r, and XLA's input
 // buffer must not be overwritten, so it runs as a c2c over the leading axes into a per-thread
@@ -275,7 +277,8 @@ void ExecPlan(int32_t kind, fftw_plan_t p, void* in, void* out) {
 // output dimension where that is a howmany dimension (each chunk a contiguous slab of the
 // output of at most kChunkBytes), and each chunk is scaled right after FFTW wrote it, while it
 // is still in the cache.  The chunks' plan is FFTW's for that slab (planned once, cached like
-// any other), run with the new-array functions at offsets that keep the plan's alignment.
+// any other), run with the new-array functions at offsets that keep the plan's alignment; with
+// several threads, each thread runs whole chunks with a one-thread plan.
 // Blocks under kChunkMin, unit scales and geometries without such a dimension run whole, then
 // `Scale`.  `in_unit`, `out_unit`: the bytes of one stride step of each array.
 constexpr size_t kChunkBytes = size_t{4} << 20;
@@ -310,17 +313,27 @@ bool Execute(int32_t kind, int32_t sign, const Geometry& g, const std::vector<in
     return true;
   }
   const fftw_iodim64 d = g.howmany[h];
+  const int64_t chunks = d.n / c;
+  // With several threads, each runs whole chunks (a one-thread plan, FFTW's new-array execute
+  // is thread-safe) and scales its own: the scaling is as parallel as the FFTs.
+  const int workers = static_cast<int>(std::min<int64_t>(std::max(threads, 1), chunks));
   Geometry chunk = g;
   chunk.howmany[h].n = c;
-  fftw_plan_t p =
-      Plan<Real>(kind, sign, chunk, r2r_kinds, in, out, in_bytes, out_bytes, flags, threads);
+  fftw_plan_t p = Plan<Real>(kind, sign, chunk, r2r_kinds, in, out, in_bytes, out_bytes, flags,
+                             workers > 1 ? 1 : threads);
   if (!p) return false;
   const size_t step_in = c * d.is * in_unit, step_out = c * d.os * out_unit;
-  for (int64_t k = 0; k < d.n / c; ++k) {
-    char* o = static_cast<char*>(out) + k * step_out;
-    ExecPlan<Real>(kind, p, static_cast<char*>(in) + k * step_in, o);
-    Scale<Real>(o, step_out / sizeof(Real), scale, 1);
-  }
+  auto part = [&](int first) {
+    for (int64_t k = first; k < chunks; k += workers) {
+      char* o = static_cast<char*>(out) + k * step_out;
+      ExecPlan<Real>(kind, p, static_cast<char*>(in) + k * step_in, o);
+      Scale<Real>(o, step_out / sizeof(Real), scale, 1);
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < workers; ++t) helpers.emplace_back(part, t);
+  part(0);
+  for (auto& t : helpers) t.join();
   return true;
 }
 
