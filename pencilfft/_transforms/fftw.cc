@@ -272,13 +272,12 @@ void ExecPlan(int32_t kind, fftw_plan_t p, void* in, void* out) {
 }
 
 // The normalisation without a pass of its own over memory.  A separate pass over a block larger
-// than the caches reads and writes it all once more (the inverse's two calls each scale, and
-// took 1.4x the forward, issue 55).  Instead the transform runs in chunks along its outermost
+// than the caches reads and writes it all once more (the one-device inverse's two calls each
+// scaled 128 MiB at 256^3, issue 55).  Instead the transform runs in chunks along its outermost
 // output dimension where that is a howmany dimension (each chunk a contiguous slab of the
 // output of at most kChunkBytes), and each chunk is scaled right after FFTW wrote it, while it
 // is still in the cache.  The chunks' plan is FFTW's for that slab (planned once, cached like
-// any other), run with the new-array functions at offsets that keep the plan's alignment; with
-// several threads, each thread runs whole chunks with a one-thread plan.
+// any other), run with the new-array functions at offsets that keep the plan's alignment.
 // Blocks under kChunkMin, unit scales and geometries without such a dimension run whole, then
 // `Scale`.  `in_unit`, `out_unit`: the bytes of one stride step of each array.
 constexpr size_t kChunkBytes = size_t{4} << 20;
@@ -313,27 +312,21 @@ bool Execute(int32_t kind, int32_t sign, const Geometry& g, const std::vector<in
     return true;
   }
   const fftw_iodim64 d = g.howmany[h];
-  const int64_t chunks = d.n / c;
-  // With several threads, each runs whole chunks (a one-thread plan, FFTW's new-array execute
-  // is thread-safe) and scales its own: the scaling is as parallel as the FFTs.
-  const int workers = static_cast<int>(std::min<int64_t>(std::max(threads, 1), chunks));
   Geometry chunk = g;
   chunk.howmany[h].n = c;
-  fftw_plan_t p = Plan<Real>(kind, sign, chunk, r2r_kinds, in, out, in_bytes, out_bytes, flags,
-                             workers > 1 ? 1 : threads);
+  fftw_plan_t p =
+      Plan<Real>(kind, sign, chunk, r2r_kinds, in, out, in_bytes, out_bytes, flags, threads);
   if (!p) return false;
+  // The chunks run one after the other on this thread, each with FFTW's threads.  (Threads of
+  // our own per call, each running whole chunks with a one-thread plan, were tried: 917 page
+  // faults per call at 256^3, issue 55, likely FFTW's buffers taken from each new thread's
+  // fresh memory.)
   const size_t step_in = c * d.is * in_unit, step_out = c * d.os * out_unit;
-  auto part = [&](int first) {
-    for (int64_t k = first; k < chunks; k += workers) {
-      char* o = static_cast<char*>(out) + k * step_out;
-      ExecPlan<Real>(kind, p, static_cast<char*>(in) + k * step_in, o);
-      Scale<Real>(o, step_out / sizeof(Real), scale, 1);
-    }
-  };
-  std::vector<std::thread> helpers;
-  for (int t = 1; t < workers; ++t) helpers.emplace_back(part, t);
-  part(0);
-  for (auto& t : helpers) t.join();
+  for (int64_t k = 0; k < d.n / c; ++k) {
+    char* o = static_cast<char*>(out) + k * step_out;
+    ExecPlan<Real>(kind, p, static_cast<char*>(in) + k * step_in, o);
+    Scale<Real>(o, step_out / sizeof(Real), scale, 1);
+  }
   return true;
 }
 
