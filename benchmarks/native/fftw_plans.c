@@ -43,6 +43,8 @@ var_t vars[] = {
   {"inv_2d_first", 2, {{2, {1,2}, P, P, 1}, {1, {0}, P, ID, 1}}},
   {"inv_2dperm_first", 2, {{2, {1,2}, P, ID, 1}, {1, {0}, ID, ID, 1}}},
   {"inv_3d_perm", 1, {{3, {0,1,2}, P, ID, 1}}},
+  {"inv_yxz", 2, {{1, {0}, P, {1,0,2}, 1}, {2, {1,2}, {1,0,2}, ID, 1}}},
+  {"inv_zxy", 2, {{1, {0}, P, {2,0,1}, 1}, {2, {1,2}, {2,0,1}, ID, 1}}},
 };
 int main(int argc, char** argv) {
   n = argc > 1 ? atoi(argv[1]) : 256; int rounds = argc > 2 ? atoi(argv[2]) : 9;
