@@ -18,7 +18,6 @@ Every record holds the machine's CPU model and flags (`harness.cpu_info`) and th
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import resource
 import statistics
