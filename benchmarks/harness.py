@@ -173,13 +173,53 @@ def is_main() -> bool:
     return jax.process_index() == 0
 
 
+# The CPU flags that decide FFT speed (SIMD width, FMA), named in every table's header.
+CPU_FLAGS = ("avx", "avx2", "fma", "avx512f")
+
+
+def cpu_info() -> dict[str, Any]:
+    """The CPU's model name and which of `CPU_FLAGS` it has (Linux's /proc/cpuinfo; else the
+    platform's processor string and no flags)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if not key.strip():
+                    break  # the first processor's block is enough
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    model = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:  # (a VM's name may hide the generation)
+        model += f" (family {fields['cpu family']}, model {fields['model']})"
+    flags = set(fields.get("flags", "").split())
+    return {"model": model, "flags": [f for f in CPU_FLAGS if f in flags]}
+
+
+def cpu_line(records: Iterable[dict[str, Any]]) -> str | None:
+    """"CPU: model (flags)" of the machines `records` were measured on, for a table's header
+    (records from before the CPU was recorded say so; None for records without a machine)."""
+    seen: list[str] = []
+    for r in records:
+        machine = r.get("machine")
+        if machine is None:
+            continue
+        cpu = machine.get("cpu") if isinstance(machine, dict) else None
+        text = (f"{cpu['model']} ({', '.join(cpu['flags']) or 'none of ' + '/'.join(CPU_FLAGS)})"
+                if cpu else "not recorded (measured before the CPU was stored in each record)")
+        if text not in seen:
+            seen.append(text)
+    return f"CPU: {'; '.join(seen)}." if seen else None
+
+
 def machine_info() -> dict[str, Any]:
     """Where the numbers come from; stored in every record."""
     env = {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_JOB_PARTITION", "SLURM_JOB_NUM_NODES",
                                       "SLURM_NTASKS", "SLURM_JOB_CONSTRAINTS", "XLA_FLAGS",
                                       "PENCILFFT_THREADS") if k in os.environ}
     return {"hostname": socket.gethostname(), "platform": platform.platform(),
-            "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "cpu": cpu_info(), "cpu_count": os.cpu_count(),
             "cores": len(os.sched_getaffinity(0)),
             "threads_per_device": private.threads.threads_per_device(),
             "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,

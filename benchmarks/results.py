@@ -5,7 +5,8 @@
 
 A table sits between `<!-- table: KIND PATH [PATH ...] -->` and `<!-- end table -->`: KIND
 names a maker of `TABLES` (a comparison's), the PATHs (from the repository root) the JSON lines
-it reads.  tests/tooling/test_results.py checks every block against its data, that every kind
+it reads.  Every table is headed by the CPU model and SIMD flags of the machines its records
+were measured on (`harness.cpu_line`).  tests/tooling/test_results.py checks every block against its data, that every kind
 has a block (or, awaiting data, the placeholder of `PENDING`) and that no table is pasted.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks import (batch, chunks, device, fft, gpu, harness, kernel, kinds, layouts, margin,
-                        memory, mpi, paint, pm, power, steps)
+                        memory, mpi, paint, pm, power, steady, steps)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -48,6 +49,8 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "layouts": (layouts.table_of, 1),
     "paint": (paint.table, 1),
     "threads16": (device.threads_table, 1),
+    "steady": (steady.steady_table, 1),
+    "steady-stages": (steady.stages_table, 1),
 }
 # Kinds whose data a lent machine has yet to give: RESULTS.md says so, with the command that
 # measures them (a test holds the two together), until a block of that kind replaces it.
@@ -66,7 +69,10 @@ def render(kind: str, paths: Sequence[str], root: Path = ROOT) -> str:
     make, n = TABLES[kind]
     if len(paths) != n:
         raise ValueError(f"table kind {kind!r} takes {n} data file(s); got {list(paths)}")
-    return make(*(harness.load_records([root / p]) for p in paths)).strip()
+    data = [harness.load_records([root / p]) for p in paths]
+    cpu = harness.cpu_line(r for records in data for r in records)
+    table = make(*data).strip()
+    return table if cpu is None else f"{cpu}\n\n{table}"
 
 
 def regenerate(text: str, root: Path = ROOT) -> str:

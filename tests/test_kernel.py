@@ -201,6 +201,53 @@ def test_one_device_gpu_program_is_unchanged(case):
     assert (_kernel.TARGET in f.trace(x).lower().as_text()) == HAVE_FFTW
 
 
+# Blocks of 16 MiB and more are transformed in chunks along the output's outermost dimension,
+# each scaled while in the cache (fftw.cc `Execute`): one block per path at that size.
+BIG = (32, 128, 512)  # 16 MiB of complex64, 8 MiB of float32
+CHUNKED = {  # name: (fft_type, axes, norm, order, real-space shape)
+    "ifft-last": ("ifft", (2,), "backward", None, BIG),
+    "ifft-2d-ordered": ("ifft", (1, 2), "backward", (0, 2, 1), BIG),
+    "fft-first-ordered": ("fft", (0,), "ortho", (1, 2, 0), BIG),
+    "irfft-last": ("irfft", (2,), "backward", None, (64, 128, 512)),
+    "irfft-2d": ("irfft", (1, 2), "backward", None, (64, 128, 512)),
+}
+
+
+@needs_fftw
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("case", list(CHUNKED))
+def test_chunked_scaling(monkeypatch, case, threads):
+    monkeypatch.setenv("PENCILFFT_FFTW_PLANNER", "estimate")  # (planning 16 MiB: seconds)
+    if threads > 1:  # 3 threads per call (each runs whole chunks), whatever this machine has
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+        monkeypatch.setattr(os, "cpu_count", lambda: 64)
+        monkeypatch.setenv("PENCILFFT_THREADS", str(threads * len(jax.local_devices(backend="cpu"))))
+    fft_type, axes, norm, order, shape = CHUNKED[case]
+    x = _data(np.float32, True, shape, seed=5)
+    sizes = tuple(shape[a] for a in axes)
+    if fft_type == "irfft":
+        x = np.fft.rfftn(x.real, axes=axes).astype(np.complex64)
+    f = jax.jit(lambda a: _kernel.fft(a, fft_type, axes, norm, sizes, order))
+    assert f"threads = {threads} : i32" in f.lower(x).as_text()
+    got = np.asarray(f(x))
+    ref = _reference(fft_type, x, axes, norm, sizes)
+    ref = ref if order is None else np.transpose(ref, order)
+    assert got.shape == ref.shape
+    assert rel_err(got, ref) < 1e-5, rel_err(got, ref)
+
+
+@needs_fftw
+@pytest.mark.parametrize("kind", ["dct2", "dst3"])
+def test_chunked_r2r(monkeypatch, kind):
+    monkeypatch.setenv("PENCILFFT_FFTW_PLANNER", "estimate")
+    x = _data(np.float32, False, (64, 128, 512), seed=6)  # 16 MiB
+    got = np.asarray(jax.jit(lambda a: _kernel.r2r(a, kind, 1, "ortho", True))(x))
+    t = int(kind[-1])
+    ref = (scipy.fft.dct if kind.startswith("dct") else scipy.fft.dst)(
+        x.astype(np.float64), type=t, axis=1, norm="ortho")
+    assert rel_err(got, ref) < 1e-5, rel_err(got, ref)
+
+
 @needs_fftw
 def test_plan_cache():
     x = _data(np.float32, True, (3, 5, 9), seed=3)

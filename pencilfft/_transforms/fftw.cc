@@ -4,7 +4,8 @@
 // axis is a "howmany" dimension of the same plan, so a transform along a non-last axis needs no
 // transpose.  Kinds: c2c (sign -1 forward / +1 backward), r2c, c2r and r2r (DCT/DST I-IV as
 // FFTW's REDFT/RODFT kinds; complex data as the real and imaginary parts, a howmany dimension
-// of 2 with stride 1).  FFTW is unnormalised: `scale` multiplies the output in the same call.
+// of 2 with stride 1).  FFTW is unnormalised: `scale` multiplies the output in the same call
+// (on large blocks chunk by chunk while in the cache, `Execute`).
 //
 // FFTW comes from pyFFTW's wheel (libfftw3, libfftw3f and their _omp threads libraries with
 // hashed names, linked by full path); its few prototypes are declared here by hand, so no
@@ -20,7 +21,8 @@
 // when the program was lowered, so that the devices of a process share its cores) with FFTW's
 // threaded planner (libfftw3[f]_omp from the same wheel, OpenMP from its bundled libgomp); the
 // count is part of the plan's key.  FFTW keeps a plan for 1 thread free of OpenMP: with as
-// many devices as cores nothing changes.  The scaling pass is split over as many std::threads.
+// many devices as cores nothing changes.  A scaling pass of its own (blocks under 16 MiB) is
+// split over as many std::threads.
 //
 // c2r over several axes: FFTW has no input-preserving multi-dimensional c2r, and XLA's input
 // buffer must not be overwritten, so it runs as a c2c over the leading axes into a per-thread
@@ -257,12 +259,83 @@ void Scale(void* data, size_t count, double scale, int threads) {
 }
 
 template <typename Real>
+void ExecPlan(int32_t kind, fftw_plan_t p, void* in, void* out) {
+  using A = Api<Real>;
+  if (kind == kC2C)
+    A::exec_dft(p, in, out);
+  else if (kind == kR2C)
+    A::exec_r2c(p, static_cast<Real*>(in), out);
+  else if (kind == kC2R)
+    A::exec_c2r(p, in, static_cast<Real*>(out));
+  else
+    A::exec_r2r(p, static_cast<Real*>(in), static_cast<Real*>(out));
+}
+
+// The normalisation without a pass of its own over memory.  A separate pass over a block larger
+// than the caches reads and writes it all once more (the one-device inverse's two calls each
+// scaled 128 MiB at 256^3, issue 55).  Instead the transform runs in chunks along its outermost
+// output dimension where that is a howmany dimension (each chunk a contiguous slab of the
+// output of at most kChunkBytes), and each chunk is scaled right after FFTW wrote it, while it
+// is still in the cache.  The chunks' plan is FFTW's for that slab (planned once, cached like
+// any other), run with the new-array functions at offsets that keep the plan's alignment.
+// Blocks under kChunkMin, unit scales and geometries without such a dimension run whole, then
+// `Scale`.  `in_unit`, `out_unit`: the bytes of one stride step of each array.
+constexpr size_t kChunkBytes = size_t{4} << 20;
+constexpr size_t kChunkMin = size_t{16} << 20;
+
+template <typename Real>
+bool Execute(int32_t kind, int32_t sign, const Geometry& g, const std::vector<int64_t>& r2r_kinds,
+             void* in, void* out, size_t in_bytes, size_t out_bytes, unsigned flags, int threads,
+             size_t in_unit, size_t out_unit, double scale) {
+  size_t h = g.howmany.size();  // the dimension to chunk, if any
+  int64_t c = 0;                // its indices per chunk
+  if (scale != 1.0 && out_bytes >= kChunkMin && in != out) {
+    for (size_t i = 0; i < g.howmany.size(); ++i)  // (a dimension of 1 is no chunking)
+      if (g.howmany[i].n > 1 && (h == g.howmany.size() || g.howmany[i].os > g.howmany[h].os))
+        h = i;
+    if (h < g.howmany.size()) {
+      const fftw_iodim64& d = g.howmany[h];
+      const size_t slab = static_cast<size_t>(d.os) * out_unit;  // output bytes per index
+      if (d.os > 0 && d.is > 0 && slab * d.n == out_bytes)  // the outermost output dimension
+        for (int64_t k = 1; k < d.n; ++k)
+          if (d.n % k == 0 && k * slab <= kChunkBytes && (k * slab) % 64 == 0 &&
+              (k * d.is * in_unit) % 64 == 0)
+            c = k;
+    }
+  }
+  if (c == 0) {
+    fftw_plan_t p =
+        Plan<Real>(kind, sign, g, r2r_kinds, in, out, in_bytes, out_bytes, flags, threads);
+    if (!p) return false;
+    ExecPlan<Real>(kind, p, in, out);
+    Scale<Real>(out, out_bytes / sizeof(Real), scale, threads);
+    return true;
+  }
+  const fftw_iodim64 d = g.howmany[h];
+  Geometry chunk = g;
+  chunk.howmany[h].n = c;
+  fftw_plan_t p =
+      Plan<Real>(kind, sign, chunk, r2r_kinds, in, out, in_bytes, out_bytes, flags, threads);
+  if (!p) return false;
+  // The chunks run one after the other on this thread, each with FFTW's threads.  (Threads of
+  // our own per call, each running whole chunks with a one-thread plan, were tried: 917 page
+  // faults per call at 256^3, issue 55, likely FFTW's buffers taken from each new thread's
+  // fresh memory.)
+  const size_t step_in = c * d.is * in_unit, step_out = c * d.os * out_unit;
+  for (int64_t k = 0; k < d.n / c; ++k) {
+    char* o = static_cast<char*>(out) + k * step_out;
+    ExecPlan<Real>(kind, p, static_cast<char*>(in) + k * step_in, o);
+    Scale<Real>(o, step_out / sizeof(Real), scale, 1);
+  }
+  return true;
+}
+
+template <typename Real>
 ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
                const std::vector<int64_t>& r2r_kinds, double scale, unsigned planner,
                bool complex_data, const std::vector<int64_t>& in_shape,
                const std::vector<int64_t>& out_shape, const std::vector<ptrdiff_t>& out_strides,
-               void* in, void* out, size_t in_bytes, size_t out_bytes, size_t out_reals,
-               int threads) {
+               void* in, void* out, size_t in_bytes, size_t out_bytes, int threads) {
   // out_shape, out_strides: the output's logical shape (in the input's axis order) and each
   // logical axis's stride in the buffer (row-major, or permuted: `out_order`).
   using A = Api<Real>;
@@ -273,27 +346,26 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
     unsigned flags = planner | (in == out ? 0u : kPreserveInput);
     Geometry g = MakeGeometry(in_shape, axes, is, out_strides,
                               kind == kR2R && complex_data ? 2 : 1);
-    fftw_plan_t p =
-        Plan<Real>(kind, sign, g, r2r_kinds, in, out, in_bytes, out_bytes, flags, threads);
-    if (!p) return fail();
-    if (kind == kC2C)
-      A::exec_dft(p, in, out);
-    else
-      A::exec_r2r(p, static_cast<Real*>(in), static_cast<Real*>(out));
+    // (strides in complex elements for c2c, in reals for r2r: MakeGeometry's unit)
+    const size_t unit = kind == kR2R ? sizeof(Real) : 2 * sizeof(Real);
+    if (!Execute<Real>(kind, sign, g, r2r_kinds, in, out, in_bytes, out_bytes, flags, threads,
+                       unit, unit, scale))
+      return fail();
+    return ffi::Error::Success();
   } else if (kind == kR2C) {
     Geometry g = MakeGeometry(in_shape, axes, is, out_strides, 1);
-    fftw_plan_t p = Plan<Real>(kind, 0, g, {}, in, out, in_bytes, out_bytes,
-                               planner | kPreserveInput, threads);
-    if (!p) return fail();
-    A::exec_r2c(p, static_cast<Real*>(in), out);
+    if (!Execute<Real>(kind, 0, g, {}, in, out, in_bytes, out_bytes, planner | kPreserveInput,
+                       threads, sizeof(Real), 2 * sizeof(Real), scale))
+      return fail();
+    return ffi::Error::Success();
   } else {  // c2r: the logical shape is the output's
     std::vector<int64_t> last{axes.back()};
     if (axes.size() == 1) {
       Geometry g = MakeGeometry(out_shape, last, is, out_strides, 1);
-      fftw_plan_t p = Plan<Real>(kind, 0, g, {}, in, out, in_bytes, out_bytes,
-                                 planner | kPreserveInput, threads);
-      if (!p) return fail();
-      A::exec_c2r(p, in, static_cast<Real*>(out));
+      if (!Execute<Real>(kind, 0, g, {}, in, out, in_bytes, out_bytes, planner | kPreserveInput,
+                         threads, 2 * sizeof(Real), sizeof(Real), scale))
+        return fail();
+      return ffi::Error::Success();
     } else {
       // c2c over the leading axes into scratch, then a 1-D c2r that may destroy the scratch.
       char* tmp = scratch.get(in_bytes);
@@ -302,15 +374,14 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
       Geometry g1 = MakeGeometry(in_shape, lead, is, is, 1);
       fftw_plan_t p1 = Plan<Real>(kC2C, +1, g1, {}, in, tmp, in_bytes, in_bytes,
                                   planner | kPreserveInput, threads);
-      Geometry g2 = MakeGeometry(out_shape, last, is, out_strides, 1);
-      fftw_plan_t p2 = Plan<Real>(kind, 0, g2, {}, tmp, out, in_bytes, out_bytes,
-                                  planner | kDestroyInput, threads);
-      if (!p1 || !p2) return fail();
+      if (!p1) return fail();
       A::exec_dft(p1, in, tmp);
-      A::exec_c2r(p2, tmp, static_cast<Real*>(out));
+      Geometry g2 = MakeGeometry(out_shape, last, is, out_strides, 1);
+      if (!Execute<Real>(kind, 0, g2, {}, tmp, out, in_bytes, out_bytes, planner | kDestroyInput,
+                         threads, 2 * sizeof(Real), sizeof(Real), scale))
+        return fail();
     }
   }
-  Scale<Real>(out, out_reals, scale, threads);
   return ffi::Error::Success();
 }
 
@@ -347,13 +418,11 @@ ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, i
   }
   std::vector<int64_t> ax(axes.begin(), axes.end()), rk(r2r_kinds.begin(), r2r_kinds.end());
   if (kind != kR2R) rk.clear();
-  size_t real_bytes = dbl ? 8 : 4;
-  size_t out_reals = y->size_bytes() / real_bytes;
   if (huge_pages) HugePages(y->untyped_data(), y->size_bytes());
   auto run = dbl ? Run<double> : Run<float>;
   return run(kind, sign, ax, rk, scale, static_cast<unsigned>(planner), cplx, in_shape, out_shape,
              out_strides, x.untyped_data(), y->untyped_data(), x.size_bytes(), y->size_bytes(),
-             out_reals, std::max(threads, 1));
+             std::max(threads, 1));
 }
 
 }  // namespace

@@ -1,0 +1,263 @@
+"""Every call at FFTW's speed (issue 55): one CPU device, call by call, stage by stage, and memory.
+
+    python -m benchmarks.steady calls --shapes 256 --out benchmarks/data/steady.jsonl
+    python -m benchmarks.steady calls --shapes 256 --cores 1 --out benchmarks/data/steady.jsonl
+    python -m benchmarks.steady rss --out benchmarks/data/steady.jsonl
+    python -m benchmarks.steady stages --shapes 256 --out benchmarks/data/steady-stages.jsonl
+
+`calls`: an N^3 complex64 forward + inverse under jit, `--calls` consecutive calls alone, then
+as many rounds of one loop where FFTW's own threaded in-place 3-D plan (pyFFTW, the same FFTW
+library) and jnp.fft run their forward + inverse too (other jax work allocating between our
+calls); each call's time and page faults (getrusage: the kernel's memory work is in them).
+`rss`: `--calls` round trips cycling through `--rss-shapes` (a new shape every call), the
+process's resident memory after the first round of shapes and at the end.  `stages`: each
+local FFT call of the one-device forward and inverse alone (the kernel with the stages' very
+axes, order and norm), beside the whole transforms, FFTW's own 3-D plans and jnp.fft.
+Every record holds the machine's CPU model and flags (`harness.cpu_info`) and the load.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pencilfft
+from benchmarks import harness, private
+from benchmarks.harness import fmt_dims
+
+CALL_VARIANTS = ("pencilfft", "fftw", "jnp.fft")
+
+
+def _grid(n: int) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((n,) * 3) + 1j * rng.standard_normal((n,) * 3)).astype(np.complex64)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _pencilfft_pair(x) -> Callable[[], Any]:
+    fwd = jax.jit(pencilfft.pfft3d).lower(x).compile()
+    k = jax.ShapeDtypeStruct(fwd.out_info.shape, fwd.out_info.dtype)
+    inv = jax.jit(pencilfft.pifft3d).lower(k).compile()
+    return lambda: inv(fwd(x)).block_until_ready()
+
+
+def _fftw_pair(host: np.ndarray) -> Callable[[], Any]:
+    """FFTW's own threaded in-place 3-D forward + inverse (pyFFTW, planned with MEASURE)."""
+    import pyfftw
+
+    a = pyfftw.empty_aligned(host.shape, np.complex64)
+    threads = private.threads.threads_per_device()
+    f = pyfftw.FFTW(a, a, axes=(0, 1, 2), threads=threads)
+    b = pyfftw.FFTW(a, a, axes=(0, 1, 2), direction="FFTW_BACKWARD", threads=threads)
+    a[...] = host
+    return lambda: (f(), b())
+
+
+def _measure(call: Callable[[], Any]) -> tuple[float, int]:
+    """One call's seconds and minor page faults."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+    call()
+    t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    return t1 - t0, r1 - r0
+
+
+def _base(tool: str, ctx: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    return {"tool": tool, "affinity": len(os.sched_getaffinity(0)),
+            "threads": private.threads.threads_per_device(),
+            "kernel": private.kernel.describe(), "allocator": private.malloc.describe(),
+            **harness.stamp(ctx)}
+
+
+def calls(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
+    n = args.shapes[0][0]
+    host = _grid(n)
+    x = jax.device_put(host)
+    pair = {"pencilfft": _pencilfft_pair(x), "fftw": _fftw_pair(host)}
+    fwd_j, inv_j = jax.jit(jnp.fft.fftn), jax.jit(jnp.fft.ifftn)
+    pair["jnp.fft"] = lambda: inv_j(fwd_j(x)).block_until_ready()
+    for f in pair.values():
+        for _ in range(args.warmup):
+            f()
+    base = {**_base("steady-calls", ctx, args), "shape": [n] * 3, "calls": args.calls}
+    harness.say(args, f"{n}^3 complex64 forward + inverse, {args.calls} calls alone, then "
+                      f"interleaved; affinity {sorted(os.sched_getaffinity(0))}")
+    alone = [_measure(pair["pencilfft"]) for _ in range(args.calls)]
+    rounds: dict[str, list[tuple[float, int]]] = {v: [] for v in CALL_VARIANTS}
+    for _ in range(args.calls):
+        for v in CALL_VARIANTS:
+            rounds[v].append(_measure(pair[v]))
+    records = [{**base, "variant": "pencilfft", "loop": "alone", "times_s": [t for t, _ in alone],
+                "faults": [f for _, f in alone]}]
+    records += [{**base, "variant": v, "loop": "interleaved", "times_s": [t for t, _ in r],
+                 "faults": [f for _, f in r]} for v, r in rounds.items()]
+    yield records
+
+
+def rss(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
+    shapes = [s[0] for s in args.rss_shapes]
+    pairs = [_pencilfft_pair(jax.device_put(_grid(n))) for n in shapes]
+    first = None
+    t0 = time.perf_counter()
+    for i in range(args.calls):
+        pairs[i % len(pairs)]()
+        if i == len(pairs) - 1:
+            first = _rss_mib()
+    yield [{**_base("steady-rss", ctx, args), "shapes": shapes, "calls": args.calls,
+            "rss_first_round_mib": first, "rss_end_mib": _rss_mib(),
+            "seconds": time.perf_counter() - t0}]
+
+
+def _stage_calls(n: int) -> dict[str, tuple[Callable, Any]]:
+    """Each local FFT call of the one-device pfft3d/pifft3d, as the stages make it: name ->
+    (compiled program, its input)."""
+    kern = private.kernel
+    x = jax.device_put(_grid(n)[None])  # (B, X, Y, Z): the one-device transform's block
+    fwd = private.Fft(axes=(1, 2, 3), kinds=("fft",) * 3, sizes=(n,) * 3, norm="backward",
+                      order=(0, 2, 3, 1))
+    c = lambda f, a: jax.jit(f).lower(a).compile()  # noqa: E731
+    out = {}
+    if fwd._split():
+        f1 = c(lambda a: kern.fft(a, "fft", fwd.axes[1:], "backward", fwd.sizes[1:]), x)
+        y = f1(x)
+        f2 = c(lambda a: kern.fft(a, "fft", fwd.axes[:1], "backward", fwd.sizes[:1], fwd.order), y)
+        out |= {"forward 1: 2-D FFT over (Y, Z)": (f1, x),
+                "forward 2: 1-D FFT over X, writing (B, Y, Z, X)": (f2, y)}
+    k = jax.jit(fwd._forward_fftw)(x)
+    g = c(fwd._backward_fftw, k)
+    out |= {"forward, whole": (c(fwd._forward_fftw, x), x), "inverse, whole": (g, k)}
+    if fwd._split():
+        a1 = c(lambda a: kern.fft(a, "ifft", (3,), "backward", (n,)), k)
+        z = a1(k)
+        a2 = c(lambda a: kern.fft(a, "ifft", (1, 2), "backward", (n, n), fwd._undo), z)
+        out |= {"inverse 1: 1-D FFT over X (contiguous)": (a1, k),
+                "inverse 2: 2-D FFT over (Y, Z), writing (B, X, Y, Z)": (a2, z)}
+    return out
+
+
+def stages(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
+    import pyfftw
+
+    n = args.shapes[0][0]
+    progs = _stage_calls(n)
+    calls_ = {name: (lambda f=f, a=a: f(a).block_until_ready()) for name, (f, a) in progs.items()}
+    threads = private.threads.threads_per_device()
+    a, b = (pyfftw.empty_aligned((n,) * 3, np.complex64) for _ in range(2))
+    for name, arrays in (("FFTW 3-D, out of place", (a, b)), ("FFTW 3-D, in place", (a, a))):
+        p = pyfftw.FFTW(*arrays, axes=(0, 1, 2), threads=threads)
+        a[...] = 1
+        calls_[name] = p.execute
+    x = jax.device_put(_grid(n))
+    jf = jax.jit(jnp.fft.fftn).lower(x).compile()
+    calls_["jnp.fft.fftn"] = lambda: jf(x).block_until_ready()
+    faults = {}
+    for name, f in calls_.items():
+        f()
+        faults[name] = statistics.median(_measure(f)[1] for _ in range(3))
+    timed = harness.time_calls(calls_, args.repeats, args.warmup)
+    base = {**_base("steady-stages", ctx, args), "shape": [n] * 3, "repeats": args.repeats}
+    yield [{**base, "stage": name, "median_s": statistics.median(t), "min_s": min(t),
+            "faults": faults[name]} for name, t in timed.items()]
+
+
+# ----------------------------------------------------------------------------------------------
+# Tables
+
+
+def _p90(times: Sequence[float]) -> float:
+    s = sorted(times)
+    return s[int(0.9 * (len(s) - 1))]
+
+
+def steady_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per loop (alone, interleaved) and variant: median, p90, max (and their ratios to
+    the median), page faults per call; then the resident memory over many shapes."""
+    rows = []
+    call_records = [r for r in records if r["tool"] == "steady-calls"]
+    for r in call_records:
+        t = r["times_s"]
+        med = statistics.median(t)
+        rows.append([fmt_dims(r["shape"]), r["affinity"], r["loop"], r["variant"],
+                     f"{med * 1e3:.0f}", f"{_p90(t) * 1e3:.0f} ({_p90(t) / med:.2f}x)",
+                     f"{max(t) * 1e3:.0f} ({max(t) / med:.2f}x)",
+                     f"{statistics.median(r['faults']):.0f}", f"{max(r['faults'])}",
+                     f"{r['machine'].get('loadavg_1m') or 0:.1f}"])
+    head = ["grid", "cores", "loop", "variant", "median ms", "p90 ms", "max ms",
+            "faults/call (median)", "faults (max)", "load"]
+    text = harness.md_table(head, rows, "lrll" + "r" * 6, (
+        f"complex64 forward + inverse on one CPU device, {call_records[0]['calls'] if call_records else 0} "
+        "calls per row; alone: consecutive calls; interleaved: one loop of FFTW's own threaded "
+        "in-place 3-D plan (pyFFTW), pencilfft and jnp.fft, each timed on its own; cores: the "
+        "process's affinity; load: the 1-minute load average when the run ended."
+        if call_records else "")) if rows else ""
+    rss_rows = [[", ".join(f"{n}^3" for n in r["shapes"]), r["calls"],
+                 f"{r['rss_first_round_mib']:.0f}", f"{r['rss_end_mib']:.0f}",
+                 f"{r['rss_end_mib'] / r['rss_first_round_mib']:.2f}"]
+                for r in records if r["tool"] == "steady-rss"]
+    if rss_rows:
+        rss_text = harness.md_table(
+            ["shapes (a new one every call)", "calls", "RSS after the first round MiB",
+             "RSS at the end MiB", "end / first"], rss_rows, "lrrrr",
+            "complex64 forward + inverse on one CPU device: the process's resident memory.")
+        text = f"{text}\n\n{rss_text}" if text else rss_text
+    return text
+
+
+def stages_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per stage call: median and min ms, share of its transform, faults per call."""
+    runs: dict[Any, list[dict[str, Any]]] = {}
+    for r in records:
+        runs.setdefault((r["timestamp"], r["affinity"]), []).append(r)
+    rows = []
+    for (_, cores), rs in runs.items():
+        whole = {r["stage"].split(",")[0]: r["median_s"] for r in rs if r["stage"].endswith("whole")}
+        for r in rs:
+            direction = r["stage"].split(" ")[0]
+            share = (f"{r['median_s'] / whole[direction]:.2f}" if direction in whole
+                     and not r["stage"].endswith("whole") else "")
+            rows.append([fmt_dims(r["shape"]), cores, r["stage"], f"{r['median_s'] * 1e3:.1f}",
+                         f"{r['min_s'] * 1e3:.1f}", share, f"{r['faults']:.0f}",
+                         f"{r['machine'].get('loadavg_1m') or 0:.1f}"])
+    head = ["grid", "cores", "call", "median ms", "min ms", "of its transform", "faults/call",
+            "load"]
+    reps = "-".join(str(v) for v in sorted({r["repeats"] for r in records}))
+    return harness.md_table(head, rows, "lrl" + "r" * 5, (
+        f"complex64, one CPU device: each local FFT call of pfft3d/pifft3d alone (the FFTW "
+        f"kernel with the stages' axes, output order and norm), the whole transforms, FFTW's own "
+        f"plans (pyFFTW, the same library and threads) and jnp.fft; medians of {reps} "
+        f"interleaved rounds; load: the 1-minute load average when the run ended."))
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line (benchmarks.harness.main)
+
+OPTIONS = dict(cores=None, shapes=["256"], repeats=9, warmup=3, out=None)
+PARTS = {"calls": (calls, "steady"), "rss": (rss, "steady"), "stages": (stages, "stages")}
+PART_DEFAULTS = {"rss": dict(calls=1000)}
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calls", type=int, default=30,
+                   help="calls: calls per loop; rss: round trips in all (default 30; rss: 1000)")
+    p.add_argument("--rss-shapes", nargs="+", type=harness.parse_shape,
+                   default=[harness.parse_shape(s) for s in ("64", "96", "128", "80", "112")],
+                   help="rss: the grids cycled through")
+
+
+TABLES = {"steady": steady_table, "stages": stages_table}
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main(sys.modules[__name__]))
