@@ -581,7 +581,7 @@ def test_save_refuses_what_is_not_a_regular_file(kind, link, shared_dir):
         save(path, x)
     assert info.value.errno == errno.EINVAL
     assert str(info.value) == (
-        f"`path` {path!r} is {what}{via}, not a regular file: pencilfft.save replaces its target "
+        f"[Errno 22] `path` {path!r} is {what}{via}, not a regular file: pencilfft.save replaces its target "
         f"with a new .npy file, so it writes only to a new name, a regular file or a symbolic "
         f"link to one; {path!r} is unchanged")
     check = stat.S_ISCHR if kind == "chardev" else stat.S_ISFIFO

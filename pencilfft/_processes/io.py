@@ -728,15 +728,14 @@ def _refuse_special(path: str, unchanged: bool = True) -> None:
         return  # unreadable: the temporary file's creation says why
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):  # a directory: IsADirectoryError above
         return
-    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "not a regular file")
+    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
     via = f" (through symbolic links: {target!r})" if target != path else ""
-    error = OSError(
+    raise OSError(
+        errno.EINVAL,
         f"`path` {path!r} is {kind}{via}, not a regular file: pencilfft.save replaces its target "
         f"with a new .npy file, so it writes only to a new name, a regular file or a symbolic "
-        f"link to one" + (f"; {path!r} is unchanged" if unchanged else "")
+        f"link to one" + (f"; {path!r} is unchanged" if unchanged else ""),
     )
-    error.errno = errno.EINVAL
-    raise error
 
 
 _NPY_MAGIC = b"\x93NUMPY"
