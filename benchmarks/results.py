@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks import (batch, chunks, device, fft, gpu, harness, kernel, kinds, layouts, margin,
-                        memory, mpi, paint, pm, power, steps)
+                        memory, mpi, paint, pm, pm_rss, power, steps)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -48,6 +48,7 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "layouts": (layouts.table_of, 1),
     "paint": (paint.table, 1),
     "threads16": (device.threads_table, 1),
+    "pm-rss": (pm_rss.table, 1),
 }
 # Kinds whose data a lent machine has yet to give: RESULTS.md says so, with the command that
 # measures them (a test holds the two together), until a block of that kind replaces it.
