@@ -608,6 +608,7 @@ def test_save_rechecks_the_target_before_the_rename(shared_dir, monkeypatch):
             f"pencilfft.save replaces its target with a new .npy file, so it writes only to a new "
             f"name, a regular file or a symbolic link to one; {path!r} is unchanged")):
         save(path, x)
+    barrier()  # rank 0 removes the temporary file as it leaves `save`
     assert stat.S_ISFIFO(os.stat(path).st_mode)
     assert not [f for f in os.listdir(shared_dir) if f.endswith(_io._TMP_SUFFIX)]
 
