@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 
 import jax
 import numpy as np
@@ -440,6 +441,42 @@ def test_scatter_rejects_long_double():
         scatter(root_only(data), make_mesh((4, 2)))
 
 
+def test_scatter_too_big_is_refused_before_it_allocates(monkeypatch):
+    """Issue 57: scatter had no memory check (a block too big grew the process until the OOM
+    killer acted).  Now, as `load`: MemoryLimitError on every rank, naming the sizes, before any
+    receive buffer is allocated or any block moves.  64^3 float32 on 4x2: blocks of 128 KiB,
+    twice on CPU devices (the host copy), do not fit in 100 KiB; they do in 1 MiB."""
+    data = seeded_data((64, 64, 64), np.float32)
+    mesh = make_mesh((4, 2))
+    monkeypatch.setenv("PENCILFFT_MEMORY_LIMIT", "100KiB")
+    block = data.size // 8
+    allocated = []
+    real_empty = np.empty
+
+    def empty(shape, *args, **kwargs):  # the receive and send buffers
+        if int(np.prod(shape)) >= block:
+            allocated.append(shape)
+        return real_empty(shape, *args, **kwargs)
+
+    def moved(*args, **kwargs):
+        raise AssertionError("a block moved before the memory check")
+
+    with monkeypatch.context() as m:
+        m.setattr(np, "empty", empty)
+        for name in ("_send", "_recv", "_assemble"):
+            m.setattr(_io, name, moved)
+        with pytest.raises(pencilfft.MemoryLimitError) as info:
+            scatter(root_only(data), mesh)
+    assert isinstance(info.value, MemoryError)
+    assert allocated == []
+    assert str(info.value).startswith(
+        "scattering `data` (global shape (64, 64, 64), float32) on a 4x2 mesh needs about 0.25 "
+        "MiB per device (its block, and the host copy it is received into), but a device has "
+        "about 0.0977 MiB (PENCILFFT_MEMORY_LIMIT=100KiB)."), str(info.value)
+    monkeypatch.setenv("PENCILFFT_MEMORY_LIMIT", "1MiB")
+    _assert_blocks(scatter(root_only(data), mesh), data, real_space_sharding(mesh))
+
+
 def _x64_warnings(caught) -> list[str]:
     return [str(w.message) for w in caught if "jax_enable_x64 is off" in str(w.message)]
 
@@ -514,6 +551,66 @@ def test_save_rejects_directory(shared_dir):
     x = put_global(np.zeros((8, 8, 2)), real_space_sharding(make_mesh((4, 2))))
     with pytest.raises(IsADirectoryError, match=r"`path` '.*' is a directory; expected a file name"):
         save(shared_dir, x)
+
+
+def _make_special(path: str, kind: str) -> None:
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:  # /dev/full's numbers (1, 7): a scratch node, never the machine's own
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 7))
+
+
+@pytest.mark.parametrize("kind,link", [("chardev", False), ("chardev", True), ("fifo", False)])
+def test_save_refuses_what_is_not_a_regular_file(kind, link, shared_dir):
+    """Issue 57: saving to /dev/full as root replaced the device node with a regular file (the
+    rename of the temporary file).  A device, a FIFO, or a symbolic link to one is refused with
+    an OSError (EINVAL) naming `path` and what it is; nothing is written, the node stays."""
+    if kind == "chardev" and os.geteuid() != 0:
+        pytest.skip("making a character device (mknod) needs root; the FIFO case runs anyway")
+    node = os.path.join(shared_dir, f"node-{kind}")
+    path = os.path.join(shared_dir, f"link-{kind}") if link else node
+    if RANK == 0:
+        _make_special(node, kind)
+        if link:
+            os.symlink(node, path)
+    barrier()
+    x = put_global(np.zeros((8, 8, 2)), real_space_sharding(make_mesh((4, 2))))
+    what = {"chardev": "a character device", "fifo": "a FIFO (named pipe)"}[kind]
+    via = f" (through symbolic links: {node!r})" if link else ""
+    with pytest.raises(OSError) as info:
+        save(path, x)
+    assert info.value.errno == errno.EINVAL
+    assert str(info.value) == (
+        f"[Errno 22] `path` {path!r} is {what}{via}, not a regular file: pencilfft.save replaces its target "
+        f"with a new .npy file, so it writes only to a new name, a regular file or a symbolic "
+        f"link to one; {path!r} is unchanged")
+    check = stat.S_ISCHR if kind == "chardev" else stat.S_ISFIFO
+    assert check(os.stat(path).st_mode)
+    assert os.path.islink(path) == link
+    assert not [f for f in os.listdir(shared_dir) if f.endswith(_io._TMP_SUFFIX)]
+
+
+def test_save_rechecks_the_target_before_the_rename(shared_dir, monkeypatch):
+    """A target that became a FIFO between the first check and the rename is refused there:
+    the temporary file is removed, the FIFO stays."""
+    path = os.path.join(shared_dir, "late.npy")
+    x = put_global(np.zeros((8, 8, 2)), real_space_sharding(make_mesh((4, 2))))
+    real_write = _io._write_blocks
+
+    def write_then_swap(*args, **kwargs):
+        real_write(*args, **kwargs)
+        if RANK == 0 and not os.path.exists(path):
+            os.mkfifo(path)
+
+    monkeypatch.setattr(_io, "_write_blocks", write_then_swap)
+    with pytest.raises(OSError, match=re.escape(
+            f"cannot save {path!r}: `path` {path!r} is a FIFO (named pipe), not a regular file: "
+            f"pencilfft.save replaces its target with a new .npy file, so it writes only to a new "
+            f"name, a regular file or a symbolic link to one; {path!r} is unchanged")):
+        save(path, x)
+    barrier()  # rank 0 removes the temporary file as it leaves `save`
+    assert stat.S_ISFIFO(os.stat(path).st_mode)
+    assert not [f for f in os.listdir(shared_dir) if f.endswith(_io._TMP_SUFFIX)]
 
 
 @pytest.mark.parametrize("func", ["gather", "save"])

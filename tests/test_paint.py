@@ -614,3 +614,52 @@ def test_interlaced_message_names_the_users_displacement():
                        r"the copy painted 0\.5 cell lower\).*pass max_displacement >= 1\.8"):
         pencilfft.paint(put_global(dx, sh), max_displacement=1.0, interlace=True)
     pencilfft.paint(put_global(dx, sh), max_displacement=1.8, interlace=True)
+
+
+def _glibc_in_use():
+    """Bytes of live blocks in glibc's malloc (all arenas and mmaps), or None (not glibc 2.33+)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
+                                                   "hblkhd", "usmblks", "fsmblks", "uordblks",
+                                                   "fordblks", "keepcost")]
+    try:
+        f = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    f.restype = MallInfo2
+    m = f()
+    return m.uordblks + m.hblkhd
+
+
+def test_repeated_calls_hold_no_more_memory():
+    """Issue 57: the RSS of a long PM run crept up.  The cause is glibc keeping freed blocks in
+    the arenas of XLA's threads (measured in benchmarks/pm_rss.py: the bytes of live blocks stay
+    flat; what grows, and levels off, is the free memory kept).  What this guards: nothing of
+    pencilfft's grows per call: no live heap block (the kernel's handler, its threads), no
+    eager program or replicated weight kept per call, jitted or eager."""
+    if _glibc_in_use() is None:
+        pytest.skip("needs glibc 2.33+ (mallinfo2)")
+    from pencilfft._pm import paint as _paint_mod
+
+    mesh = make_mesh((4, 2))
+    sh = NamedSharding(mesh, P("x", "y"))
+    dx = put_global(displacements(seed=50, shape=(32, 32, 32)).astype(np.float32), sh)
+    f3 = put_global(np.ones((3, 32, 32, 32), np.float32), NamedSharding(mesh, P(None, "x", "y")))
+    jitted = jax.jit(lambda d, f: pencilfft.readout(f * pencilfft.paint(d, window="tsc"), d))
+    eager = lambda d, f: pencilfft.readout(f * pencilfft.paint(d, window="tsc"), d)  # noqa: E731
+    for call in (jitted, eager):
+        for _ in range(5):  # compiled, and the allocator's pools filled
+            jax.block_until_ready(call(dx, f3))
+        programs = _paint_mod._eager_program._cache_size()
+        kept = (len(_paint_mod._REPLICATED), len(_paint_mod._CHECKS))
+        before = _glibc_in_use()
+        for _ in range(40):
+            jax.block_until_ready(call(dx, f3))
+        grown = _glibc_in_use() - before
+        # 40 calls of 32^3: a density grid (128 KiB over the 8 devices) kept per call would be
+        # 5 MiB; jax's own bookkeeping moves by a few hundred KiB
+        assert grown < 2 * 2**20, f"{grown / 2**20:.2f} MiB more in use after 40 calls"
+        assert _paint_mod._eager_program._cache_size() == programs
+        assert (len(_paint_mod._REPLICATED), len(_paint_mod._CHECKS)) == kept

@@ -14,9 +14,12 @@ sinc(k_i / 2)^s, with k_i in radians per cell).
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["WINDOWS", "support", "check_window", "weights", "derivatives", "compensation"]
+__all__ = ["WINDOWS", "support", "check_window", "check_kvecs", "weights", "derivatives",
+           "compensation"]
 
 # name -> support (cells per axis).  "nnb" is pmesh's name for NGP.
 WINDOWS = {"ngp": 1, "cic": 2, "tsc": 3, "pcs": 4}
@@ -74,13 +77,22 @@ def compensation(kvecs, window: str = "cic"):
     (deconvolution); divide twice for a power spectrum.  Aliasing is not undone.
 
     Args:
-      kvecs: a sequence of wavenumber arrays (any shapes that broadcast; global or per device,
-        as they come: the result is computed where they are, sharded like their broadcast).
+      kvecs: a tuple or list of the three wavenumber arrays (kx, ky, kz), real (integer or
+        float), each of 3 dimensions, their shapes broadcasting against each other: what
+        `rfftfreq3d` / `fftfreq3d` return, `np.meshgrid(..., indexing="ij", sparse=True)`, or
+        1-D vectors reshaped to (X, 1, 1), (1, Y, 1), (1, 1, Z).  Global or per device, as
+        they come: the result is computed where they are, sharded like their broadcast.
       window: "ngp", "cic", "tsc" or "pcs" (ValueError otherwise).
 
     Returns:
       A real array of the broadcast of the arrays' shapes, 1 at k = 0 and falling towards the
       Nyquist frequency, (2/pi)^s per axis there.
+
+    Raises:
+      TypeError: `kvecs` not a tuple or list (e.g. the spectrum itself, whose rows would
+        otherwise broadcast into a meaningless array), or an element that is not a real array.
+      ValueError: not three elements, an element not of 3 dimensions (three 1-D vectors of
+        one length would broadcast into one 1-D array), or shapes that do not broadcast.
 
     Example:
       The CIC compensation of a 4^3 grid's half spectrum:
@@ -93,8 +105,55 @@ def compensation(kvecs, window: str = "cic"):
       ((4, 4, 3), 1.0, 0.4053)
     """
     s = WINDOWS[check_window(window)]
+    kvecs = check_kvecs(kvecs)
     out = 1.0
     for k in kvecs:
         # jnp.sinc(x) = sin(pi x) / (pi x): sinc(k / (2 pi)) = sin(k/2) / (k/2)
         out = out * jnp.sinc(k / (2 * jnp.pi)) ** s
     return out
+
+
+def _describe(x) -> str:
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"an array of shape {tuple(x.shape)} and dtype {x.dtype}"
+    return f"a {type(x).__name__}"
+
+
+def check_kvecs(kvecs) -> tuple:
+    """`compensation`'s `kvecs` as a tuple of three real arrays of 3 dimensions that broadcast,
+    or a TypeError/ValueError naming the argument (static: shapes and dtypes only, so the same
+    under jax.jit)."""
+    if not isinstance(kvecs, (tuple, list)):
+        spectrum = (" (the spectrum itself? pass its wavenumbers, e.g. "
+                    "pencilfft.rfftfreq3d(k, s=shape))" if hasattr(kvecs, "shape") else "")
+        raise TypeError(f"`kvecs` must be a tuple or list of the three wavenumber arrays (kx, ky, "
+                        f"kz); got {_describe(kvecs)}{spectrum}")
+    if len(kvecs) != 3:
+        raise ValueError(f"`kvecs` must hold three wavenumber arrays (kx, ky, kz); got "
+                         f"{len(kvecs)}")
+    out = []
+    for i, k in enumerate(kvecs):
+        if not (hasattr(k, "shape") and hasattr(k, "dtype")):
+            if isinstance(k, (list, tuple)) or np.ndim(k) != 0:
+                k = np.asarray(k)
+            else:
+                raise TypeError(f"`kvecs[{i}]` must be a real array of wavenumbers (3 "
+                                f"dimensions); got {_describe(k)}")
+        dtype = np.dtype(k.dtype)
+        if dtype.kind not in "iuf" and dtype != jnp.bfloat16:
+            what = " (a spectrum? pass its wavenumbers)" if dtype.kind == "c" else ""
+            raise TypeError(f"`kvecs[{i}]` must hold real wavenumbers (integer or float); got "
+                            f"dtype {dtype}{what}")
+        if len(k.shape) != 3:
+            raise ValueError(
+                f"`kvecs[{i}]` must have 3 dimensions (e.g. kx of shape (X, 1, 1), as "
+                f"pencilfft.rfftfreq3d returns); got shape {tuple(k.shape)}"
+                + (": reshape 1-D vectors to (X, 1, 1), (1, Y, 1), (1, 1, Z)"
+                   if len(k.shape) == 1 else ""))
+        out.append(k)
+    try:
+        jax.numpy.broadcast_shapes(*(tuple(k.shape) for k in out))
+    except ValueError:
+        raise ValueError(f"`kvecs` must broadcast against each other; got shapes "
+                         f"{[tuple(k.shape) for k in out]}") from None
+    return tuple(out)

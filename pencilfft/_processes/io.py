@@ -93,7 +93,11 @@ def scatter(data: np.ndarray | None, mesh: Mesh, *, root: int = 0, comm: Any = N
     Raises:
       ValueError, TypeError: on every process at once (checked collectively before any data
         moves): a shape the mesh does not divide, a dtype it cannot carry, `data` on a non-root
-        rank, arguments that differ between processes; MemoryLimitError: blocks too big.
+        rank, arguments that differ between processes.
+      MemoryLimitError: (a MemoryError) on every process at once, before any buffer is
+        allocated or data moves: a process's devices cannot hold their blocks (on CPU devices
+        the host copy each block is received into counts too), as in `load`; the message names
+        the global shape, the mesh and both sizes (`PENCILFFT_MEMORY_LIMIT` sets the limit).
 
     Example:
       >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
@@ -139,9 +143,13 @@ def scatter(data: np.ndarray | None, mesh: Mesh, *, root: int = 0, comm: Any = N
                 needs[r].append(key)
 
         # Every buffer of the transfer exists before it starts: a rank that cannot allocate
-        # one says so in the agreement instead of leaving its partner blocked in a send.
+        # one says so in the agreement instead of leaving its partner blocked in a send.  And
+        # first, before any is allocated, each rank checks that its devices' blocks fit (as
+        # `load` does): a block too big is a MemoryLimitError on every rank, not a process
+        # growing until the OOM killer ends it.
         error, blocks, sendbuf = None, {}, None
         try:
+            check_load("`data`", shape, dtype, mesh, verb="scattering", into="received into")
             if is_root:
                 largest = max(
                     (_size(k) for d in range(s.size) if d != s.root for k in needs[d]), default=0
@@ -250,8 +258,15 @@ def save(path: str | os.PathLike, x: jax.Array, *, comm: Any = None) -> None:
     system such as Lustre or GPFS for several).  The file holds the global array, shape
     `x.shape`, in C order; read it with `numpy.load` or `pencilfft.load`.
 
+    `path` must be a new name, a regular file or a symbolic link to one (whose target is
+    replaced).  A character or block device (/dev/null, /dev/full), a FIFO or a socket is
+    refused before anything is written: `save` replaces its target, which would replace the
+    device node itself with a regular file when run as root.
+
     Raises:
       OSError: the same error (errno kept: ENOSPC, EFBIG ...) on every process; `path` untouched.
+        A `path` that is not a regular file: OSError with errno EINVAL (IsADirectoryError for a
+        directory), naming `path` and what it is.
       TypeError: bfloat16 and other types a .npy file cannot describe (convert them first).
 
     Example:
@@ -682,7 +697,8 @@ def _check_path(path: Any) -> str:
 
 
 def _check_target(path: str) -> None:
-    """Where `save` can write: an existing directory, and not a directory itself."""
+    """Where `save` can write: an existing directory, and not a directory itself, nor anything
+    else that is not a regular file (`_refuse_special`)."""
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
         raise FileNotFoundError(
@@ -690,6 +706,36 @@ def _check_target(path: str) -> None:
         )
     if os.path.isdir(path):
         raise IsADirectoryError(f"`path` {path!r} is a directory; expected a file name")
+    _refuse_special(path)
+
+
+_SPECIAL_FILES = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                  (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+
+
+def _refuse_special(path: str, unchanged: bool = True) -> None:
+    """OSError (EINVAL) if `path`, or what its symbolic links lead to, exists and is not a
+    regular file.  `save` replaces its target with a new file (a rename), so saving to
+    /dev/null or /dev/full as root replaced the device node itself with a regular file
+    (issue 57); numpy.save would write into the device instead (ENOSPC for /dev/full).
+    pencilfft refuses: a new name, a regular file or a symbolic link to one."""
+    target = os.path.realpath(path)
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return  # a new file (or a dangling link's target, created)
+    except OSError:
+        return  # unreadable: the temporary file's creation says why
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):  # a directory: IsADirectoryError above
+        return
+    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
+    via = f" (through symbolic links: {target!r})" if target != path else ""
+    raise OSError(
+        errno.EINVAL,
+        f"`path` {path!r} is {kind}{via}, not a regular file: pencilfft.save replaces its target "
+        f"with a new .npy file, so it writes only to a new name, a regular file or a symbolic "
+        f"link to one" + (f"; {path!r} is unchanged" if unchanged else ""),
+    )
 
 
 _NPY_MAGIC = b"\x93NUMPY"
@@ -995,6 +1041,9 @@ def _commit(tmp: str, path: str, expected: int) -> None:
             f"the temporary file {tmp!r} has {size} bytes after every process wrote its "
             f"blocks, not the {expected} of the array",
         )
+    # Again: the file system may have changed since the first check (`_file_error` then says
+    # that `path` is unchanged).
+    _refuse_special(path, unchanged=False)
     target = os.path.realpath(path)
     os.replace(tmp, target)
     # The rename itself must reach the disk for the new file to survive a crash.

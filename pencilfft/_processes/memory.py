@@ -236,11 +236,13 @@ def grid_text(shape: Sequence[int], batch: Sequence[int], dtype: Any) -> str:
     return f"{mesh_text(shape)} {np.dtype(dtype).name} grid{lead}"
 
 
-def check_load(what: str, shape: Sequence[int], dtype: Any, mesh: Any) -> None:
-    """Raise MemoryLimitError if `load` cannot hold its blocks of a global array of `shape`.
+def check_load(what: str, shape: Sequence[int], dtype: Any, mesh: Any, *,
+               verb: str = "loading", into: str = "read into") -> None:
+    """Raise MemoryLimitError if `load` (or `scatter`: `verb` "scattering", `into` "received
+    into") cannot hold its blocks of a global array of `shape`.
 
-    Each device receives its block; on CPU devices the block is first read into host memory,
-    so it counts twice.
+    Each device receives its block; on CPU devices the block is first read (received) into
+    host memory, so it counts twice.
     """
     devices = local_devices(mesh)
     free = available(devices, agree=False)  # the loaders agree on the error (`io._session`)
@@ -252,9 +254,9 @@ def check_load(what: str, shape: Sequence[int], dtype: Any, mesh: Any) -> None:
     need = copies * block
     if need <= free.per_device:
         return
-    how = " (its block, and the host copy it is read into)" if copies == 2 else ""
+    how = f" (its block, and the host copy it is {into})" if copies == 2 else ""
     raise MemoryLimitError(
-        f"loading {what} (global shape {tuple(shape)}, {np.dtype(dtype).name}) on a "
+        f"{verb} {what} (global shape {tuple(shape)}, {np.dtype(dtype).name}) on a "
         f"{mesh_text(mesh.devices.shape)} mesh needs about {gib(need)} per device{how}, but a "
         f"device has about {gib(free.per_device)} ({free.source}). Use a mesh with more "
         f"devices (or more processes, nodes). {HOW_TO_SET}."
