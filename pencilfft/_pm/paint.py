@@ -525,8 +525,8 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
 
     Args:
       dx: displacements, global shape (X, Y, Z, 3), in cells, split like a real-space field
-        (X by the mesh's pencil axis a, Y by b: `pencilfft.real_space_sharding(mesh)` of the
-        first three axes).  The particle of lattice site (i, j, k) sits at (i, j, k) +
+        (X by the mesh's pencil axis a, Y by b: `pencilfft.displacement_sharding(mesh)`, not
+        `real_space_sharding(mesh, 4)`, which would read X as a batch axis).  The particle of lattice site (i, j, k) sits at (i, j, k) +
         dx[i, j, k] on the periodic grid.  They must be finite.
       weights: the particles' masses: a finite scalar, or a real array (X, Y, Z) split like the
         grid.

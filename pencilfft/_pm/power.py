@@ -418,9 +418,9 @@ class BinSums(LinearOp):
 
         return local, in_spec, out_spec, pencil
 
-    def on_mesh(self, mesh):
+    def on_mesh(self, mesh, in_spec=None):
         if not self.transposed:
-            return super().on_mesh(mesh)
+            return super().on_mesh(mesh, in_spec)
         # The adjoint of psum(local(q)) for a cotangent that is the same on every device (the
         # sums are replicated) is local^T on each block, with no collective: jax's transpose of
         # a psum outside shard_map (here, in the partitioner's per-device body) sums again.
