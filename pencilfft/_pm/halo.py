@@ -14,7 +14,7 @@ follows: they become 0).  A mesh axis of size 1 wraps within the block (periodic
 halo alone (jaxdecomp: leaves it alone).
 
 A *brick*, (..., X, Y, Z) split over three mesh axes, P(a, b, c) in any order of the mesh's axes
-(the split particle codes use: every block a cube, the least surface per volume), takes three
+(the split particle codes use: every block a box, the least surface per volume), takes three
 extents (hx, hy, hz) and three periods: a third round, along Z, carries whole Z-halo faces, X
 and Y halos included, so that the edges and corners arrive in two or three hops.
 
@@ -97,8 +97,8 @@ def _exchange_axis(x, orig, axis: int, h: int, periodic: bool, name, n: int, kee
 
     `keep_rows`: (h, name, n, axis) of every earlier axis that is not periodic (native rule):
     the halo rows along it of the blocks on its global edges keep their values (those corners
-    and edges lie beyond that edge).  `zero_edges`: halos beyond a non-periodic edge become 0 (jaxdecomp) instead of
-    keeping their values.
+    and edges lie beyond that edge).  `zero_edges`: halos beyond a non-periodic edge become 0
+    (jaxdecomp) instead of keeping their values.
     """
     b = x.shape[axis]
 
@@ -548,6 +548,6 @@ def _refuse_unsharded(x) -> None:
     raise ValueError(
         f"`x` is not sharded over a device mesh (a {type(x).__name__} on one device): "
         "halo_exchange fills the halos of the blocks of a global array split P(a, b) (a brick: "
-        "P(a, b, c)) over a mesh; place it with jax.device_put(x, pencilfft.real_space_sharding(mesh)) or pass "
-        "`mesh=`"
+        "P(a, b, c)) over a mesh; place it with "
+        "jax.device_put(x, pencilfft.real_space_sharding(mesh)) or pass `mesh=`"
     )
