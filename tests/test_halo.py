@@ -2,7 +2,8 @@
 grid, `np.pad(mode="wrap")` pads it, and cutting the padded grid back into overlapping blocks gives
 every block with its halos filled.  On every 8-device mesh, periodic or not, eagerly and under
 jax.jit (Auto mesh with no mesh in scope, and Explicit), with grad/vjp/jvp/vmap/scan, and the
-compiled programs must exchange with collective permutes only.
+compiled programs must exchange with collective permutes only.  Bricks, (X, Y, Z) split over a
+2x2x2 mesh in and out of the mesh's axis order, against a 3-axis form of the same reference.
 """
 from __future__ import annotations
 
