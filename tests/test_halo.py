@@ -2,7 +2,8 @@
 grid, `np.pad(mode="wrap")` pads it, and cutting the padded grid back into overlapping blocks gives
 every block with its halos filled.  On every 8-device mesh, periodic or not, eagerly and under
 jax.jit (Auto mesh with no mesh in scope, and Explicit), with grad/vjp/jvp/vmap/scan, and the
-compiled programs must exchange with collective permutes only.
+compiled programs must exchange with collective permutes only.  Bricks, (X, Y, Z) split over a
+2x2x2 mesh in and out of the mesh's axis order, against a 3-axis form of the same reference.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
 import pencilfft.compat
@@ -258,7 +259,8 @@ def x42():
 
 
 @pytest.mark.parametrize("extents,periods,exc,fragments", [
-    ((1, 1, 0), (True, True), ValueError, ["`halo_extents`", "2 non-negative ints", "(1, 1, 0)"]),
+    ((1, 1, 0), (True, True, True), ValueError, ["`halo_extents` has 3 entries", "brick",
+                                                 "the mesh has 2 axes"]),
     ((1, -1), (True, True), ValueError, ["`halo_extents`", "(1, -1)"]),
     ((1.0, 1), (True, True), TypeError, ["`halo_extents`", "2 ints", "(1.0, 1)"]),
     (1, (True, True), TypeError, ["`halo_extents`", "got 1"]),
@@ -329,3 +331,215 @@ def test_docs_laplacian_example():
     want = sum(np.roll(phi, s, axis) for axis in range(3) for s in (1, -1)) - 6 * phi
     np.testing.assert_allclose(np.asarray(scope["lap"]), want, rtol=1e-12, atol=1e-12)
     assert scope["lap"].sharding.is_equivalent_to(scope["phi"].sharding, 3)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bricks: (X, Y, Z) split over a 3-axis mesh, halos on all three axes
+
+BRICK_INTERIOR = (3, 4, 2)  # interior cells of every block along X, Y, Z (uneven on purpose)
+# (mesh axis names, the spec's mesh axes for (X, Y, Z)): the mesh's order, and another.
+BRICK_ORDERS = {"abc": (("a", "b", "c"), ("a", "b", "c")),
+                "cab": (("a", "b", "c"), ("c", "a", "b"))}
+# Halos of 1 and 2 cells, none along X, periodic, not, mixed, and wider than the interior.
+BRICK_CASES = [((1, 1, 1), (True, True, True)), ((2, 1, 2), (False, True, False)),
+               ((2, 2, 2), (False, False, False)), ((0, 2, 1), (True, False, True)),
+               ((4, 3, 2), (True, True, False))]
+
+
+def brick_id(c):
+    extents, periods = c
+    return "h" + "".join(map(str, extents)) + "-" + "".join("P" if p else "N" for p in periods)
+
+
+def brick_reference(x: np.ndarray, pdims, extents, periods, like_jaxdecomp=False) -> np.ndarray:
+    """numpy halo exchange of x (global (..., X, Y, Z), padded blocks on `pdims` (Px, Py, Pz)),
+    region by region as `halo_reference` for (X, Y): every block is cut into 3 x 3 x 3 regions;
+    a halo region takes the cells of the neighbouring block in that direction as they were
+    before the call (the low halo that block's [-2h:-h], the high one its [h:2h]); beyond a
+    non-periodic edge it keeps its values (`like_jaxdecomp`: becomes 0); along a mesh axis of
+    size 1 it wraps within the block (`like_jaxdecomp`: nothing moves along it)."""
+    lead = x.ndim - 3
+    blocks = [x.shape[lead + i] // n for i, n in enumerate(pdims)]
+    parts = []  # per axis: (destination slice, neighbour offset, source slice)
+    for n, b, h in zip(pdims, blocks, extents):
+        if h == 0 or (like_jaxdecomp and n == 1):
+            parts.append([(slice(0, b), 0, slice(0, b))])
+        else:
+            parts.append([(slice(0, h), -1, slice(b - 2 * h, b - h)),
+                          (slice(h, b - h), 0, slice(h, b - h)),
+                          (slice(b - h, b), 1, slice(h, 2 * h))])
+
+    def at(block, slices):
+        return (Ellipsis,) + tuple(slice(k * b + s.start, k * b + s.stop)
+                                   for k, b, s in zip(block, blocks, slices))
+
+    out = x.copy()
+    for block in np.ndindex(*pdims):
+        for regions in np.ndindex(*(len(p) for p in parts)):
+            chosen = [parts[a][r] for a, r in enumerate(regions)]
+            if all(off == 0 for _, off, _ in chosen):
+                continue
+            dst = at(block, [d for d, _, _ in chosen])
+            src, beyond = [], False
+            for k, n, (_, off, _), periodic in zip(block, pdims, chosen, periods):
+                beyond |= not (0 <= k + off < n) and not periodic
+                src.append((k + off) % n)
+            if beyond:
+                out[dst] = 0 if like_jaxdecomp else x[dst]
+            else:
+                out[dst] = x[at(src, [s for _, _, s in chosen])]
+    return out
+
+
+def brick_setup(order="abc", extents=(1, 1, 1), axis_type="explicit", batch=(), seed=20,
+                pdims=(2, 2, 2)):
+    """A brick of BRICK_INTERIOR blocks padded by `extents`, split over a mesh of `pdims`
+    named (a, b, c), with (X, Y, Z) split by the mesh axes `order` names."""
+    names, axes = BRICK_ORDERS[order]
+    kind = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}[axis_type]
+    mesh = jax.make_mesh(pdims, names, axis_types=(kind,) * 3)
+    per_axis = [mesh.shape[a] for a in axes]
+    shape = tuple(batch) + tuple(n * (i + 2 * h)
+                                 for n, i, h in zip(per_axis, BRICK_INTERIOR, extents))
+    data = random_field(shape, np.float64, seed=seed)
+    spec = P(*([None] * len(batch)), *axes)
+    return data, put_global(data, NamedSharding(mesh, spec)), tuple(per_axis)
+
+
+def test_brick_reference_is_np_pad_wrap():
+    """The reference itself, where the halos are no wider than the interior and every edge is
+    periodic: each block is its window of np.pad(G, wrap) of the grid G of interior cells."""
+    extents, pdims = (1, 2, 1), (2, 2, 2)
+    blocks = [i + 2 * h for i, h in zip(BRICK_INTERIOR, extents)]
+    grid = random_field(tuple(n * i for n, i in zip(pdims, BRICK_INTERIOR)), np.float64, seed=21)
+    padded = np.pad(grid, [(h, h) for h in extents], mode="wrap")
+    want = np.zeros(tuple(n * b for n, b in zip(pdims, blocks)))
+    for block in np.ndindex(*pdims):
+        window = tuple(slice(k * i, k * i + b) for k, i, b in zip(block, BRICK_INTERIOR, blocks))
+        want[tuple(slice(k * b, (k + 1) * b) for k, b in zip(block, blocks))] = padded[window]
+    # the halos of the input are garbage; the interiors are the grid's cells
+    x = random_field(want.shape, np.float64, seed=22)
+    inner = tuple(np.concatenate([np.arange(k * b + h, (k + 1) * b - h) for k in range(n)])
+                  for n, b, h in zip(pdims, blocks, extents))
+    x[np.ix_(*inner)] = want[np.ix_(*inner)]
+    np.testing.assert_array_equal(brick_reference(x, pdims, extents, (True,) * 3), want)
+
+
+# Under mpirun: a brick's halos across processes (one or two of its mesh axes span them).
+@pytest.mark.parametrize("extents,periods",
+                         [pytest.param(*c, marks=MPIRUN) if i in (1, 4) else c
+                          for i, c in enumerate(BRICK_CASES)],
+                         ids=[brick_id(c) for c in BRICK_CASES])
+@pytest.mark.parametrize("order", list(BRICK_ORDERS))
+def test_brick_eager_matches_numpy(order, extents, periods):
+    data, x, pdims = brick_setup(order, extents, seed=23)
+    y = pencilfft.halo_exchange(x, extents, periods)
+    assert y.sharding.is_equivalent_to(x.sharding, x.ndim)
+    np.testing.assert_array_equal(to_numpy(y), brick_reference(data, pdims, extents, periods))
+
+
+BRICK_JIT = [BRICK_CASES[1], BRICK_CASES[4]]
+
+
+# Under mpirun: the partitioner's brick halos on multi-process arrays.
+@pytest.mark.parametrize("extents,periods", [pytest.param(*BRICK_JIT[0], marks=MPIRUN),
+                                             BRICK_JIT[1]], ids=[brick_id(c) for c in BRICK_JIT])
+@pytest.mark.parametrize("order", list(BRICK_ORDERS))
+def test_brick_jit_on_auto_mesh_with_no_mesh_in_scope(order, extents, periods):
+    """The partitioner's spec says which mesh axis splits which of X, Y, Z."""
+    data, x, pdims = brick_setup(order, extents, "auto", seed=24)
+    y = jax.jit(exchange(extents, periods))(x)
+    np.testing.assert_array_equal(to_numpy(y), brick_reference(data, pdims, extents, periods))
+
+
+@pytest.mark.parametrize("order", list(BRICK_ORDERS))
+def test_brick_jit_on_explicit_mesh_under_set_mesh(order):
+    extents, periods = (2, 1, 2), (True, False, True)
+    data, x, pdims = brick_setup(order, extents, seed=25)
+    with jax.set_mesh(x.sharding.mesh):
+        y = jax.jit(exchange(extents, periods))(x)
+    assert y.sharding.is_equivalent_to(x.sharding, x.ndim)
+    np.testing.assert_array_equal(to_numpy(y), brick_reference(data, pdims, extents, periods))
+
+
+def test_brick_default_periods_and_compat():
+    """halo_periods=None is periodic along every axis; compat's values are jaxdecomp's rules
+    on all three axes (zeros beyond a non-periodic edge)."""
+    extents = (1, 2, 1)
+    data, x, pdims = brick_setup("cab", extents, seed=26)
+    want = brick_reference(data, pdims, extents, (True,) * 3)
+    np.testing.assert_array_equal(to_numpy(pencilfft.halo_exchange(x, extents)), want)
+    periods = (False, True, False)
+    got = jax.jit(lambda v: pencilfft.compat.halo_exchange(v, extents, periods))(x)
+    np.testing.assert_array_equal(to_numpy(got), brick_reference(data, pdims, extents, periods,
+                                                                  like_jaxdecomp=True))
+
+
+def test_brick_size_one_mesh_axis_wraps_within_the_block():
+    """On a (4, 2, 1) mesh Z is one block: its halos wrap within it (periodic) or stay."""
+    extents = (1, 1, 2)
+    for periods in ((True, False, True), (False, True, False)):
+        data, x, pdims = brick_setup("abc", extents, seed=27, pdims=(4, 2, 1))
+        y = pencilfft.halo_exchange(x, extents, periods)
+        np.testing.assert_array_equal(to_numpy(y), brick_reference(data, pdims, extents, periods))
+
+
+def test_brick_batch_vmap_and_grad():
+    """A leading axis (a batch, whole), vmap over it, and the adjoint under jit (Auto mesh)."""
+    extents, periods = (1, 2, 1), (True, False, True)
+    data, x, pdims = brick_setup("cab", extents, "auto", batch=(2,), seed=28)
+    f = exchange(extents, periods)
+    want = brick_reference(data, pdims, extents, periods)
+    np.testing.assert_array_equal(to_numpy(jax.jit(f)(x)), want)
+    np.testing.assert_array_equal(to_numpy(jax.jit(jax.vmap(f))(x)), want)
+    weights = random_field(data.shape, np.float64, seed=29)
+    w = put_global(weights, x.sharding)
+    source = brick_reference(np.arange(data.size).reshape(data.shape), pdims, extents, periods)
+    adjoint_want = np.bincount(source.ravel(), weights=weights.ravel(),
+                               minlength=data.size).reshape(data.shape)
+    g = jax.jit(jax.grad(lambda v, c: jnp.sum(c * f(v))))(x, w)
+    np.testing.assert_allclose(to_numpy(g), adjoint_want, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("axis_type", ["explicit", "auto"])
+def test_brick_compiled_program_sends_to_neighbours_only(axis_type):
+    """Two collective permutes per mesh axis, six in all, nothing else."""
+    extents, periods = (1, 1, 1), (True, False, True)
+    _, x, _ = brick_setup("cab", extents, axis_type, seed=30)
+    text = jax.jit(exchange(extents, periods)).lower(x).compile().as_text()
+    for op in ("all-gather", "all-to-all", "all-reduce", "reduce-scatter"):
+        assert text.count(op + "(") + text.count(op + "-start(") == 0, op
+    assert permutes(text) == 6
+
+
+@pytest.fixture(scope="module")
+def brick222():
+    return brick_setup("abc", (1, 1, 1), seed=31)[1]
+
+
+@pytest.mark.parametrize("extents,periods,exc,fragments", [
+    ((1, 1), (True, True), ValueError, ["`halo_extents`", "(a brick)", "length 3"]),
+    ((1, 1, 1), (True, True), ValueError, ["`halo_periods` must be 3 bools", "(True, True)"]),
+    ((1, 1, 1, 1), None, ValueError, ["`halo_extents`", "or 3", "(1, 1, 1, 1)"]),
+    ((1, 1, 3), None, ValueError, ["`halo_extents[2]` (3)", "Z=8", "'c' (=2)",
+                                   "padded blocks of 4 cells", "(2*3)"]),
+    ((1, 4, 1), None, ValueError, ["`halo_extents[1]` (4)", "Y=12", "'b' (=2)"]),
+], ids=["two-on-brick", "periods-len", "four", "too-large-z", "too-large-y"])
+def test_brick_bad_arguments(brick222, extents, periods, exc, fragments):
+    for f in (pencilfft.halo_exchange, jax.jit(pencilfft.halo_exchange, static_argnums=(1, 2))):
+        with pytest.raises(exc) as info:
+            f(brick222, extents, periods)
+        for fragment in fragments:
+            assert fragment in str(info.value), (fragment, str(info.value))
+
+
+def test_brick_bad_arrays(brick222, x42):
+    with pytest.raises(ValueError, match=r"`halo_extents` has 3 entries .* the mesh has 2 axes"):
+        pencilfft.halo_exchange(x42, (1, 1, 1))
+    mesh = brick222.sharding.mesh
+    pencil = put_global(np.zeros((12, 12, 8)), NamedSharding(mesh, P(("a", "b"), "c")))
+    with pytest.raises(ValueError, match=r"`x` is sharded as P\(\('a', 'b'\), 'c'.* brick"):
+        pencilfft.halo_exchange(pencil, (1, 1, 1))
+    with pytest.raises(ValueError, match=r"`x` has shape \(10, 12, 8\) on a mesh of 3 axes.*"
+                                         r"length 3"):  # 2 extents, a 3-D array, no spec to read
+        pencilfft.halo_exchange(np.zeros((10, 12, 8)), (1, 1), mesh=mesh)

@@ -6,8 +6,8 @@ changes that could break pencilfft, checked on today's jax.
   legacy mesh (`_jax_private.legacy_mesh`) still finds it;
 * `ppermute` raises when a tuple of axis names is not in the mesh's order
   (`jax_raise_on_ppermute_sort_diff`): every collective of the transforms, halo exchange,
-  power spectrum, painting and readout, traced on a 2-axis and a 3-axis mesh, names its axes
-  in the mesh's order (or one name);
+  power spectrum, painting and readout, traced on a 2-axis and a 3-axis mesh (the halos of a
+  brick too), names its axes in the mesh's order (or one name);
 * `AbstractMesh` defaults to Explicit axes and `make_mesh`'s `axis_shapes` is renamed
   `axis_sizes`: the package passes axis types explicitly and sizes positionally.
 """
@@ -96,7 +96,7 @@ def _out_of_order(names, mesh_names):
 
 def _cases(mesh):
     """(name, function, argument) for every public op that moves data between devices, on
-    `mesh` (2 axes: pencils; 3: a batch axis first)."""
+    `mesh` (2 axes: pencils; 3: a batch axis first, and bricks for the halo exchange)."""
     batch = (2,) if len(mesh.axis_names) == 3 else ()
     real = put_global(random_field(batch + (16, 16, 8), np.float64, seed=1),
                       pencilfft.real_space_sharding(mesh))
@@ -117,6 +117,13 @@ def _cases(mesh):
                                                               mesh=mesh), real),
         ("power_spectrum", lambda x: pencilfft.power_spectrum(x, kedges=4), real),
     ]
+    if batch:  # a brick: (X, Y, Z) split by the three mesh axes, in the mesh's order and not
+        names = tuple(mesh.axis_names)
+        for axes in (names, names[2:] + names[:2]):
+            brick = put_global(random_field((16, 16, 8), np.float64, seed=5),
+                               NamedSharding(mesh, P(*axes)))
+            cases.append((f"halo_exchange brick P{axes}", lambda x: pencilfft.halo_exchange(
+                x, (2, 2, 1), (True, False, True)), brick))
     if not batch:
         dx = put_global(np.random.default_rng(3).normal(size=(16, 16, 8, 3)) * 0.3,
                         NamedSharding(mesh, P(*mesh.axis_names[-2:])))

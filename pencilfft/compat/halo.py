@@ -12,12 +12,15 @@ from .fft import check_backend
 __all__ = ["halo_exchange"]
 
 
-def halo_exchange(x, halo_extents, halo_periods=(True, True), backend: str = "jax"):
+def halo_exchange(x, halo_extents, halo_periods=None, backend: str = "jax"):
     """jaxdecomp.halo_exchange: fill the halos of every padded device block (see
     `pencilfft.halo_exchange`).
 
     Takes and returns the global array `x` (..., X, Y, Z), split P(a, b), whose every device
-    block is already padded by `halo_extents` = (hx, hy) cells on both sides of X and Y.  Raises
+    block is already padded by `halo_extents` = (hx, hy) cells on both sides of X and Y; beyond
+    jaxdecomp, a brick split P(a, b, c) over a 3-axis mesh (any order of its axes) takes
+    (hx, hy, hz) and 3 periods, with the same rules on every axis.  `halo_periods`: one bool
+    per extent (jaxdecomp requires it; None here: periodic along every axis).  Raises
     ValueError/TypeError naming the argument (extents too large for the blocks, a bad spec).
 
     Example:
