@@ -140,7 +140,10 @@ def test_batched_vmap_matches_jaxdecomp(mesh_shape):
     mesh = jax.make_mesh(mesh_shape, ("c", "x", "y"), axis_types=(AxisType.Auto,) * 3)
     data = random_field((4, 16, 16, 8), np.complex128, seed=73)
     x = put_global(data, NamedSharding(mesh, P("c", "x", "y")))
-    theirs = jax.jit(jax.vmap(jaxdecomp.fft.pfft3d))(x)
+    try:
+        theirs = jax.jit(jax.vmap(jaxdecomp.fft.pfft3d))(x)
+    except NotImplementedError as e:  # jaxdecomp 0.3.2-0.3.4 (jax 0.11+): no batching rule
+        pytest.skip(f"jaxdecomp {jaxdecomp.__version__} cannot vmap pfft3d: {e}")
     ours = jax.jit(jax.vmap(pencilfft.pfft3d))(x)
     assert rel_err(to_numpy(ours), to_numpy(theirs)) <= 1e-12
     assert ours.sharding.is_equivalent_to(theirs.sharding, 4)

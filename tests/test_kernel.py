@@ -189,6 +189,9 @@ def test_one_device_gpu_program_is_unchanged(case):
     (benchmarks/RESULTS.md, "One GPU").  On CPUs the kernel is called (with the extra)."""
     import re
 
+    if not jax.__version__.startswith("0.10."):
+        # jax's own lowering of the same program moves its transposes between releases.
+        pytest.skip(f"the reference ops were read on jax 0.10, not {jax.__version__}")
     kind, what = case
     real = kind == "r2c"
     x = jax.ShapeDtypeStruct((16, 8, 12), np.float32 if real else np.complex64)

@@ -108,8 +108,12 @@ def compensation(kvecs, window: str = "cic"):
     kvecs = check_kvecs(kvecs)
     out = 1.0
     for k in kvecs:
-        # jnp.sinc(x) = sin(pi x) / (pi x): sinc(k / (2 pi)) = sin(k/2) / (k/2)
-        out = out * jnp.sinc(k / (2 * jnp.pi)) ** s
+        # sin(k/2) / (k/2), written out: jnp.sinc's own derivative rule (lax.polynomial) is
+        # refused inside shard_map on jax 0.12 when k varies over a mesh axis and its
+        # coefficients do not (power_spectrum's compensation runs there).
+        h = k / 2
+        safe = jnp.where(h == 0, 1, h)
+        out = out * jnp.where(h == 0, 1, jnp.sin(safe) / safe) ** s
     return out
 
 

@@ -354,11 +354,18 @@ class Swap:
 
     axis_names: tuple[str, str]
     sizes: tuple[int, int]
+    # Whether v comes before u among the mesh's axes: the collective then names (v, u), as
+    # jax (0.11 and later) requires a tuple of axis names in the mesh's order.
+    mesh_order_vu: bool = False
 
     def forward(self, k: jax.Array) -> jax.Array:
         nu, nv = self.sizes
         perm = [(iv * nu + iu, iu * nv + iv) for iu in range(nu) for iv in range(nv)]
-        return jax.lax.ppermute(k, self.axis_names, perm)
+        if not self.mesh_order_vu:
+            return jax.lax.ppermute(k, self.axis_names, perm)
+        # The same pairs, as linear indices over (v, u): (iu, iv) -> iv |u| + iu.
+        vu = lambda n: (n % nv) * nu + n // nv
+        return jax.lax.ppermute(k, self.axis_names[::-1], [(vu(a), vu(b)) for a, b in perm])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,7 +405,8 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
             j = step[1]
             u, v = spec[j][-2:]
             spec[j] = spec[j][:-2] + (v, u)
-            stages.append(Swap((u, v), (p.size(u), p.size(v))))
+            order = [m for m, _ in p.sizes]  # the mesh's order (Problem.sizes keeps it)
+            stages.append(Swap((u, v), (p.size(u), p.size(v)), order.index(v) < order.index(u)))
             continue
         kind, m, *rest = step
         j, length = rest[-2], rest[-1]
