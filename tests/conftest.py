@@ -116,9 +116,11 @@ def reference(x: np.ndarray, layout: str, norm: str = "backward") -> np.ndarray:
 
 
 def halo_reference(x: np.ndarray, pdims, extents, periods, like_jaxdecomp=False) -> np.ndarray:
-    """numpy halo exchange of x (global (..., X, Y, Z), padded blocks on `pdims`), region by region.
+    """numpy halo exchange of x (global (..., X, Y, Z), padded blocks on `pdims`: (Px, Py), or
+    (Px, Py, Pz) for a brick), region by region.
 
-    Every block is cut into 3 x 3 regions (low halo, middle, high halo along X and Y); each halo
+    Every block is cut into 3 x 3 regions (low halo, middle, high halo along X and Y; 3 x 3 x 3
+    with Z on a brick); each halo
     region takes the cells of the neighbouring block in that direction as they were before the
     call: the low halo of width h that block's slice [-2h:-h], the high one its [h:2h] (for
     h <= the interior: the neighbour's edge cells, i.e. np.pad(wrap) of the interior grid).
@@ -127,7 +129,7 @@ def halo_reference(x: np.ndarray, pdims, extents, periods, like_jaxdecomp=False)
     """
     pdims = tuple(pdims) + (1,) * (2 - len(pdims))
     lead = x.ndim - 3
-    blocks = (x.shape[lead] // pdims[0], x.shape[lead + 1] // pdims[1])
+    blocks = [x.shape[lead + i] // n for i, n in enumerate(pdims)]
     parts = []  # per axis: (destination slice, neighbour offset, source slice)
     for n, b, h in zip(pdims, blocks, extents):
         if h == 0 or (like_jaxdecomp and n == 1):
@@ -136,27 +138,27 @@ def halo_reference(x: np.ndarray, pdims, extents, periods, like_jaxdecomp=False)
             parts.append([(slice(0, h), -1, slice(b - 2 * h, b - h)),
                           (slice(h, b - h), 0, slice(h, b - h)),
                           (slice(b - h, b), 1, slice(h, 2 * h))])
+    whole = (slice(None),) * (3 - len(pdims))  # Z on a 2-axis mesh
 
-    def at(i, j, sx, sy):
-        return (Ellipsis, slice(i * blocks[0] + sx.start, i * blocks[0] + sx.stop),
-                slice(j * blocks[1] + sy.start, j * blocks[1] + sy.stop), slice(None))
+    def at(block, slices):
+        return (Ellipsis,) + tuple(slice(k * b + s.start, k * b + s.stop)
+                                   for k, b, s in zip(block, blocks, slices)) + whole
 
     out = x.copy()
-    for i in range(pdims[0]):
-        for j in range(pdims[1]):
-            for dx, ox, sx in parts[0]:
-                for dy, oy, sy in parts[1]:
-                    if ox == oy == 0:
-                        continue
-                    src, beyond = [], False
-                    for k, n, off, periodic in zip((i, j), pdims, (ox, oy), periods):
-                        beyond |= not (0 <= k + off < n) and not periodic
-                        src.append((k + off) % n)
-                    dst = at(i, j, dx, dy)
-                    if beyond:
-                        out[dst] = 0 if like_jaxdecomp else x[dst]
-                    else:
-                        out[dst] = x[at(src[0], src[1], sx, sy)]
+    for block in np.ndindex(*pdims):
+        for regions in np.ndindex(*(len(p) for p in parts)):
+            chosen = [parts[a][r] for a, r in enumerate(regions)]
+            if all(off == 0 for _, off, _ in chosen):
+                continue
+            dst = at(block, [d for d, _, _ in chosen])
+            src, beyond = [], False
+            for k, n, (_, off, _), periodic in zip(block, pdims, chosen, periods):
+                beyond |= not (0 <= k + off < n) and not periodic
+                src.append((k + off) % n)
+            if beyond:
+                out[dst] = 0 if like_jaxdecomp else x[dst]
+            else:
+                out[dst] = x[at(src, [s for _, _, s in chosen])]
     return out
 
 

@@ -351,46 +351,6 @@ def brick_id(c):
     return "h" + "".join(map(str, extents)) + "-" + "".join("P" if p else "N" for p in periods)
 
 
-def brick_reference(x: np.ndarray, pdims, extents, periods, like_jaxdecomp=False) -> np.ndarray:
-    """numpy halo exchange of x (global (..., X, Y, Z), padded blocks on `pdims` (Px, Py, Pz)),
-    region by region as `halo_reference` for (X, Y): every block is cut into 3 x 3 x 3 regions;
-    a halo region takes the cells of the neighbouring block in that direction as they were
-    before the call (the low halo that block's [-2h:-h], the high one its [h:2h]); beyond a
-    non-periodic edge it keeps its values (`like_jaxdecomp`: becomes 0); along a mesh axis of
-    size 1 it wraps within the block (`like_jaxdecomp`: nothing moves along it)."""
-    lead = x.ndim - 3
-    blocks = [x.shape[lead + i] // n for i, n in enumerate(pdims)]
-    parts = []  # per axis: (destination slice, neighbour offset, source slice)
-    for n, b, h in zip(pdims, blocks, extents):
-        if h == 0 or (like_jaxdecomp and n == 1):
-            parts.append([(slice(0, b), 0, slice(0, b))])
-        else:
-            parts.append([(slice(0, h), -1, slice(b - 2 * h, b - h)),
-                          (slice(h, b - h), 0, slice(h, b - h)),
-                          (slice(b - h, b), 1, slice(h, 2 * h))])
-
-    def at(block, slices):
-        return (Ellipsis,) + tuple(slice(k * b + s.start, k * b + s.stop)
-                                   for k, b, s in zip(block, blocks, slices))
-
-    out = x.copy()
-    for block in np.ndindex(*pdims):
-        for regions in np.ndindex(*(len(p) for p in parts)):
-            chosen = [parts[a][r] for a, r in enumerate(regions)]
-            if all(off == 0 for _, off, _ in chosen):
-                continue
-            dst = at(block, [d for d, _, _ in chosen])
-            src, beyond = [], False
-            for k, n, (_, off, _), periodic in zip(block, pdims, chosen, periods):
-                beyond |= not (0 <= k + off < n) and not periodic
-                src.append((k + off) % n)
-            if beyond:
-                out[dst] = 0 if like_jaxdecomp else x[dst]
-            else:
-                out[dst] = x[at(src, [s for _, _, s in chosen])]
-    return out
-
-
 def brick_setup(order="abc", extents=(1, 1, 1), axis_type="explicit", batch=(), seed=20,
                 pdims=(2, 2, 2)):
     """A brick of BRICK_INTERIOR blocks padded by `extents`, split over a mesh of `pdims`
@@ -422,7 +382,7 @@ def test_brick_reference_is_np_pad_wrap():
     inner = tuple(np.concatenate([np.arange(k * b + h, (k + 1) * b - h) for k in range(n)])
                   for n, b, h in zip(pdims, blocks, extents))
     x[np.ix_(*inner)] = want[np.ix_(*inner)]
-    np.testing.assert_array_equal(brick_reference(x, pdims, extents, (True,) * 3), want)
+    np.testing.assert_array_equal(halo_reference(x, pdims, extents, (True,) * 3), want)
 
 
 # Under mpirun: a brick's halos across processes (one or two of its mesh axes span them).
@@ -435,7 +395,7 @@ def test_brick_eager_matches_numpy(order, extents, periods):
     data, x, pdims = brick_setup(order, extents, seed=23)
     y = pencilfft.halo_exchange(x, extents, periods)
     assert y.sharding.is_equivalent_to(x.sharding, x.ndim)
-    np.testing.assert_array_equal(to_numpy(y), brick_reference(data, pdims, extents, periods))
+    np.testing.assert_array_equal(to_numpy(y), halo_reference(data, pdims, extents, periods))
 
 
 BRICK_JIT = [BRICK_CASES[1], BRICK_CASES[4]]
@@ -449,7 +409,7 @@ def test_brick_jit_on_auto_mesh_with_no_mesh_in_scope(order, extents, periods):
     """The partitioner's spec says which mesh axis splits which of X, Y, Z."""
     data, x, pdims = brick_setup(order, extents, "auto", seed=24)
     y = jax.jit(exchange(extents, periods))(x)
-    np.testing.assert_array_equal(to_numpy(y), brick_reference(data, pdims, extents, periods))
+    np.testing.assert_array_equal(to_numpy(y), halo_reference(data, pdims, extents, periods))
 
 
 @pytest.mark.parametrize("order", list(BRICK_ORDERS))
@@ -459,7 +419,7 @@ def test_brick_jit_on_explicit_mesh_under_set_mesh(order):
     with jax.set_mesh(x.sharding.mesh):
         y = jax.jit(exchange(extents, periods))(x)
     assert y.sharding.is_equivalent_to(x.sharding, x.ndim)
-    np.testing.assert_array_equal(to_numpy(y), brick_reference(data, pdims, extents, periods))
+    np.testing.assert_array_equal(to_numpy(y), halo_reference(data, pdims, extents, periods))
 
 
 def test_brick_default_periods_and_compat():
@@ -467,11 +427,11 @@ def test_brick_default_periods_and_compat():
     on all three axes (zeros beyond a non-periodic edge)."""
     extents = (1, 2, 1)
     data, x, pdims = brick_setup("cab", extents, seed=26)
-    want = brick_reference(data, pdims, extents, (True,) * 3)
+    want = halo_reference(data, pdims, extents, (True,) * 3)
     np.testing.assert_array_equal(to_numpy(pencilfft.halo_exchange(x, extents)), want)
     periods = (False, True, False)
     got = jax.jit(lambda v: pencilfft.compat.halo_exchange(v, extents, periods))(x)
-    np.testing.assert_array_equal(to_numpy(got), brick_reference(data, pdims, extents, periods,
+    np.testing.assert_array_equal(to_numpy(got), halo_reference(data, pdims, extents, periods,
                                                                   like_jaxdecomp=True))
 
 
@@ -481,7 +441,7 @@ def test_brick_size_one_mesh_axis_wraps_within_the_block():
     for periods in ((True, False, True), (False, True, False)):
         data, x, pdims = brick_setup("abc", extents, seed=27, pdims=(4, 2, 1))
         y = pencilfft.halo_exchange(x, extents, periods)
-        np.testing.assert_array_equal(to_numpy(y), brick_reference(data, pdims, extents, periods))
+        np.testing.assert_array_equal(to_numpy(y), halo_reference(data, pdims, extents, periods))
 
 
 def test_brick_batch_vmap_and_grad():
@@ -489,12 +449,12 @@ def test_brick_batch_vmap_and_grad():
     extents, periods = (1, 2, 1), (True, False, True)
     data, x, pdims = brick_setup("cab", extents, "auto", batch=(2,), seed=28)
     f = exchange(extents, periods)
-    want = brick_reference(data, pdims, extents, periods)
+    want = halo_reference(data, pdims, extents, periods)
     np.testing.assert_array_equal(to_numpy(jax.jit(f)(x)), want)
     np.testing.assert_array_equal(to_numpy(jax.jit(jax.vmap(f))(x)), want)
     weights = random_field(data.shape, np.float64, seed=29)
     w = put_global(weights, x.sharding)
-    source = brick_reference(np.arange(data.size).reshape(data.shape), pdims, extents, periods)
+    source = halo_reference(np.arange(data.size).reshape(data.shape), pdims, extents, periods)
     adjoint_want = np.bincount(source.ravel(), weights=weights.ravel(),
                                minlength=data.size).reshape(data.shape)
     g = jax.jit(jax.grad(lambda v, c: jnp.sum(c * f(v))))(x, w)
