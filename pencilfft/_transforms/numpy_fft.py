@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -641,5 +642,14 @@ def irfft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
                       inverse=True, caller="irfft2", default_axes=_last_two)
 
 
+def _with_args(doc: str) -> str:
+    """`doc` with `_DOC` in place of its `%s` line, indented as that line is: Python 3.13
+    strips a docstring's common indentation when it compiles it, 3.11 and 3.12 do not."""
+    indent = next(line[:len(line) - len(line.lstrip())] for line in doc.splitlines()
+                  if line.strip() == "%s")
+    return doc.replace("%s", "\n" + textwrap.indent(textwrap.dedent(_DOC).strip("\n"), indent)
+                       + "\n", 1)
+
+
 for _f in (fftn, ifftn, rfftn, irfftn):
-    _f.__doc__ %= _DOC
+    _f.__doc__ = _with_args(_f.__doc__)
