@@ -18,7 +18,7 @@ from typing import Any
 from jax.sharding import AbstractMesh, Mesh
 
 __all__ = ["mesh_axes", "batch_axes", "check_mesh", "split_problem", "check_split",
-           "check_batch", "fits", "round_up", "process_grids"]
+           "check_batch", "check_leading", "fits", "round_up", "process_grids"]
 
 Axes = tuple[str | None, str | None]
 Pdims = tuple[int, int]
@@ -80,6 +80,13 @@ def check_batch(shape: Sequence[int], mesh: Any, argname: str) -> None:
             f"sizes {sizes}) each split one: give it at least {len(names)} leading axes (e.g. "
             f"an ensemble of fields stacked on axis 0), or use a mesh of the pencil axes only"
         )
+    check_leading(shape, names, sizes, argname)
+
+
+def check_leading(shape: Sequence[int], names: Sequence[str], sizes: Sequence[int],
+                  argname: str) -> None:
+    """ValueError naming `argname` unless the i-th leading axis divides by the i-th of the
+    batch axes `names` (of `sizes`) that split the leading axes."""
     for i, (name, n) in enumerate(zip(names, sizes)):
         if shape[i] % n:
             raise ValueError(

@@ -41,7 +41,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .._decomposition.mesh import (batch_mesh, current_spec, find_mesh, has_explicit_axes,
                                    is_tracer)
-from .._decomposition.rules import batch_axes, check_batch, check_split, mesh_axes
+from .._decomposition.rules import (batch_axes, check_batch, check_leading, check_split,
+                                    mesh_axes)
 from .._decomposition.sharding import real_space_spec
 from .._exchange import mpi as _mpi_exchange
 from .._transforms.partitioned import LinearOp, apply, place, run, with_mesh
@@ -265,12 +266,7 @@ def _check_brick_batch(shape, mesh, order) -> None:
             f"the mesh axes {tuple(lead)}, besides the brick's {tuple(order)}, each split one: "
             f"give it at least {len(lead)} leading axes, or use a mesh of the brick's 3 axes only"
         )
-    for i, name in enumerate(lead):
-        if shape[i] % mesh.shape[name]:
-            raise ValueError(
-                f"`x.shape[{i}]` (={shape[i]}) must be divisible by mesh batch axis {name!r} "
-                f"(={mesh.shape[name]}), which splits that leading axis"
-            )
+    check_leading(shape, lead, [mesh.shape[name] for name in lead], "x")
     for i, (name, label) in enumerate(zip(order, _LABELS)):
         index = len(shape) - 3 + i
         if shape[index] % mesh.shape[name]:
@@ -362,13 +358,10 @@ def _check_blocks(shape, extents, sizes, names, like_jaxdecomp: bool = False) ->
     """Each block must split evenly and, along every axis exchanged, hold its two halos: a
     block of at least 2h cells (jaxdecomp's rule; the sender's slices [h:2h] and [-2h:-h])."""
     if len(extents) == 2:
-        check_split(shape, sizes, names, "x")
+        check_split(shape, sizes, names, "x")  # a brick's split: `_check_brick_batch`
     first = len(shape) - 3
     for i, (h, n, name, label) in enumerate(zip(extents, sizes, names, _LABELS)):
         axis = first + i
-        if len(extents) == 3 and n > 1 and shape[axis] % n:
-            raise ValueError(f"`x.shape[{axis}]` ({label}={shape[axis]}) must be divisible by "
-                             f"mesh axis {name!r} (={n}), which splits {label} in the brick")
         if h == 0 or (like_jaxdecomp and n == 1):  # no round along this axis
             continue
         size = shape[axis]
