@@ -218,21 +218,30 @@ def _fingerprint_of(data: bytes) -> str:
     return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
 
 
-def _read_trusted(path: pathlib.Path, what: str) -> bytes:
-    """The bytes of `path`, a file of a cache folder that follows `trust`'s rule, read through
-    one descriptor whose owner and mode are checked (a symbolic link is not followed): raises
-    `trust.Untrusted` for a file that breaks the rule, OSError otherwise."""
+def _open_trusted(path: pathlib.Path, flags: int, what: str) -> tuple[int, os.stat_result]:
+    """(descriptor, its fstat) of `path` opened with `flags`, never through a symbolic link,
+    when its owner and mode follow `trust`'s rule; else `trust.Untrusted` (the descriptor
+    closed), or the OSError of the opening."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise trust.Untrusted(f"{what} {path} is a symbolic link") from e
         raise
+    st = os.fstat(fd)
+    why = trust.file_problem(st, what)
+    if why is not None:
+        os.close(fd)
+        raise trust.Untrusted(f"{why}: {path} ({trust.owner_and_mode(st)})")
+    return fd, st
+
+
+def _read_trusted(path: pathlib.Path, what: str) -> bytes:
+    """The bytes of `path`, a file of a cache folder that follows `trust`'s rule, read through
+    one descriptor whose owner and mode are checked (a symbolic link is not followed): raises
+    `trust.Untrusted` for a file that breaks the rule, OSError otherwise."""
+    fd, st = _open_trusted(path, os.O_RDONLY | os.O_NONBLOCK, what)
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        why = trust.file_problem(st, what)
-        if why is not None:
-            raise trust.Untrusted(f"{why}: {path} ({trust.owner_and_mode(st)})")
         if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
             raise OSError(errno.EINVAL, f"{what} is not a regular file", str(path))
         return f.read()  # a folder: IsADirectoryError
@@ -274,18 +283,9 @@ def _lock(library: pathlib.Path) -> Iterator[None]:
     build it once, the others wait here for it.  Opened without truncating and without
     following a symbolic link (issue 57: open(..., "w") truncated the root-owned file a
     planted link pointed at)."""
-    path = library.with_name(library.name + ".lock")
+    fd, _ = _open_trusted(library.with_name(library.name + ".lock"), os.O_RDWR | os.O_CREAT,
+                          "its lock")
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise trust.Untrusted(f"its lock {path} is a symbolic link") from e
-        raise
-    try:
-        st = os.fstat(fd)
-        why = trust.file_problem(st, "its lock")
-        if why is not None:
-            raise trust.Untrusted(f"{why}: {path} ({trust.owner_and_mode(st)})")
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
