@@ -24,6 +24,7 @@ Static planning (`plan_bins`: bin edges, poles, line of sight) is apart from the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 from typing import Any
@@ -33,16 +34,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from .._decomposition.mesh import is_tracer
+from .._decomposition.mesh import find_mesh, has_explicit_axes, is_tracer, typed_mesh
 from .._decomposition.rules import batch_axes, mesh_axes
 from .._exchange import mpi as _mpi_exchange
 from .._transforms.fft import prfft3d
 from .._transforms.freq import wavenumbers
+from .._transforms.numpy_fft import Call, rfftn
+from .._transforms.routes import find_route, spec_text
 from .._transforms.partitioned import LinearOp, run, tile, with_mesh
-from .._transforms.plan import plan_forward
+from .._transforms.plan import fft_dtype, float_dtype, plan_forward
 from . import window as _window
 
-__all__ = ["power_spectrum", "box_lengths"]
+__all__ = ["power_spectrum", "box_lengths", "brick_mesh", "brick_layout"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,13 +273,29 @@ def _block_rows(bins: BinPlan, rows: tuple, q, starts):
     L_ell(mu), summing L over each stored mode and its mirror).  Positions outside the exact
     half spectrum (mesh padding) weigh 0 whatever q holds there.
     """
-    X, Y, Z = bins.shape
-    dx, dy, dz = (b / n for b, n in zip(bins.box, bins.shape))
     ny, nz, nx = q.shape[-3:]
-    rdtype = q.dtype
     gy = (starts[0] + jnp.arange(ny))[:, None, None]
     gz = (starts[1] + jnp.arange(nz))[None, :, None]
     gx = jnp.arange(nx)[None, None, :]
+    return _rows_of(bins, rows, q, gx, gy, gz)
+
+
+def _brick_block_rows(bins: BinPlan, rows: tuple, q, starts):
+    """`_block_rows` of a block q (..., x, y, z) of the half spectrum in its natural order
+    (X, Y, Z//2+1), whose first element has global indices `starts` (X, Y, Z)."""
+    nx, ny, nz = q.shape[-3:]
+    gx = (starts[0] + jnp.arange(nx))[:, None, None]
+    gy = (starts[1] + jnp.arange(ny))[None, :, None]
+    gz = (starts[2] + jnp.arange(nz))[None, None, :]
+    return _rows_of(bins, rows, q, gx, gy, gz)
+
+
+def _rows_of(bins: BinPlan, rows: tuple, q, gx, gy, gz):
+    """The per-bin sums of a block q whose global indices along X, Y and Z are gx, gy and gz
+    (integer arrays that broadcast to q's last three axes, in whatever order they hold them)."""
+    X, Y, Z = bins.shape
+    dx, dy, dz = (b / n for b, n in zip(bins.box, bins.shape))
+    rdtype = q.dtype
     # fftfreq's wavenumbers along every axis (Z too: the kz = Z/2 plane is the full grid's
     # -Z/2 plane, as JaxPM's fftn sees it), and those of the Hermitian mirror (-m mod n).
     k = [wavenumbers("fft", g, n, d).astype(rdtype) for g, n, d in ((gx, X, dx), (gy, Y, dy),
@@ -433,6 +452,194 @@ class BinSums(LinearOp):
         return "i j k", "r n"
 
 
+@dataclasses.dataclass(frozen=True)
+class BrickSums(BinSums):
+    """`BinSums` of q (..., X, Y, Z//2+1), the half spectrum of a brick in its natural order,
+    split as `spec` says (per axis, the mesh axes that split it, major to minor, evenly: the
+    layout `rfftn` was asked for).  Each device bins its block from the block's global offsets
+    (its linear index over each axis's mesh axes times the block's length), then one psum
+    over the mesh axes that split q, in the mesh's order."""
+
+    spec: tuple = ()
+
+    def primal_local(self, q):
+        return _brick_block_rows(self.bins, self.rows, q, (0, 0, 0))
+
+    def _blocks_on_mesh(self, mesh):
+        lead = (None,) * (len(self.in_shape) - 3)
+        in_spec = P(*lead, *(_spec_entry(names) for names in self.spec))
+        out_spec = P(*lead, None, None)
+        named = {m for names in self.spec for m in names}
+        summed = tuple(m for m in mesh.axis_names if m in named)
+
+        def local(q):
+            starts = tuple(_linear_index(names, mesh) * n
+                           for names, n in zip(self.spec, q.shape[-3:]))
+            return _brick_block_rows(self.bins, self.rows, q, starts)
+
+        return local, in_spec, out_spec, summed
+
+
+def _spec_entry(names: tuple[str, ...]):
+    return None if not names else names[0] if len(names) == 1 else tuple(names)
+
+
+def _linear_index(names: tuple[str, ...], mesh):
+    """This device's block index along an array axis split by `names` (major to minor): one
+    axis_index per mesh axis (a tuple of names in another order than the mesh's is refused by
+    jax's next releases)."""
+    index = 0
+    for name in names:
+        index = index * mesh.shape[name] + jax.lax.axis_index(name)
+    return index
+
+
+# ----------------------------------------------------------------------------------------------
+# Bricks: fields split over X, Y and Z (static planning, then the traced spectrum)
+
+
+def _under_vmap(x) -> bool:
+    """Whether traced x is mapped by jax.vmap (its tracer, or one it wraps, carries a batch
+    dimension): there the mesh may split the mapped axis, which only the partitioner sees."""
+    for _ in range(64):  # a chain of nested transformations, never a cycle
+        if not is_tracer(x):
+            return False
+        if hasattr(x, "batch_dim"):
+            return True
+        inner = getattr(x, "primal", None)
+        x = getattr(x, "val", None) if inner is None else inner
+    return False
+
+
+def _known_spec(field, mesh):
+    """The field's spec where it is known before the partitioner runs (a concrete NamedSharding
+    on `mesh`, an Explicit type), else None."""
+    if not is_tracer(field):
+        sharding = _known_sharding(field)
+        return sharding.spec if sharding is not None and sharding.mesh.shape == mesh.shape \
+            else None
+    typed = getattr(jax.typeof(field), "sharding", None)
+    if isinstance(typed, NamedSharding) and not typed.mesh.empty and \
+            has_explicit_axes(typed.mesh):
+        return typed.spec
+    return None
+
+
+def brick_mesh(field):
+    """The mesh of a *brick* field (X, Y, Z split over three mesh axes, any names, any order),
+    or None for the pencil path.
+
+    A field is taken for a brick where its mesh has more axes than the pencil path can place:
+    the axes before a mesh's last two split one leading (batch) axis of the field each, so a
+    mesh of 3 or more axes with too few leading axes is a brick's.  Except under jax.vmap, and
+    where an Explicit type leaves a mesh axis out: there the mapped axis, which the field does
+    not show, is the batch axis (the pencil path leaves it to the partitioner, as before)."""
+    mesh = find_mesh(field, None)
+    if mesh is None:
+        mesh = typed_mesh(field)  # jit with an Auto mesh and nothing in scope
+    if mesh is None or len(mesh.axis_names) < 3:
+        return None
+    if len(field.shape) - 3 >= len(mesh.axis_names) - 2:
+        return None  # a batch of pencil fields
+    if is_tracer(field):
+        if _under_vmap(field):
+            return None
+        spec = _known_spec(field, mesh)
+        if spec is not None:
+            named = {m for e in spec if e is not None for m in ((e,) if isinstance(e, str) else e)}
+            if any(n > 1 and m not in named for m, n in mesh.shape.items()):
+                return None
+    return mesh
+
+
+def _check_brick_shape(shape, mesh) -> None:
+    if len(shape) != 3:
+        raise ValueError(
+            f"`field` has shape {shape} on a mesh of {len(mesh.axis_names)} axes "
+            f"{dict(mesh.shape)}: a field split over X, Y and Z (a brick) must be 3-D (X, Y, Z), "
+            f"one spectrum per call (for a batch of fields use a mesh whose axes before its last "
+            f"two split the leading axes: pencils)")
+
+
+def _spec_tuple(spec, sizes: dict) -> tuple[tuple[str, ...], ...]:
+    """A field's spec as per-axis tuples of the mesh axes of size > 1 that split it."""
+    entries = tuple(spec) + (None,) * (3 - len(tuple(spec)))
+    return tuple(tuple(m for m in ((e,) if isinstance(e, str) else (e or ())) if sizes[m] > 1)
+                 for e in entries)
+
+
+def _assumed_spec(sizes: dict) -> tuple[tuple[str, ...], ...]:
+    """Where the field's split is the partitioner's (an Auto mesh under jit): the mesh's axes
+    of size > 1 in its order over X, Y and Z (the last array axis takes any left over)."""
+    entries = [(), (), ()]
+    for k, name in enumerate(m for m, n in sizes.items() if n > 1):
+        entries[min(k, 2)] += (name,)
+    return tuple(entries)
+
+
+@functools.lru_cache(maxsize=256)
+def brick_layout(shape: tuple[int, int, int], dtype: str, sizes: tuple,
+                 in_spec: tuple) -> tuple[tuple[str, ...], ...]:
+    """The layout of the half spectrum (X, Y, Z//2+1) of a brick of global `shape` (static):
+    per axis, the mesh axes that split it (major to minor).  It is the one `rfftn` picks
+    itself from the field's split `in_spec` (the cheapest route to a layout split evenly over
+    every mesh axis of size > 1), named as its `out_sharding` so that the binning knows it in
+    every calling form, the partitioner's too."""
+    X, Y, Z = shape
+    cplx = np.dtype(fft_dtype(np.dtype(dtype), "field"))
+    call = Call(tuple(shape), (0, 1, 2), "r2c", False, tuple(shape), (X, Y, Z // 2 + 1),
+                "backward", np.dtype(float_dtype(cplx)), cplx, "auto")
+    sizes = dict(sizes)
+    try:
+        route = find_route(call.problem(sizes, in_spec, None, even=True))
+    except ValueError:
+        raise ValueError(
+            f"`field` of shape {tuple(shape)} split {spec_text(in_spec)} over mesh axes {sizes}: "
+            f"no route of exchanges takes it to a half spectrum of shape {call.out_shape} split "
+            f"evenly over every mesh axis of size > 1 (nothing is gathered): use a grid whose "
+            f"axes the mesh axes divide, or a mesh with fewer devices") from None
+    return route.spec
+
+
+def _brick_spectrum_of(field, field2, bins: BinPlan, mesh):
+    """(k, pk (poles, bins), modes per bin) of a brick: its layout planned, then traced (one
+    program when called eagerly)."""
+    sizes = tuple((m, int(n)) for m, n in mesh.shape.items())
+    spec = _known_spec(field, mesh)
+    in_spec = _spec_tuple(spec, dict(sizes)) if spec is not None else _assumed_spec(dict(sizes))
+    target = brick_layout(tuple(field.shape), np.dtype(field.dtype).name, sizes, in_spec)
+    # Where the mesh is known (a concrete field, an Explicit type, jax.set_mesh) the binning
+    # runs in shard_map on it; else (jit, an Auto mesh, nothing in scope) the partitioner
+    # places it, with the layout named.
+    known = find_mesh(field, None)
+    if not (is_tracer(field) or is_tracer(field2)):
+        return _brick_spectrum_jit(field, field2, bins=bins, mesh=known, target=target)
+    return _brick_spectrum(field, field2, bins=bins, mesh=known, target=target)
+
+
+def _brick_spectrum(field, field2, *, bins: BinPlan, mesh, target):
+    """The traced spectrum of a brick: `rfftn` to the layout `target`, binned block by block."""
+    out = P(*(_spec_entry(names) for names in target))
+    f1 = rfftn(field, out_sharding=out)
+    if field2 is None:
+        q = f1.real ** 2 + f1.imag ** 2
+    else:
+        f2 = rfftn(field2, out_sharding=out)
+        q = f1.real * f2.real + f1.imag * f2.imag
+    mpi = _mpi_exchange.auto(jax.default_backend(), mesh)
+    sums = run(BrickSums(bins, tuple(bins.poles), tuple(q.shape), q.dtype, mpi=mpi, spec=target),
+               q, mesh)
+    counts = run(BrickSums(bins, ("count", "ksum"), tuple(q.shape), q.dtype, mpi=mpi,
+                           spec=target), jnp.ones(q.shape, q.dtype), mesh)
+    count, ksum = counts[0], counts[1]
+    k = (ksum / count)[1:-1]
+    pk = (sums / count)[..., 1:-1] * bins.scale
+    return k, pk, count[1:-1]
+
+
+_brick_spectrum_jit = jax.jit(_brick_spectrum, static_argnames=("bins", "mesh", "target"))
+
+
 # ----------------------------------------------------------------------------------------------
 # The public function
 
@@ -518,20 +725,22 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
         raise TypeError(f"`field` must be real (float32 or float64); got {field.dtype}")
     if not isinstance(return_counts, (bool, np.bool_)):
         raise TypeError(f"`return_counts` must be True or False; got {return_counts!r}")
-    plan = plan_forward(field, norm="backward", layout="transposed", mesh=None, real=True,
-                        argname="field")
-    if field2 is not None:
-        shape2 = _field_shape(field2, "field2")
-        if shape2 != shape:
-            raise ValueError(f"`field2` must have the shape of `field` {shape}; got {shape2}")
-        if np.dtype(field2.dtype).kind == "c":
-            raise TypeError(f"`field2` must be real (float32 or float64); got {field2.dtype}")
-        _check_same_sharding(field, field2)
+    brick = brick_mesh(field)
+    if brick is not None:
+        _check_field2(field, field2, shape)
+        _check_brick_shape(shape, brick)
+    else:
+        plan = plan_forward(field, norm="backward", layout="transposed", mesh=None, real=True,
+                            argname="field")
+        _check_field2(field, field2, shape)
     bins, scalar = plan_bins(shape[-3:], box_shape, kedges, multipoles, los,
                              compensation=compensation, cross=field2 is not None)
     shot = shot_noise_for(shot_noise, n_particles, bins.box)
     if field2 is not None and field2.dtype != field.dtype:
         field2 = field2.astype(field.dtype)
+    if brick is not None:
+        k, pk, count = _brick_spectrum_of(field, field2, bins, brick)
+        return _finished(k, pk, count, bins, shot, scalar, return_counts)
     mesh = plan.mesh
     if field2 is not None and mesh is None and plan.deferred is None:
         # A field traced on an Auto mesh (no mesh in scope) with the other one concrete (closed
@@ -542,6 +751,12 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
     if not (is_tracer(field) or is_tracer(field2)):
         spectrum = _spectrum_jit  # called eagerly: one program instead of op-by-op dispatch
     k, pk, count = spectrum(field, field2, bins=bins, mesh=mesh, deferred=plan.deferred)
+    return _finished(k, pk, count, bins, shot, scalar, return_counts)
+
+
+def _finished(k, pk, count, bins: BinPlan, shot, scalar: bool, return_counts: bool):
+    """The public result from the binned (k, pk (..., poles, bins), modes per bin): the shot
+    noise off the monopole, the pole axis dropped for an int `multipoles`, the counts as ints."""
     if shot is not None:
         monopole = np.array([[1.0 if ell == 0 else 0.0] for ell in bins.poles])  # (poles, 1)
         pk = pk - jnp.asarray(shot, pk.dtype) * monopole.astype(pk.dtype)
@@ -576,6 +791,18 @@ def _bin(bins: BinPlan, rows, q, deferred, mesh):
     t = BinSums(bins, tuple(rows), tuple(q.shape), q.dtype, deferred=deferred,
                 mpi=_mpi_exchange.auto(jax.default_backend(), mesh))
     return run(t, q, mesh)
+
+
+def _check_field2(field, field2, shape) -> None:
+    """A second field of the first one's shape and sharding, real (None: an auto spectrum)."""
+    if field2 is None:
+        return
+    shape2 = _field_shape(field2, "field2")
+    if shape2 != shape:
+        raise ValueError(f"`field2` must have the shape of `field` {shape}; got {shape2}")
+    if np.dtype(field2.dtype).kind == "c":
+        raise TypeError(f"`field2` must be real (float32 or float64); got {field2.dtype}")
+    _check_same_sharding(field, field2)
 
 
 def _field_shape(x, argname: str) -> tuple[int, ...]:
