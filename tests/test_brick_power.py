@@ -4,8 +4,9 @@ Against the float64 numpy reference of tests/power_references.py (JaxPM's defini
 the whole grid, the options' windows and shot noise) and against the pencil path's result: the
 auto and the cross spectrum, multipoles, counts, compensation and shot noise; eagerly and under
 jit, on Explicit and Auto meshes (nothing in scope, and `jax.set_mesh`), with the mesh's axis
-order other than the spec's and a mesh axis of size 1; the compiled programs sum once and gather
-nothing, every collective names its axes in the mesh's order; the errors name what is wrong.
+order other than the spec's and a mesh axis of size 1; a gradient; the compiled programs sum
+once and gather nothing, every collective names its axes in the mesh's order; the errors name
+what is wrong.
 And the memory of a brick's transforms at 64^3 (the issue's "at most 3 blocks").
 """
 from __future__ import annotations
@@ -119,6 +120,19 @@ def test_brick_is_the_pencils_result():
     for g, w in zip(got, want):
         assert rel_err(to_numpy(g), to_numpy(w)) <= tol(np.float32)
     assert np.array_equal(to_numpy(got[2]), to_numpy(want[2]))
+
+
+def test_gradient_on_an_explicit_mesh():
+    """jax.grad through the brick's binning (its transpose, with the compensation's weights) and
+    rfftn: the one-device gradient, split as the field is."""
+    data = random_field(SHAPE, np.float64, 36)
+    w = random_field((2, 5), np.float64, 37)
+    loss = lambda a: (w * pencilfft.power_spectrum(  # noqa: E731
+        a, multipoles=(0, 2), kedges=6, compensation="tsc")[1]).sum()
+    x = put_global(data, NamedSharding(brick_mesh(), P("a", "b", "c")))
+    got = jax.jit(jax.grad(loss))(x)
+    assert got.sharding.spec == P("a", "b", "c")
+    assert rel_err(to_numpy(got), np.asarray(jax.jit(jax.grad(loss))(data))) <= tol(np.float64)
 
 
 def _collectives(jaxpr, found):
