@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import put_global, random_field, rel_err, to_numpy, tol
+from conftest import mpirun_for, put_global, random_field, rel_err, to_numpy, tol
 from power_references import assert_close, reference
 
 SHAPE = (16, 16, 16)
@@ -79,7 +79,13 @@ FORMS = {
 }
 
 
-@pytest.mark.parametrize("form", list(FORMS))
+# Under mpirun (the mesh spanning the processes: the sum across them, the route's exchanges),
+# the representative forms: eagerly on an Explicit mesh, and the partitioner's.
+ACROSS_PROCESSES = ("eager-explicit", "jit-auto-no-mesh")
+
+
+@pytest.mark.parametrize("form", mpirun_for(*ACROSS_PROCESSES)
+                         + [f for f in FORMS if f not in ACROSS_PROCESSES])
 def test_auto_spectrum(form):
     c = FORMS[form]
     mesh = brick_mesh(c.get("names", ("a", "b", "c")), c.get("sizes", (2, 2, 2)),
