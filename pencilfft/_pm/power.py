@@ -19,7 +19,13 @@ no mesh in scope, its transpose giving the gradient.  Each device computes the w
 and bins of its own block from the block's global indices: nothing of size N^3 exists on the
 host, and the compiled program has one all-reduce of the per-bin sums and no all-gather.
 
-Static planning (`plan_bins`: bin edges, poles, line of sight) is apart from the traced code.
+A brick (X, Y, Z split over three mesh axes, `brick_mesh`) is transformed by `rfftn` instead,
+to the evenly split layout of the half spectrum (X, Y, Z//2+1) it picks (`brick_layout`, named
+as its `out_sharding` so that the partitioner's path knows it too), and binned by `BrickSums`
+from each block's offsets along the three axes, read off that layout.
+
+Static planning (`plan_bins`: bin edges, poles, line of sight; `brick_layout`) is apart from
+the traced code.
 """
 from __future__ import annotations
 
@@ -668,10 +674,16 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
     differences in docs/howto/power-spectra.md): the mode counts, a window compensation applied
     mode by mode in the same pass, and the shot noise.
 
+    A *brick*, a 3-D field split over X, Y and Z by three mesh axes (P(a, b, c), any names in
+    any order of the mesh's; `brick_mesh` says when a field is one), takes `rfftn` to the layout
+    it picks (`brick_layout`) instead of `prfft3d`, and is binned block by block the same way
+    (docs/howto/power-spectra.md, "Bricks").
+
     Args:
       field: real array of global shape (X, Y, Z), or (..., X, Y, Z) for one spectrum per field
         (the leading axes split by a mesh's batch axes), in pencilfft's real-space sharding
-        (any other is resharded); float32 or float64.
+        (any other is resharded), or a brick (X, Y, Z) split over three mesh axes; float32 or
+        float64.
       field2: None for the auto spectrum, or a second field of the same shape and sharding for
         the cross spectrum: the real part of the binned cross power Re(F1 conj F2), the usual
         estimator (nbodykit, pypower).  JaxPM returns the modulus of the complex per-bin sum
@@ -710,7 +722,8 @@ def power_spectrum(field, field2=None, *, box_shape=None, kedges=None, multipole
       TypeError: a complex field; a `compensation`, `shot_noise` or `n_particles` of the wrong
         type.
       ValueError: fields of different shapes or shardings; bad `kedges`, `multipoles`, `los`,
-        `compensation` or `n_particles`; both `shot_noise` and `n_particles`.
+        `compensation` or `n_particles`; both `shot_noise` and `n_particles`; a brick with
+        leading axes, or whose half spectrum has no even layout over every mesh axis.
 
     Example:
       >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
