@@ -76,6 +76,8 @@ FORMS = {
     "jit-set-mesh": dict(kind="auto"),
     # a mesh axis of size 1 splits Z: as if Z were whole
     "eager-size-1-axis": dict(sizes=(2, 4, 1)),
+    # a numpy field under jax.set_mesh: placed as a brick over the mesh's axes in their order
+    "jit-numpy-set-mesh": dict(kind="auto"),
 }
 
 
@@ -95,9 +97,10 @@ def test_auto_spectrum(form):
     x = put_global(data, NamedSharding(mesh, spec))
     if form.startswith("eager"):
         return check(_spectrum(x), data, **OPTIONS_REF)
-    if form == "jit-set-mesh":
+    if form.endswith("set-mesh"):
+        arg = data if form == "jit-numpy-set-mesh" else x
         with jax.set_mesh(mesh):
-            return check(compiled_text(_spectrum, x)(x), data, **OPTIONS_REF)
+            return check(compiled_text(_spectrum, arg)(arg), data, **OPTIONS_REF)
     check(compiled_text(_spectrum, x)(x), data, **OPTIONS_REF)
 
 

@@ -38,16 +38,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .._decomposition.mesh import find_mesh, has_explicit_axes, is_tracer, typed_mesh
 from .._decomposition.rules import batch_axes, mesh_axes
 from .._exchange import mpi as _mpi_exchange
+from .._jax_private import concrete_mesh
 from .._transforms.fft import prfft3d
 from .._transforms.freq import wavenumbers
 from .._transforms.numpy_fft import Call, rfftn
 from .._transforms.routes import find_route, spec_text
-from .._transforms.partitioned import LinearOp, run, tile, with_mesh
+from .._transforms.partitioned import LinearOp, place, run, tile, with_mesh
 from .._transforms.plan import fft_dtype, float_dtype, plan_forward
 from . import window as _window
 
@@ -630,13 +631,26 @@ def _brick_spectrum_of(field, field2, bins: BinPlan, mesh):
     # runs in shard_map on it; else (jit, an Auto mesh, nothing in scope) the partitioner
     # places it, with the layout named.
     known = find_mesh(field, None)
+    # A field with no split of its own (numpy, one device, a value the program makes) under
+    # jax.set_mesh: placed as the layout was planned for, so that rfftn has one to start from.
+    place_as = None
+    if spec is None and typed_mesh(field) is None:
+        # The concrete mesh: a traced value constrained to the abstract one carries no mesh in
+        # its type, and rfftn's partitioner path then cannot tell it.
+        concrete = known if isinstance(known, Mesh) else concrete_mesh()
+        if concrete is not None:
+            place_as = NamedSharding(concrete, P(*(_spec_entry(names) for names in in_spec)))
+    kw = dict(bins=bins, mesh=known, target=target, place_as=place_as)
     if not (is_tracer(field) or is_tracer(field2)):
-        return _brick_spectrum_jit(field, field2, bins=bins, mesh=known, target=target)
-    return _brick_spectrum(field, field2, bins=bins, mesh=known, target=target)
+        return _brick_spectrum_jit(field, field2, **kw)
+    return _brick_spectrum(field, field2, **kw)
 
 
-def _brick_spectrum(field, field2, *, bins: BinPlan, mesh, target):
+def _brick_spectrum(field, field2, *, bins: BinPlan, mesh, target, place_as):
     """The traced spectrum of a brick: `rfftn` to the layout `target`, binned block by block."""
+    if place_as is not None:
+        field = place(field, place_as)
+        field2 = None if field2 is None else place(field2, place_as)
     out = P(*(_spec_entry(names) for names in target))
     f1 = rfftn(field, out_sharding=out)
     if field2 is None:
@@ -655,7 +669,8 @@ def _brick_spectrum(field, field2, *, bins: BinPlan, mesh, target):
     return k, pk, count[1:-1]
 
 
-_brick_spectrum_jit = jax.jit(_brick_spectrum, static_argnames=("bins", "mesh", "target"))
+_brick_spectrum_jit = jax.jit(_brick_spectrum, static_argnames=("bins", "mesh", "target",
+                                                               "place_as"))
 
 
 # ----------------------------------------------------------------------------------------------
