@@ -124,6 +124,8 @@ def _cases(mesh):
                                NamedSharding(mesh, P(*axes)))
             cases.append((f"halo_exchange brick P{axes}", lambda x: pencilfft.halo_exchange(
                 x, (2, 2, 1), (True, False, True)), brick))
+            cases.append((f"power_spectrum brick P{axes}",
+                          lambda x: pencilfft.power_spectrum(x, kedges=4), brick))
     if not batch:
         dx = put_global(np.random.default_rng(3).normal(size=(16, 16, 8, 3)) * 0.3,
                         NamedSharding(mesh, P(*mesh.axis_names[-2:])))
