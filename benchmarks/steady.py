@@ -6,8 +6,8 @@
     python -m benchmarks.steady stages --shapes 256 --out benchmarks/data/steady-stages.jsonl
 
 `calls`: an N^3 complex64 forward + inverse under jit, `--calls` consecutive calls alone, then
-as many rounds of one loop where FFTW's own threaded in-place 3-D plan (pyFFTW, the same FFTW
-library) and jnp.fft run their forward + inverse too (other jax work allocating between our
+as many rounds of one loop where FFTW's own threaded in-place 3-D plan (the kernel's own FFTW
+library, through ctypes) and jnp.fft run their forward + inverse too (other jax work allocating between our
 calls); each call's time and page faults (getrusage: the kernel's memory work is in them).
 `rss`: `--calls` round trips cycling through `--rss-shapes` (a new shape every call), the
 process's resident memory after the first round of shapes and at the end.  `stages`: each
@@ -18,7 +18,9 @@ Every record holds the machine's CPU model and flags (`harness.cpu_info`) and th
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import re
 import resource
 import statistics
 import sys
@@ -55,15 +57,25 @@ def _pencilfft_pair(x) -> Callable[[], Any]:
 
 
 def _fftw_pair(host: np.ndarray) -> Callable[[], Any]:
-    """FFTW's own threaded in-place 3-D forward + inverse (pyFFTW, planned with MEASURE)."""
-    import pyfftw
-
-    a = pyfftw.empty_aligned(host.shape, np.complex64)
-    threads = private.threads.threads_per_device()
-    f = pyfftw.FFTW(a, a, axes=(0, 1, 2), threads=threads)
-    b = pyfftw.FFTW(a, a, axes=(0, 1, 2), direction="FFTW_BACKWARD", threads=threads)
-    a[...] = host
-    return lambda: (f(), b())
+    """FFTW's own threaded in-place 3-D forward + inverse (planned with MEASURE), of the very
+    FFTW library the kernel runs (pyFFTW's wheel's, or PENCILFFT_FFTW_DIR's), through ctypes."""
+    _, libs = private.kernel.fftw_libraries()
+    lib, omp = ctypes.CDLL(libs[1]), ctypes.CDLL(libs[3])
+    lib.fftwf_malloc.restype = ctypes.c_void_p
+    lib.fftwf_malloc.argtypes = [ctypes.c_size_t]
+    lib.fftwf_plan_dft_3d.restype = ctypes.c_void_p
+    lib.fftwf_plan_dft_3d.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2 + [
+        ctypes.c_int, ctypes.c_uint]
+    lib.fftwf_execute.argtypes = [ctypes.c_void_p]
+    omp.fftwf_init_threads()
+    omp.fftwf_plan_with_nthreads(private.threads.threads_per_device())
+    buf = lib.fftwf_malloc(host.nbytes)
+    a = np.ctypeslib.as_array((ctypes.c_char * host.nbytes).from_address(buf)).view(
+        np.complex64).reshape(host.shape)
+    f, b = (lib.fftwf_plan_dft_3d(*host.shape, buf, buf, sign, 0) for sign in (-1, 1))
+    a[...] = host  # MEASURE planning wrote over the buffer
+    keep = (a, lib, omp)  # the buffer and libraries live as long as the call
+    return lambda: (lib.fftwf_execute(f), lib.fftwf_execute(b), keep)
 
 
 def _measure(call: Callable[[], Any]) -> tuple[float, int]:
@@ -181,6 +193,13 @@ def _p90(times: Sequence[float]) -> float:
     return s[int(0.9 * (len(s) - 1))]
 
 
+def _fftw_name(record: dict[str, Any]) -> str:
+    """The FFTW the kernel ran (its version string names its codelets); records made before
+    the kernel said so ran pyFFTW's wheel's."""
+    m = re.search(r"\bfftw-[0-9][\w.-]*", record.get("kernel", ""))
+    return m.group(0) if m else "fftw-3.3.5-sse2-avx"
+
+
 def steady_table(records: Sequence[dict[str, Any]]) -> str:
     """One row per loop (alone, interleaved) and variant: median, p90, max (and their ratios to
     the median), page faults per call; then the resident memory over many shapes."""
@@ -189,17 +208,18 @@ def steady_table(records: Sequence[dict[str, Any]]) -> str:
     for r in call_records:
         t = r["times_s"]
         med = statistics.median(t)
-        rows.append([fmt_dims(r["shape"]), r["affinity"], r["loop"], r["variant"],
+        rows.append([fmt_dims(r["shape"]), r["affinity"], _fftw_name(r), r["loop"], r["variant"],
                      f"{med * 1e3:.0f}", f"{_p90(t) * 1e3:.0f} ({_p90(t) / med:.2f}x)",
                      f"{max(t) * 1e3:.0f} ({max(t) / med:.2f}x)",
                      f"{statistics.median(r['faults']):.0f}", f"{max(r['faults'])}",
                      f"{r['machine'].get('loadavg_1m') or 0:.1f}"])
-    head = ["grid", "cores", "loop", "variant", "median ms", "p90 ms", "max ms",
+    head = ["grid", "cores", "FFTW", "loop", "variant", "median ms", "p90 ms", "max ms",
             "faults/call (median)", "faults (max)", "load"]
-    text = harness.md_table(head, rows, "lrll" + "r" * 6, (
+    text = harness.md_table(head, rows, "lrlll" + "r" * 6, (
         f"complex64 forward + inverse on one CPU device, {call_records[0]['calls'] if call_records else 0} "
         "calls per row; alone: consecutive calls; interleaved: one loop of FFTW's own threaded "
-        "in-place 3-D plan (pyFFTW), pencilfft and jnp.fft, each timed on its own; cores: the "
+        "in-place 3-D plan (the kernel's FFTW library: pyFFTW's wheel's unless the FFTW column "
+        "names another), pencilfft and jnp.fft, each timed on its own; cores: the "
         "process's affinity; load: the 1-minute load average when the run ended."
         if call_records else "")) if rows else ""
     rss_rows = [[", ".join(f"{n}^3" for n in r["shapes"]), r["calls"],

@@ -10,6 +10,7 @@ kernel by default, so the other test files check it in every calling form too.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import subprocess
 import sys
 import textwrap
@@ -280,7 +281,7 @@ FALLBACK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("case", ["no-compiler", "no-pyfftw", "plain-install"])
+@pytest.mark.parametrize("case", ["no-compiler", "no-pyfftw", "plain-install", "empty-fftw-dir"])
 def test_fallback_warns_once(tmp_path, case):
     """A kernel that cannot be built: XLA's FFT, right values, one warning (none for the plain
     install, without the extra and without asking for FFTW)."""
@@ -296,6 +297,9 @@ def test_fallback_warns_once(tmp_path, case):
         (bogus / "c++").chmod(0o755)
         env["PATH"] = f"{bogus}:{env['PATH']}"
         env["PENCILFFT_CXX"] = str(bogus / "c++")  # ahead of a CXX the machine may set
+    elif case == "empty-fftw-dir":  # a site FFTW named, none there: said, even under "auto"
+        (tmp_path / "fftw").mkdir()
+        env["PENCILFFT_FFTW_DIR"] = str(tmp_path / "fftw")
     else:  # pyfftw missing; the extra asked for, or not
         env["PENCILFFT_FFT_KERNEL"] = "fftw" if case == "no-pyfftw" else "auto"
         script = "import sys; sys.modules['pyfftw'] = None\n" + FALLBACK
@@ -304,6 +308,38 @@ def test_fallback_warns_once(tmp_path, case):
     assert out.returncode == 0, out.stderr
     warnings = "0" if case == "plain-install" else "1"
     assert out.stdout.split() == ["xla", warnings], out.stdout + out.stderr
+
+
+SITE_FFTW = """
+import pyfftw  # loads the wheel's libgomp, which its FFTW names (a site's FFTW needs none)
+import jax, numpy as np
+from pencilfft._transforms import kernel as _kernel
+x = (np.arange(24.0).reshape(2, 3, 4) + 1j).astype(np.complex64)
+y = jax.jit(lambda a: _kernel.fft(a, "fft", (1, 2), "backward", ()))(x)
+assert np.abs(np.asarray(y) - np.fft.fftn(x, axes=(1, 2))).max() < 1e-3
+print(_kernel.describe())
+"""
+
+
+@needs_fftw
+def test_site_fftw_dir(tmp_path):
+    """PENCILFFT_FFTW_DIR: the kernel links the FFTW found there (in its lib/: a site's
+    prefix), and `describe` names it with FFTW's own version string."""
+    folder, libs = _kernel.fftw_libraries()
+    site = tmp_path / "fftw" / "lib"
+    site.mkdir(parents=True)
+    for lib in libs:  # their sonames, found through the kernel's rpath
+        (site / Path(lib).name).symlink_to(lib)
+    for stem, lib in zip(("libfftw3", "libfftw3f", "libfftw3_omp", "libfftw3f_omp"), libs):
+        (site / f"{stem}.so").symlink_to(lib)  # the names a site's FFTW has
+    env = dict(os.environ, PENCILFFT_CACHE_DIR=str(tmp_path / "cache"),
+               PENCILFFT_FFTW_DIR=str(tmp_path / "fftw"), PENCILFFT_FFT_KERNEL="fftw")
+    env.pop("XLA_FLAGS", None)
+    out = subprocess.run([sys.executable, "-c", SITE_FFTW], env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"fftw (fftw-3.") and f"from {site}," in out.stdout, out.stdout
+    assert "unavailable" not in out.stderr, out.stderr
 
 
 def test_describe_and_settings(monkeypatch):

@@ -15,7 +15,11 @@ stages (`stages.Fft`) call on their per-device blocks.  They bind `local_fft_p`
 Configuration, in one place (read at every use, so a test may change it between traces):
 PENCILFFT_FFT_KERNEL = "auto" (default: FFTW where the `fftw` extra is installed, silently XLA
 where it is not), "fftw" (FFTW, and a warning when it cannot be had) or "xla" (the primitive is
-not even bound: the programs are exactly those without the kernel); PENCILFFT_FFTW_PLANNER =
+not even bound: the programs are exactly those without the kernel); PENCILFFT_FFTW_DIR = a site's
+FFTW (a folder, or a prefix with lib/ or lib64/, holding libfftw3, libfftw3f and their _omp
+libraries; default: pyFFTW's wheel's, whose FFTW 3.3.5 has SSE2 and AVX codelets only): the
+kernel is built against it, and one that lacks a library is a warning and XLA's FFT, never a
+silent fallback; PENCILFFT_FFTW_PLANNER =
 "measure" (default, see `PLANNERS`) or "estimate"; PENCILFFT_FFTW_HUGE_PAGES = "1" (default: the
 kernel asks for transparent huge pages on its large output buffers, fftw.cc `HugePages`)
 or "0"; PENCILFFT_THREADS (`_native.threads`: the cores of the process, default its affinity, shared
@@ -35,6 +39,7 @@ import glob
 import math
 import os
 import pathlib
+import re
 import warnings
 
 import jax
@@ -50,6 +55,7 @@ __all__ = ["fft", "r2r", "kernel", "describe", "plan_count", "local_fft_p", "TAR
 
 TARGET = "pencilfft_fftw"  # the FFI target name: what a CPU program's custom call names
 KERNELS = ("auto", "fftw", "xla")
+FFTW_DIR = "PENCILFFT_FFTW_DIR"  # a site's FFTW (a folder holding its four shared libraries)
 # FFTW planner flags.  MEASURE is the default: ESTIMATE's plans for a transform along a strided
 # axis (a 2-D FFT's first axis, the pencils' middle one) ran 3-4x slower than MEASURE's on
 # (128, 256, 256) complex64 (193 vs 44 ms for axes (1, 2), 136 vs 38 ms for axis 1; pyFFTW, one
@@ -82,9 +88,9 @@ def kernel() -> str:
     setting = _setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto")
     if setting == "xla":
         return "xla"
-    if setting == "auto" and _find_libraries() is None:
+    if setting == "auto" and _found() is None:
         return "xla"  # the plain install: XLA's FFT, as documented, no warning
-    lib = _library()
+    lib = _library(_dir_setting())
     if isinstance(lib, str):
         _warn_once(lib)
         return "xla"
@@ -98,21 +104,51 @@ def planner() -> str:
 def describe() -> str:
     """One line for `pencilfft check` and the benchmarks: which kernel runs local FFTs on CPU."""
     if kernel() == "fftw":
-        return (f"fftw (FFTW from {fftw_libraries()[0]}, planner {planner()}, "
-                f"{_threads.threads_per_device()} thread(s) per call)")
+        folder, libs = fftw_libraries()
+        version = _version_of(libs[1])
+        unused = _unused_simd(version)
+        hint = (f"; this CPU's {' and '.join(u.upper() for u in unused)} are not in this "
+                f"FFTW's codelets: {FFTW_DIR} takes a build that has them" if unused else "")
+        return (f"fftw ({version} from {folder}, planner {planner()}, "
+                f"{_threads.threads_per_device()} thread(s) per call{hint})")
     setting = _setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto")
     why = ("PENCILFFT_FFT_KERNEL=xla" if setting == "xla" else
-           "the fftw extra is not installed" if _find_libraries() is None else
+           "the fftw extra is not installed" if _found() is None else
            "the FFTW kernel failed to build, see the warning")
     return f"xla ({why})"
 
 
+_STEMS = ("libfftw3", "libfftw3f", "libfftw3_omp", "libfftw3f_omp")
+
+
+def _libraries_in(folder: pathlib.Path) -> list[str] | None:
+    """[libfftw3, libfftw3f, libfftw3_omp, libfftw3f_omp] in `folder`, or None where one lacks."""
+    libs = [sorted(glob.glob(str(folder / f"{stem}-*.so*")) + glob.glob(str(folder / f"{stem}.so*")))
+            for stem in _STEMS]
+    return [found[0] for found in libs] if all(libs) else None
+
+
+def _site_libraries(setting: str) -> tuple[str, list[str]] | str:
+    """The FFTW that PENCILFFT_FFTW_DIR names (its folder, its lib/ or lib64/), or why not."""
+    root = pathlib.Path(setting).expanduser()
+    for folder in (root, root / "lib", root / "lib64"):
+        libs = _libraries_in(folder)
+        if libs is not None:
+            return str(folder), libs
+    return (f"{FFTW_DIR}={setting!r} holds no complete FFTW (nor its lib/ or lib64/): the "
+            f"kernel needs {', '.join(s + '.so' for s in _STEMS)}, which FFTW builds with "
+            f"--enable-shared --enable-openmp, once with and once without --enable-float")
+
+
 @functools.cache
-def _find_libraries() -> tuple[str, list[str]] | None:
-    """(folder, [libfftw3, libfftw3f, libfftw3_omp, libfftw3f_omp]) bundled with pyFFTW's
-    wheel, or None (a pyFFTW built against a system FFTW, without the wheel's pyfftw.libs/, is
-    not looked into).  The _omp libraries are FFTW's threaded planner (OpenMP, from the
-    wheel's own libgomp): the kernel's plans use `_threads.threads_per_device()` threads."""
+def _find_libraries(setting: str = "") -> tuple[str, list[str]] | str | None:
+    """(folder, [libfftw3, libfftw3f, libfftw3_omp, libfftw3f_omp]): the FFTW that
+    PENCILFFT_FFTW_DIR names (`setting`; why not, as a string, where it holds none), else the
+    one bundled with pyFFTW's wheel, else None (a pyFFTW built against a system FFTW, without
+    the wheel's pyfftw.libs/, is not looked into).  The _omp libraries are FFTW's threaded
+    planner (OpenMP): the kernel's plans use `_threads.threads_per_device()` threads."""
+    if setting:
+        return _site_libraries(setting)
     try:
         import pyfftw
     except ImportError:
@@ -121,24 +157,56 @@ def _find_libraries() -> tuple[str, list[str]] | None:
     # auditwheel names the folder after the distribution: pyfftw.libs or pyFFTW.libs by wheel
     folder = next((site / name for name in ("pyfftw.libs", "pyFFTW.libs")
                    if (site / name).is_dir()), site / "pyfftw.libs")
-    libs = [sorted(glob.glob(str(folder / f"{stem}-*.so*")))
-            for stem in ("libfftw3", "libfftw3f", "libfftw3_omp", "libfftw3f_omp")]
-    if not all(libs):
-        return None
-    return str(folder), [found[0] for found in libs]
+    libs = _libraries_in(folder)
+    return None if libs is None else (str(folder), libs)
+
+
+def _dir_setting() -> str:
+    return os.environ.get(FFTW_DIR, "").strip()
+
+
+def _found() -> tuple[str, list[str]] | str | None:
+    return _find_libraries(_dir_setting())
 
 
 def fftw_libraries() -> tuple[str, list[str]]:
-    found = _find_libraries()
+    found = _found()
     if found is None:
         raise _native.BuildError("no FFTW libraries: pyfftw's wheel (pip install "
-                                 "'pencilfft[fftw]') bundles them in pyfftw.libs/")
+                                 "'pencilfft[fftw]') bundles them in pyfftw.libs/, or name a "
+                                 f"site's FFTW with {FFTW_DIR}")
+    if isinstance(found, str):
+        raise _native.BuildError(found)
     return found
 
 
 @functools.cache
-def _library():
-    """The built, registered kernel library, or why it cannot be had (a string)."""
+def _version_of(libfftw3f: str) -> str:
+    """FFTW's own version string, which names its SIMD codelets ("fftw-3.3.5-sse2-avx")."""
+    try:
+        lib = ctypes.CDLL(libfftw3f)
+        return ctypes.cast(ctypes.addressof(ctypes.c_char.in_dll(lib, "fftwf_version")),
+                           ctypes.c_char_p).value.decode()
+    except (OSError, ValueError, AttributeError):
+        return "FFTW of unknown version"
+
+
+def _unused_simd(version: str) -> list[str]:
+    """The SIMD sets this CPU has and FFTW's codelets do not use (from its version string)."""
+    try:
+        flags = set(re.search(r"^flags\s*:(.*)$", pathlib.Path("/proc/cpuinfo").read_text(),
+                              re.M).group(1).split())
+    except (OSError, AttributeError):
+        return []
+    built = set(version.split("-")[2:])
+    return [name for flag, name in (("avx2", "avx2"), ("avx512f", "avx512"))
+            if flag in flags and name not in built]
+
+
+@functools.cache
+def _library(setting: str = ""):
+    """The built, registered kernel library (of the FFTW that `setting`, PENCILFFT_FFTW_DIR,
+    names), or why it cannot be had (a string)."""
     try:
         folder, libs = fftw_libraries()
         lib = _native.register(_native.load(pathlib.Path(__file__).with_name("fftw.cc"), library_dirs=[folder], link=libs),
@@ -150,7 +218,7 @@ def _library():
 
 def plan_count() -> int:
     """How many FFTW plans the kernel holds in this process (0 without the kernel)."""
-    lib = _library() if _find_libraries() is not None else None
+    lib = _library(_dir_setting()) if _found() is not None else None
     if lib is None or isinstance(lib, str):
         return 0
     lib.PencilfftFftwPlanCount.restype = ctypes.c_int64
