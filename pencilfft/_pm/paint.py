@@ -485,14 +485,17 @@ def _interlace_brick(f1, f2, call: _Call):
     """`_apply`'s interlacing average on a brick: the any-layout transforms (`rfftn`, which
     take the brick's P(a, b, c) in and out), the phase as three 1-D factors."""
     p, grid = call.plan, tuple(f1.shape)
-    kw = dict(mesh=call.mesh, out_sharding=p.field_spec)
+    # the spectrum split over X and Y only (the half axis Z//2+1 seldom divides)
+    rest = tuple(n for n in p.mesh_order if n != p.names[0])
+    kw = dict(mesh=call.mesh, out_sharding=P(p.names[0], rest, None))
     k1, k2 = rfftn(f1, **kw), rfftn(f2, **kw)
     dtype = k1.dtype
     for axis, n in enumerate(grid):
         k = 2 * np.pi * (np.fft.rfftfreq(n) if axis == 2 else np.fft.fftfreq(n))
         phase = np.exp(-1j * call.shift * k).reshape([-1 if a == axis else 1 for a in range(3)])
         k2 = k2 * jnp.asarray(phase, dtype)
-    return irfftn((k1 + k2) * 0.5, s=grid, **kw).astype(f1.dtype)
+    return irfftn((k1 + k2) * 0.5, s=grid, mesh=call.mesh,
+                  out_sharding=p.field_spec).astype(f1.dtype)
 
 
 def _checks(pos, w, *, call: _Call):
