@@ -10,6 +10,9 @@ that far from the particle's own cell), and the pads are folded into the neighbo
 lattice form (`grid.fold_halos`).  Readout sends the particles the same way, reads on the owner's
 block with filled halos, and sends the values back along the reverse all_to_all.
 
+On a mesh of three axes the grid is a brick (X, Y and Z split, `GridPlan`): the owner is found
+along the three axes and the buckets go over all three mesh axes, in the mesh's order.
+
 Capacity policy (explicit): a particle that does not fit in its bucket (more than `capacity`
 particles on one device bound for one device) is not painted.  Eagerly this is a ValueError
 naming the largest bucket and the capacity; under jit the sending device's block of the painted

@@ -5,8 +5,14 @@ The lattice form of particle-mesh codes (JaxPM's `cic_paint_dx` / `cic_read_dx`)
 like a real-space field, P(a, b) over (X, Y).  Each device paints its own particles into its
 block padded by h cells on each side of every split axis, sends the pads to its neighbours, who
 add them to their edge cells, and keeps its interior; readout fills the same pads with the
-neighbours' edge cells and reads there.  An axis that no mesh axis splits (Z always; X or Y on
-slabs or one device) is not padded: its cell indices wrap around the whole axis.
+neighbours' edge cells and reads there.  An axis that no mesh axis splits (Z, but on a brick; X
+or Y on slabs or one device) is not padded: its cell indices wrap around the whole axis.
+
+Bricks: on a mesh of three axes dx may be split P(a, b, c, None), over X, Y and Z in any order
+of the mesh's axes (`brick_order` tells from dx's sharding, or, where it is unknown, takes a
+3-axis mesh in its order); the field is then split P(a, b, c), the block padded along all
+three axes (`grid.GridPlan`) and folded one axis after the other.  Catalogs on a 3-axis mesh
+paint onto the brick in the mesh's order.
 
 The halo h is chosen here, from the window's support s and the bound D on the displacements
 (`max_displacement`, default `DEFAULT_MAX_DISPLACEMENT`): h = floor(D + s / 2) covers every cell
@@ -616,7 +622,8 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
     Args:
       dx: displacements, global shape (X, Y, Z, 3), in cells, split like a real-space field
         (X by the mesh's pencil axis a, Y by b: `pencilfft.displacement_sharding(mesh)`, not
-        `real_space_sharding(mesh, 4)`, which would read X as a batch axis).  The particle of lattice site (i, j, k) sits at (i, j, k) +
+        `real_space_sharding(mesh, 4)`, which would read X as a batch axis), or, on a mesh of
+        three axes, a brick: P(a, b, c, None), X, Y and Z split in any order of its axes.  The particle of lattice site (i, j, k) sits at (i, j, k) +
         dx[i, j, k] on the periodic grid.  They must be finite.
       weights: the particles' masses: a finite scalar, or a real array (X, Y, Z) split like the
         grid.
@@ -647,7 +654,8 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
     infinite displacements or weights, a particle beyond the halo, a full bucket.
 
     Returns:
-      The painted field, global shape (X, Y, Z), dx's dtype, split like dx (X, Y).  With unit
+      The painted field, global shape (X, Y, Z), dx's dtype, split like dx (X, Y; a brick's
+      X, Y, Z).  With unit
       weights and one particle per cell its mean is 1.
 
     Example:
@@ -697,7 +705,8 @@ def readout(field, dx, window: str = "cic", *, max_displacement: float | None = 
     """The field's values at the particles of a displaced lattice (JaxPM's `cic_read_dx`).
 
     Args:
-      field: global shape (..., X, Y, Z), split like a real-space field over (X, Y); leading
+      field: global shape (..., X, Y, Z), split like a real-space field over (X, Y) (a brick:
+        over (X, Y, Z)); leading
         axes are channels (e.g. the 3 force components), read with the same weights.  Real or
         complex (readout is linear: the real and imaginary parts are read alike).
       dx: displacements (X, Y, Z, 3), as in `paint`.
