@@ -4,12 +4,13 @@ P(a, b, c) in any order of the mesh's axes, dx split P(a, b, c, None).
 Checked on a (2, 2, 2) mesh of 8 devices, 16^3 grids: the lattice form and catalogs against the
 float64 numpy references (tests/paint_references.py), eagerly and under jit, on an Explicit and
 an Auto mesh, with the mesh's axes splitting (X, Y, Z) in order and permuted; a mesh axis of
-size 1 (behaves as not split); interlacing, a complex field of channels, grad in dx and the
-field, and vmap against the same calls on a pencil mesh; every collective names its axes in the
-mesh's order (jax's next release requires it); wrong inputs (blocks too thin for the halo, a
-displacement beyond it along Z, a dx of the wrong rank, a catalog's blocks thinner than its
-halo) with the messages.  Under mpirun (tests/run.sh) `test_across_processes` runs the
-lattice and a catalog with the halo sends and the all_to_all across processes.
+size 1 (behaves as not split); the pure-JAX bodies (GPUs) as well as the CPU kernel;
+interlacing, grad in dx and the field, and vmap of a complex readout against the same calls on
+a pencil mesh; every collective names its axes in the mesh's order (jax's next release
+requires it); wrong inputs (blocks too thin for the halo, a displacement beyond it along Z, a
+dx of the wrong rank, a catalog's blocks thinner than its halo) with the messages.  Under
+mpirun (tests/run.sh) `test_across_processes` runs the lattice and a catalog with the halo
+sends and the all_to_all across processes.
 """
 from __future__ import annotations
 
@@ -119,6 +120,19 @@ def test_size_one_axis_is_not_split():
     g, r = _lattice("cic")(put_global(dx, sh), put_global(f, sh))
     np.testing.assert_allclose(to_numpy(g), numpy_paint(dx, "cic"), atol=1e-12)
     np.testing.assert_allclose(to_numpy(r), numpy_read(f, dx, "cic"), atol=1e-12)
+
+
+def test_xla_path(monkeypatch):
+    """The pure-JAX bodies (GPUs; PENCILFFT_PAINT_KERNEL=xla) wrap a brick's Z pads as the CPU
+    kernel does."""
+    monkeypatch.setenv("PENCILFFT_PAINT_KERNEL", "xla")
+    dx, f = _data(seed=5)
+    sh = NamedSharding(_mesh(), P("b", "c", "a"))
+    g, r = jax.jit(lambda d, f: (pencilfft.paint(d, window="pcs"),  # a fresh jit: traced now
+                                 pencilfft.readout(f, d, window="pcs")))(put_global(dx, sh),
+                                                                         put_global(f, sh))
+    np.testing.assert_allclose(to_numpy(g), numpy_paint(dx, "pcs"), atol=1e-12)
+    np.testing.assert_allclose(to_numpy(r), numpy_read(f, dx, "pcs"), atol=1e-12)
 
 
 @functools.cache
