@@ -623,8 +623,9 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
       dx: displacements, global shape (X, Y, Z, 3), in cells, split like a real-space field
         (X by the mesh's pencil axis a, Y by b: `pencilfft.displacement_sharding(mesh)`, not
         `real_space_sharding(mesh, 4)`, which would read X as a batch axis), or, on a mesh of
-        three axes, a brick: P(a, b, c, None), X, Y and Z split in any order of its axes.  The particle of lattice site (i, j, k) sits at (i, j, k) +
-        dx[i, j, k] on the periodic grid.  They must be finite.
+        three axes, a brick: P(a, b, c, None), X, Y and Z split in any order of its axes.  The
+        particle of lattice site (i, j, k) sits at (i, j, k) + dx[i, j, k] on the periodic
+        grid.  They must be finite.
       weights: the particles' masses: a finite scalar, or a real array (X, Y, Z) split like the
         grid.
       window: "ngp", "cic" (default), "tsc" or "pcs".
@@ -638,7 +639,8 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
 
     Catalogs: `dx` of shape (N, 3) holds absolute positions (grid units, periodic), split over
     all the mesh's devices along N in any order, `weights` a scalar or (N,) split alike, and
-    `shape` = (X, Y, Z) the grid's.  Particles travel to the devices owning their cells and
+    `shape` = (X, Y, Z) the grid's (on a mesh of three axes, a brick split P(a, b, c) in the
+    mesh's order).  Particles travel to the devices owning their cells and
     back in fixed-size buckets of `capacity` per pair of devices, at most the particles each
     device holds (a larger value is capped there; see `catalog.py` for the policy when one
     overflows: ValueError eagerly, NaN under jit).
