@@ -46,3 +46,13 @@ def test_mpi_script_under_mpirun(tmp_path):
                 "16", "--out", str(tmp_path)], clean_env(4), tmp_path, 180)
     assert out.count("2 processes, 8 devices, mesh (2, 4)") == 1, out
     assert (tmp_path / "spectrum.npy").exists()
+
+
+def test_brick_pm(tmp_path):
+    """examples/brick_pm.py: a PM force step on a (2, 2, 2) brick mesh, checked against the same
+    step on pencils (issue 54)."""
+    out = _run([sys.executable, str(EXAMPLES / "brick_pm.py"), "--n", "16"], clean_env(8),
+               tmp_path, 300)
+    assert "split P('a', 'b', 'c', None), forces (3, 16, 16, 16) split P(None, 'a', 'b', 'c')" \
+        in out, out
+    assert "on pencils" in out, out

@@ -10,6 +10,9 @@ that far from the particle's own cell), and the pads are folded into the neighbo
 lattice form (`grid.fold_halos`).  Readout sends the particles the same way, reads on the owner's
 block with filled halos, and sends the values back along the reverse all_to_all.
 
+On a mesh of three axes the grid is a brick (X, Y and Z split, `GridPlan`): the owner is found
+along the three axes and the buckets go over all three mesh axes, in the mesh's order.
+
 Capacity policy (explicit): a particle that does not fit in its bucket (more than `capacity`
 particles on one device bound for one device) is not painted.  Eagerly this is a ValueError
 naming the largest bucket and the capacity; under jit the sending device's block of the painted
@@ -33,6 +36,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from .._decomposition.rules import mesh_axes
@@ -53,14 +57,6 @@ class CatalogPlan(GridPlan):
     mpi: bool = False
 
     @property
-    def devices(self) -> int:
-        return self.sizes[0] * self.sizes[1]
-
-    @property
-    def axes(self) -> tuple:
-        return tuple(n for n in self.names if n is not None)
-
-    @property
     def particle_spec(self) -> P:
         return P(self.axes if self.axes else None, None)
 
@@ -76,14 +72,23 @@ def _check_shape(shape) -> tuple[int, int, int]:
     return out
 
 
-def plan_catalog(shape, n: int, mesh, window: str, capacity, mpi: bool = False) -> CatalogPlan:
+def plan_catalog(shape, n: int, mesh, window: str, capacity, mpi: bool = False,
+                 order=None) -> CatalogPlan:
+    """The plan of a catalog of n particles painted onto (read from) a grid of `shape` on
+    `mesh`; `order`: a brick's mesh axes splitting (X, Y, Z), None for X and Y split by the
+    mesh's last two axes."""
     window = check_window(window)
     shape = _check_shape(shape)
-    (a, b), (pa, pb) = mesh_axes(mesh)
-    ndev = pa * pb
-    for axis, (size, name) in enumerate(zip((pa, pb), (a, b))):
+    if order is None:
+        names, sizes = mesh_axes(mesh)
+        mesh_order = names
+    else:
+        names, sizes = tuple(order), tuple(int(mesh.shape[name]) for name in order)
+        mesh_order = tuple(name for name in mesh.axis_names if name in order)
+    ndev = int(np.prod(sizes))
+    for axis, (size, name) in enumerate(zip(sizes, names)):
         if shape[axis] % size:
-            raise ValueError(f"the grid's {'XY'[axis]} axis ({shape[axis]} cells) does not "
+            raise ValueError(f"the grid's {'XYZ'[axis]} axis ({shape[axis]} cells) does not "
                              f"split evenly over mesh axis {name!r} of size {size}")
     if n % ndev:
         raise ValueError(f"`positions`: the catalog's {n} particles do not split evenly over "
@@ -102,12 +107,14 @@ def plan_catalog(shape, n: int, mesh, window: str, capacity, mpi: bool = False) 
     capacity = max(1, min(int(capacity), n_local))
     # cells floor(x) - (s - 1) // 2 ... floor(x) + s // 2 + (s odd): (s + 1) // 2 each way
     h = max(1, (WINDOWS[window] + 1) // 2)
-    halo = tuple(h if s > 1 else 0 for s in (pa, pb))
-    for axis, (hh, size) in enumerate(zip(halo, (pa, pb))):
+    halo = tuple(h if s > 1 else 0 for s in sizes)
+    for axis, (hh, size) in enumerate(zip(halo, sizes)):
         if hh > shape[axis] // max(size, 1):
-            raise ValueError(f"the blocks along {'XY'[axis]} ({shape[axis] // size} cells) are "
-                             f"thinner than the halo of window {window!r} ({hh} cells)")
-    return CatalogPlan(shape, window, (a, b), (pa, pb), halo, n_local, int(capacity), mpi)
+            raise ValueError(f"`shape`: the blocks along {'XYZ'[axis]} ({shape[axis]} cells "
+                             f"split {size} ways: {shape[axis] // size}) are thinner than the "
+                             f"halo of window {window!r} ({hh} cells)")
+    return CatalogPlan(shape, window, names, sizes, halo, mesh_order, n_local, int(capacity),
+                       mpi)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,8 +132,16 @@ def _owners(pos, p: CatalogPlan):
     finite = jnp.all(jnp.isfinite(pos), axis=-1)
     posm = jnp.mod(jnp.where(finite[:, None], pos, 0), jnp.asarray(p.shape, pos.dtype))
     cells = jnp.clip(jnp.floor(posm).astype(jnp.int32), 0, jnp.asarray(p.shape, jnp.int32) - 1)
-    bx, by, _ = p.block
-    dest = (cells[:, 0] // bx) * p.sizes[1] + cells[:, 1] // by
+    bx, by, bz = p.block
+    if not p.brick:
+        dest = (cells[:, 0] // bx) * p.sizes[1] + cells[:, 1] // by
+        return posm, cells, dest, finite
+    # the owner's index in the all_to_all over p.axes: row-major in the mesh's order
+    dest, stride = 0, 1
+    for name in reversed(p.mesh_order):
+        axis = p.names.index(name)
+        dest = dest + (cells[:, axis] // p.block[axis]) * stride
+        stride *= p.sizes[axis]
     return posm, cells, dest, finite
 
 
@@ -141,16 +156,20 @@ def _route(pos, p: CatalogPlan):
     starts = jnp.cumsum(counts) - counts
     slot = jnp.arange(pos.shape[0], dtype=jnp.int32) - starts[sd].astype(jnp.int32)
     kept = slot < p.capacity
-    # coordinates in the owner's padded block (Z whole; an unsplit axis keeps the global one)
+    # coordinates in the owner's padded block (Z whole, or a brick's Z from its block's start:
+    # its pads follow the interior, `GridPlan`; an unsplit axis keeps the global one)
+    bz = p.block[2]
     owner = jnp.stack([(cells[:, 0] // bx) * bx, (cells[:, 1] // by) * by,
-                       jnp.zeros_like(cells[:, 0])], axis=-1).astype(pos.dtype)
-    halo = jnp.asarray(p.halo + (0,), pos.dtype)
+                       (cells[:, 2] // bz) * bz if p.brick else jnp.zeros_like(cells[:, 0])],
+                      axis=-1).astype(pos.dtype)
+    halo = jnp.asarray(p.offset + (0,), pos.dtype)
     local = (posm - owner + halo)[order]
     return order, sd, slot, kept, local, finite
 
 
 def _exchange(x, p: CatalogPlan, axis: int):
-    """The all_to_all of buckets along `axis` (P buckets, one per device in (a, b) order)."""
+    """The all_to_all of buckets along `axis` (P buckets, one per device in the order of
+    p.axes: the mesh's)."""
     if p.devices == 1:
         return x
     return jax.lax.all_to_all(x, p.axes, axis, axis, tiled=True)
@@ -165,7 +184,7 @@ def _buckets(vals, sd, slot, p: CatalogPlan, fill):
 def _send_positions(local, sd, slot, p: CatalogPlan):
     """The buckets of positions; empty slots at the block's first interior cell (they carry
     weight 0, and their readouts are dropped)."""
-    inside = jnp.asarray(p.halo + (0,), local.dtype)
+    inside = jnp.asarray(p.offset + (0,), local.dtype)
     used = _buckets(jnp.ones(local.shape[:1], jnp.bool_), sd, slot, p, False)[..., None]
     return jnp.where(used, _buckets(local, sd, slot, p, 0), inside)
 

@@ -5,8 +5,14 @@ The lattice form of particle-mesh codes (JaxPM's `cic_paint_dx` / `cic_read_dx`)
 like a real-space field, P(a, b) over (X, Y).  Each device paints its own particles into its
 block padded by h cells on each side of every split axis, sends the pads to its neighbours, who
 add them to their edge cells, and keeps its interior; readout fills the same pads with the
-neighbours' edge cells and reads there.  An axis that no mesh axis splits (Z always; X or Y on
-slabs or one device) is not padded: its cell indices wrap around the whole axis.
+neighbours' edge cells and reads there.  An axis that no mesh axis splits (Z, but on a brick; X
+or Y on slabs or one device) is not padded: its cell indices wrap around the whole axis.
+
+Bricks: on a mesh of three axes dx may be split P(a, b, c, None), over X, Y and Z in any order
+of the mesh's axes (`brick_order` tells from dx's sharding, or, where it is unknown, takes a
+3-axis mesh in its order); the field is then split P(a, b, c), the block padded along all
+three axes (`grid.GridPlan`) and folded one axis after the other.  Catalogs on a 3-axis mesh
+paint onto the brick in the mesh's order.
 
 The halo h is chosen here, from the window's support s and the bound D on the displacements
 (`max_displacement`, default `DEFAULT_MAX_DISPLACEMENT`): h = floor(D + s / 2) covers every cell
@@ -53,11 +59,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from .._decomposition.mesh import find_mesh, is_tracer, typed_mesh
+from .._decomposition.mesh import (current_spec, find_mesh, has_explicit_axes, is_tracer,
+                                   typed_mesh)
 from .._decomposition.rules import mesh_axes
 from .._exchange import mpi as _mpi_exchange
 from .._transforms.fft import pirfft3d, prfft3d
 from .._transforms.freq import rfftfreq3d
+from .._transforms.numpy_fft import irfftn, rfftn
 from .._transforms.partitioned import place
 from . import catalog as _catalog
 from .catalog import CatalogPlan, paint_catalog, plan_catalog, read_catalog
@@ -104,35 +112,49 @@ def _check_displacement(max_displacement) -> float | None:
     return d
 
 
+def split_axes(mesh, order=None):
+    """(names, sizes, mesh_order) of the mesh axes splitting the grid: (X, Y) by the mesh's last
+    two axes (`mesh_axes`), or a brick's (X, Y, Z) by `order` (three of the mesh's axes, in any
+    order; `mesh_order` is the mesh's own order of them)."""
+    if order is None:
+        names, sizes = mesh_axes(mesh)
+        return names, sizes, names
+    return (tuple(order), tuple(int(mesh.shape[n]) for n in order),
+            tuple(n for n in mesh.axis_names if n in order))
+
+
 def plan(shape, mesh, window: str, max_displacement, mpi: bool = False,
-         shift: float = 0.0) -> PaintPlan:
+         shift: float = 0.0, order=None) -> PaintPlan:
     """The plan of a lattice paint/readout of global `shape` on `mesh` (None: one device).
     `shift`: interlacing also paints every particle `shift` cells lower, so the halo takes
-    max_displacement + shift."""
+    max_displacement + shift.  `order`: a brick's mesh axes splitting (X, Y, Z) (`brick_order`),
+    None for X and Y split by the mesh's last two axes."""
     window = check_window(window)
     d = _check_displacement(max_displacement)
-    (a, b), (pa, pb) = mesh_axes(mesh)
-    names, sizes = (a, b), (pa, pb)
-    for axis, (n, size, name) in enumerate(zip(shape[:2], sizes, names)):
+    names, sizes, mesh_order = split_axes(mesh, order)
+    k = len(names)
+    for axis, (n, size, name) in enumerate(zip(shape[:k], sizes, names)):
         if n % size:
-            raise ValueError(f"the grid's {'XY'[axis]} axis ({n} cells) does not split evenly "
+            raise ValueError(f"the grid's {'XYZ'[axis]} axis ({n} cells) does not split evenly "
                              f"over mesh axis {name!r} of size {size}")
     s = WINDOWS[window]
-    blocks = [n // size for n, size in zip(shape[:2], sizes) if size > 1]
+    blocks = [n // size for n, size in zip(shape[:k], sizes) if size > 1]
+    along = "X or Y" if k == 2 else "X, Y or Z"
     if d is None:  # the default bound, or as much as the blocks allow
         h = min([halo_width(window, DEFAULT_MAX_DISPLACEMENT + shift)] + blocks)
         if h + 1 - s / 2 <= 0:
             raise ValueError(f"the blocks ({min(blocks)} cells along a split axis) are too "
-                             f"small for window {window!r}: use fewer devices along X or Y")
+                             f"small for window {window!r}: use fewer devices along {along}")
     else:
         h = halo_width(window, d + shift)
-        for axis, (n, size) in enumerate(zip(shape[:2], sizes)):
+        for axis, (n, size) in enumerate(zip(shape[:k], sizes)):
             block = n // size
+            label = "XYZ"[axis]
             if size > 1 and h > block and block + 1 - s / 2 - shift <= 0:
                 raise ValueError(
-                    f"the blocks along {'XY'[axis]} ({block} cells: {n} split {size} ways) are "
+                    f"the blocks along {label} ({block} cells: {n} split {size} ways) are "
                     f"too thin for window {window!r}{' and interlacing' if shift else ''} with "
-                    f"any max_displacement: use a mesh with fewer devices along {'XY'[axis]}, "
+                    f"any max_displacement: use a mesh with fewer devices along {label}, "
                     f"or leave max_displacement out (the default halo is the block)")
             if size > 1 and h > block:
                 # block + 1 - s/2 - shift: the largest D with floor(D + shift + s/2) <= block,
@@ -140,13 +162,52 @@ def plan(shape, mesh, window: str, max_displacement, mpi: bool = False,
                 raise ValueError(
                     f"`max_displacement` ({d:g} cells) needs a halo of {h} cells with window "
                     f"{window!r}{' and interlacing' if shift else ''}, more than the {block} "
-                    f"cells of a block along {'XY'[axis]} ({n} split {size} ways): particles "
+                    f"cells of a block along {label} ({n} split {size} ways): particles "
                     f"may only move into the neighbouring blocks, so on this mesh "
                     f"max_displacement must be below {block + 1 - s / 2 - shift:g}; for more, "
-                    f"use a mesh with fewer devices along {'XY'[axis]}, a larger grid, or paint "
+                    f"use a mesh with fewer devices along {label}, a larger grid, or paint "
                     f"the particles as a catalog (positions (N, 3) and shape=: no such bound)")
     halo = tuple(h if size > 1 else 0 for size in sizes)
-    return PaintPlan(tuple(shape), window, names, sizes, halo, h + 1 - s / 2, mpi)
+    return PaintPlan(tuple(shape), window, names, sizes, halo, mesh_order, h + 1 - s / 2, mpi)
+
+
+def _entry(e):
+    """A spec entry as one mesh axis name, None (not split), or a tuple of several."""
+    if isinstance(e, tuple):
+        return e[0] if len(e) == 1 else (e or None)
+    return e
+
+
+def known_spec(x):
+    """x's spec where its split is known: a concrete array's, or a traced one's typed on a mesh
+    with Explicit axes (an Auto type shows no split); else None."""
+    if is_tracer(x):
+        typed = typed_mesh(x)
+        if typed is None or not has_explicit_axes(typed):
+            return None
+    elif not isinstance(getattr(x, "sharding", None), NamedSharding):
+        return None
+    return current_spec(x)
+
+
+def brick_order(x, mesh, grid_axis: int):
+    """The mesh axes splitting (X, Y, Z) of a brick, in that order, or None (X and Y split by
+    the mesh's last two axes, Z whole: pencils, slabs, one device).  `x` is the array whose
+    split tells (dx, or a field), its grid's (X, Y, Z) starting at axis `grid_axis` (negative:
+    from the end).  A brick is a mesh of 3 or more axes and: x split over X, Y and Z by three
+    of them, any order; or, x's split unknown (numpy input, an Auto type under jit), a mesh of
+    exactly 3 axes: its axes in order."""
+    if mesh is None or len(mesh.axis_names) < 3:
+        return None
+    spec = known_spec(x)
+    if spec is None:
+        return tuple(mesh.axis_names) if len(mesh.axis_names) == 3 else None
+    axis = grid_axis % len(spec)
+    entries = tuple(_entry(e) for e in spec[axis:axis + 3])
+    if (len(entries) == 3 and all(isinstance(e, str) and e in mesh.axis_names for e in entries)
+            and len(set(entries)) == 3):
+        return entries
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,8 +255,14 @@ def _replicated(value: float, dtype, mesh):
     return _REPLICATED[key]
 
 
-def _split(p: PaintPlan) -> slice | None:
-    """The components of dx along the split axes (those with a halo), or None."""
+def _split(p: PaintPlan):
+    """The components of dx along the split axes (those with a halo): a slice (or, for a
+    brick split along X and Z only, a list), or None."""
+    if p.brick:
+        comps = [d for d in range(3) if p.halo[d]]
+        if not comps:
+            return None
+        return slice(comps[0], comps[-1] + 1) if len(comps) == comps[-1] - comps[0] + 1 else comps
     lo, hi = (0 if p.halo[0] else 1), (2 if p.halo[1] else 1)
     return slice(lo, hi) if hi > lo else None
 
@@ -222,14 +289,14 @@ def _paint_body(dx, w, *, p: PaintPlan):
     """One device: its particles (dx block (bx, by, Z, 3), weights block or scalar) -> its
     density block (bx, by, Z)."""
     v = jnp.broadcast_to(jnp.asarray(w, dx.dtype), dx.shape[:3])[None]
-    g = paint_block(_finite(dx), v, offset=p.halo, shape=p.padded, window=p.window)
+    g = paint_block(_finite(dx), v, offset=p.offset, shape=p.padded, window=p.window)
     g = jnp.where(_poisoned(dx, p), jnp.nan, g)  # before the fold: what is sent is NaN too
     return fold_halos(g, p)[0]
 
 
 def _read_body(f, dx, *, p: PaintPlan):
     """One device: its field block (C, bx, by, Z) -> the values at its particles (C, bx, by, Z)."""
-    out = read_block(fill_halos(f, p), _finite(dx), offset=p.halo, window=p.window)
+    out = read_block(fill_halos(f, p), _finite(dx), offset=p.offset, window=p.window)
     return jnp.where(_poisoned(dx, p), jnp.nan, out)
 
 
@@ -299,6 +366,16 @@ def _mesh_for(x, mesh):
     return found
 
 
+def _catalog_order(field, mesh):
+    """A catalog's brick (`brick_order`), told by the field read (None: painting) where its
+    split is known, else by the mesh: 3 axes, a brick in the mesh's order."""
+    if field is not None and mesh is not None and known_spec(field) is not None:
+        return brick_order(field, mesh, -3)
+    if mesh is None or len(mesh.axis_names) != 3:
+        return None
+    return tuple(mesh.axis_names)
+
+
 def _at_least(x: float) -> float:
     """x rounded up to 4 significant digits: advice printed short and never below x."""
     y = float(f"{x:.4g}")
@@ -311,13 +388,13 @@ def _refuse_displacement(m: float, reach: float, p: PaintPlan, shift: float) -> 
     the max_displacement that covers it, or, where no halo fits in a block, the largest this
     mesh allows and the ways out."""
     s = WINDOWS[p.window]
-    blocks = {axis: p.block[axis] for axis in range(2) if p.halo[axis]}
+    blocks = {axis: p.block[axis] for axis in range(len(p.halo)) if p.halo[axis]}
     widest = min(blocks.values())  # the widest halo this mesh allows (one in every block)
     need = math.floor(reach + s / 2)  # the narrowest halo that covers `reach`
     copy = (f" (with interlace=True: {reach:.4g} cells for the copy painted {shift:g} cell "
             f"lower)" if shift else "")
     if need > widest:
-        axes = " and ".join("XY"[axis] for axis, b in blocks.items() if b < need)
+        axes = " and ".join("XYZ"[axis] for axis, b in blocks.items() if b < need)
         raise ValueError(
             f"`dx`: the largest displacement along a split axis is {m:.4g} cells{copy}, more "
             f"than any halo on this mesh takes: a halo is at most a block ({widest} cells), "
@@ -402,10 +479,29 @@ def _apply(call: _Call, a, b):
         return f1
     f2 = _paint_once(a - jnp.asarray(call.shift, a.dtype), b, call)
     grid = tuple(f1.shape)
+    if call.plan.brick:
+        return _interlace_brick(f1, f2, call)
     k1, k2 = prfft3d(f1), prfft3d(f2)
     kx, ky, kz = rfftfreq3d(k1, s=grid)
     k = (k1 + k2 * jnp.exp(-1j * call.shift * (kx + ky + kz)).astype(k1.dtype)) * 0.5
     return pirfft3d(k, grid).astype(f1.dtype)
+
+
+def _interlace_brick(f1, f2, call: _Call):
+    """`_apply`'s interlacing average on a brick: the any-layout transforms (`rfftn`, which
+    take the brick's P(a, b, c) in and out), the phase as three 1-D factors."""
+    p, grid = call.plan, tuple(f1.shape)
+    # the spectrum split over X and Y only (the half axis Z//2+1 seldom divides)
+    rest = tuple(n for n in p.mesh_order if n != p.names[0])
+    kw = dict(mesh=call.mesh, out_sharding=P(p.names[0], rest, None))
+    k1, k2 = rfftn(f1, **kw), rfftn(f2, **kw)
+    dtype = k1.dtype
+    for axis, n in enumerate(grid):
+        k = 2 * np.pi * (np.fft.rfftfreq(n) if axis == 2 else np.fft.fftfreq(n))
+        phase = np.exp(-1j * call.shift * k).reshape([-1 if a == axis else 1 for a in range(3)])
+        k2 = k2 * jnp.asarray(phase, dtype)
+    return irfftn((k1 + k2) * 0.5, s=grid, mesh=call.mesh,
+                  out_sharding=p.field_spec).astype(f1.dtype)
 
 
 def _checks(pos, w, *, call: _Call):
@@ -526,8 +622,10 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
     Args:
       dx: displacements, global shape (X, Y, Z, 3), in cells, split like a real-space field
         (X by the mesh's pencil axis a, Y by b: `pencilfft.displacement_sharding(mesh)`, not
-        `real_space_sharding(mesh, 4)`, which would read X as a batch axis).  The particle of lattice site (i, j, k) sits at (i, j, k) +
-        dx[i, j, k] on the periodic grid.  They must be finite.
+        `real_space_sharding(mesh, 4)`, which would read X as a batch axis), or, on a mesh of
+        three axes, a brick: P(a, b, c, None), X, Y and Z split in any order of its axes.  The
+        particle of lattice site (i, j, k) sits at (i, j, k) + dx[i, j, k] on the periodic
+        grid.  They must be finite.
       weights: the particles' masses: a finite scalar, or a real array (X, Y, Z) split like the
         grid.
       window: "ngp", "cic" (default), "tsc" or "pcs".
@@ -541,7 +639,8 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
 
     Catalogs: `dx` of shape (N, 3) holds absolute positions (grid units, periodic), split over
     all the mesh's devices along N in any order, `weights` a scalar or (N,) split alike, and
-    `shape` = (X, Y, Z) the grid's.  Particles travel to the devices owning their cells and
+    `shape` = (X, Y, Z) the grid's (on a mesh of three axes, a brick split P(a, b, c) in the
+    mesh's order).  Particles travel to the devices owning their cells and
     back in fixed-size buckets of `capacity` per pair of devices, at most the particles each
     device holds (a larger value is capped there; see `catalog.py` for the policy when one
     overflows: ValueError eagerly, NaN under jit).
@@ -557,7 +656,8 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
     infinite displacements or weights, a particle beyond the halo, a full bucket.
 
     Returns:
-      The painted field, global shape (X, Y, Z), dx's dtype, split like dx (X, Y).  With unit
+      The painted field, global shape (X, Y, Z), dx's dtype, split like dx (X, Y; a brick's
+      X, Y, Z).  With unit
       weights and one particle per cell its mean is 1.
 
     Example:
@@ -589,13 +689,14 @@ def paint(dx, weights=1.0, window: str = "cic", *, max_displacement: float | Non
         mpi = _mpi_exchange.auto(jax.default_backend(), mesh)  # alike on every process
         w = check_weights(weights, dx.dtype, dx.shape[:1], "(N,)",
                           f"shape (N,) = {dx.shape[:1]}", mesh)
-        p = plan_catalog(shape, dx.shape[0], mesh, window, capacity, mpi)
+        p = plan_catalog(shape, dx.shape[0], mesh, window, capacity, mpi,
+                         _catalog_order(None, mesh))
     else:
         grid = _check_dx(dx)
         mesh = _mesh_for(dx, mesh)
         mpi = _mpi_exchange.auto(jax.default_backend(), mesh)  # alike on every process
         p = plan(grid, mesh, window, max_displacement, mpi,
-                 INTERLACE_SHIFT if interlace else 0.0)
+                 INTERLACE_SHIFT if interlace else 0.0, brick_order(dx, mesh, 0))
         w = check_weights(weights, dx.dtype, grid, "(X, Y, Z)", f"the grid's shape {grid}",
                           mesh)
     return _execute(_Call("paint", p, mesh, interlace), dx, w)
@@ -606,7 +707,8 @@ def readout(field, dx, window: str = "cic", *, max_displacement: float | None = 
     """The field's values at the particles of a displaced lattice (JaxPM's `cic_read_dx`).
 
     Args:
-      field: global shape (..., X, Y, Z), split like a real-space field over (X, Y); leading
+      field: global shape (..., X, Y, Z), split like a real-space field over (X, Y) (a brick:
+        over (X, Y, Z)); leading
         axes are channels (e.g. the 3 force components), read with the same weights.  Real or
         complex (readout is linear: the real and imaginary parts are read alike).
       dx: displacements (X, Y, Z, 3), as in `paint`.
@@ -640,6 +742,7 @@ def readout(field, dx, window: str = "cic", *, max_displacement: float | None = 
         _check_field(field, grid)
     mesh = _mesh_for(dx, mesh)
     mpi = _mpi_exchange.auto(jax.default_backend(), mesh)  # alike on every process
-    p = (plan_catalog(field.shape[-3:], dx.shape[0], mesh, window, capacity, mpi) if catalog
-         else plan(grid, mesh, window, max_displacement, mpi))
+    p = (plan_catalog(field.shape[-3:], dx.shape[0], mesh, window, capacity, mpi,
+                      _catalog_order(field, mesh)) if catalog
+         else plan(grid, mesh, window, max_displacement, mpi, order=brick_order(dx, mesh, 0)))
     return _execute(_Call("readout", p, mesh), field, dx)
