@@ -256,7 +256,7 @@ PROCESS_GRID_FILES = {"test_agree.py", "test_fft.py", "test_rfft.py", "test_padd
                       "test_partitioned.py", "test_halo.py", "test_power.py", "test_io.py",
                       "test_distributed.py", "test_reliability.py", "test_mpi_exchange.py",
                       "test_r2r.py", "test_paint.py",
-                      "test_brick_power.py"}
+                      "test_brick_power.py", "test_brick_paint.py"}
 
 
 # The quick subset (`bash tests/run.sh --quick`, or PENCILFFT_TEST_QUICK=1 with pytest): the
