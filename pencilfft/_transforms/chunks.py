@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 
 from .plan import Plan
-from .stages import (Exchange, Stage, fft_stages, forward_stages, pad_stages, run_backward,
+from .routes import find_route
+from .stages import (Exchange, Fft, Stage, emit, forward_stages, pencil_problem, run_backward,
                      run_forward)
 
 __all__ = ["Chunked", "chunked_stages", "in_place", "stages_of"]
@@ -104,26 +105,37 @@ def _zeros_like_varying(shape, dtype, like: jax.Array) -> jax.Array:
     return jax.lax.full_like(like, 0, dtype, shape)
 
 
-def _groups(plan: Plan) -> tuple[tuple[tuple[Stage, ...], int, int], ...]:
-    """The chain of the module docstring: (stages, cut axis in, cut axis out) per stage."""
-    pa, pb = plan.pdims
-    (name_a, name_b), (alg_a, alg_b) = plan.axes, plan.exchanges
-    yc = plan.modes[1]
+def _place(plan: Plan):
+    """The orders the chain's exchanges write: the unchunked stages' in the transposed layout;
+    in the natural one every axis stays where it is (a piece's output then lands where its
+    input was: in place), the FFTs running along strided axes."""
     if plan.layout == "transposed":
-        return (
-            (fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp)
-             + (Exchange(name_b, pb, 3, 2, (0, 1, 3, 2), alg_b),), 1, 1),  # (B, x, z, Y)
-            (fft_stages(plan, (3,), (1,)) + pad_stages(3, yc, plan.yp)
-             + (Exchange(name_a, pa, 3, 1, (0, 3, 2, 1), alg_a),), 2, 2),  # (B, y', z, X)
-            (fft_stages(plan, (3,), (0,)), 1, 1),
-        )
-    return (
-        (fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp)
-         + (Exchange(name_b, pb, 3, 2, (0, 1, 2, 3), alg_b),), 1, 1),  # (B, x, Y, z)
-        (fft_stages(plan, (2,), (1,)) + pad_stages(2, yc, plan.yp)
-         + (Exchange(name_a, pa, 2, 1, (0, 1, 2, 3), alg_a),), 3, 3),  # (B, X, y', z)
-        (fft_stages(plan, (1,), (0,)), 2, 2),
-    )
+        return lambda perm, nxt, last, algorithm: (
+            tuple(d for d in range(3) if d not in nxt) + tuple(sorted(nxt)))
+    return lambda perm, nxt, last, algorithm: tuple(perm)
+
+
+def _groups(plan: Plan) -> tuple[tuple[tuple[Stage, ...], int, int], ...]:
+    """The chain of the module docstring: (stages, cut axis in, cut axis out) per FFT step of
+    the pencil's route (`stages.pencil_problem` with every mesh axis, those of size 1 an
+    exchange on one device).  The cut is the lowest global axis that the step's FFT and
+    exchange leave alone, where it is before and after the step."""
+    problem = pencil_problem(plan, every_axis=True)
+    route = find_route(problem)
+    groups = emit(plan, problem, route, _place(plan))
+    out, perm = [], [0, 1, 2]
+    for stages in groups:
+        touched = {d for stage in stages if isinstance(stage, Fft) for d in
+                   (perm[a - 1] for a in stage.axes)}
+        after = list(perm)
+        for stage in stages:
+            if isinstance(stage, Exchange):
+                touched |= {perm[stage.split - 1], perm[stage.gather - 1]}
+                after = [perm[o - 1] for o in stage.order[1:]]
+        cut = min(set(range(3)) - touched)
+        out.append((tuple(stages), 1 + perm.index(cut), 1 + after.index(cut)))
+        perm = after
+    return tuple(out)
 
 
 def in_place(plan: Plan) -> tuple[bool, bool, bool]:

@@ -34,7 +34,8 @@ from .._decomposition.mesh import find_mesh, has_explicit_axes, is_tracer, typed
 from .partitioned import LinearOp, apply, place, with_mesh
 from .plan import NORMS, fft_dtype, float_dtype, platform_of, check_chunks
 from .budget import check_route
-from .routes import Problem, find_route, largest_bytes, out_stored, route_stages, spec_text
+from .routes import Problem, find_route, largest_bytes, out_stored, spec_text
+from .stages import route_stages
 
 __all__ = ["fftn", "ifftn", "rfftn", "irfftn", "fft2", "ifft2", "rfft2", "irfft2"]
 
