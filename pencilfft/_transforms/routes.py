@@ -1,8 +1,10 @@
-"""The N-D planner: the cheapest route from any sharding to any other, transforming on the way.
+"""The planner: the cheapest route from any sharding to any other, transforming on the way.
 
-Static (shapes, specs and mesh sizes only; nothing is traced).  A layout is a spec: for each
-array axis, the tuple of mesh axes that split it, major to minor ("whole": none).  One step of a
-route is one of
+The one planner of every transform: jnp.fft's names (`numpy_fft.py`) and the 3-D ones (pfft3d &
+co., `stages.pencil_problem`) ask it for their route; `stages.py` emits a route's stages. Static
+(shapes, specs and mesh sizes only; nothing is traced, nothing here imports jax). A layout is a
+spec: for each array axis, the tuple of mesh axes that split it, major to minor ("whole": none).
+One step of a route is one of
 
 * a transform of the wanted axes that are whole on every device (one `stages.Fft`, several
   axes at once);
@@ -15,17 +17,20 @@ route is one of
   over (u, v) (`Swap`), the only way to reach some orders (P(x, y) -> P(y, x)).
 
 The search (Dijkstra over (spec, stored lengths, axes done)) minimises the bytes moved, then the
-number of exchanges, then the number of stages; each exchange moves the whole array as it is at
-that step.  A real-to-complex axis is transformed first (with whatever else is whole then), a
-complex-to-real one last.  Where an axis the mesh does not divide is cut, it is zero-padded at
-its end while it is whole (`Fit`): to a multiple of the mesh axes that will split it, so that the
-last layout is XLA's tiling of the exact length (each block ceil(n / P) long), which the caller
-slices globally without moving data.  Whole axes are cropped back before their transform and at
-the end.  Nothing is gathered: every device holds 1/P of the (padded) array at every step.
+number of exchanges, then the number of stages (`Problem.exchanges_first`: the exchanges first);
+each exchange moves the whole array as it is at that step. Each axis's transform is then placed
+among the route's FFT steps (`_merged`): fewest FFT calls, jnp.fft's order (the last axis
+first), earliest. A real-to-complex axis is transformed first (with whatever else is whole
+then), a complex-to-real one last. Where an axis the mesh does not divide is cut, it is
+zero-padded at its end while it is whole (`Fit`): to a multiple of the mesh axes that will split
+it, so that the last layout is XLA's tiling of the exact length (each block ceil(n / P) long),
+which the caller slices globally without moving data. Whole axes are cropped back before their
+transform and at the end. Nothing is gathered: every device holds 1/P of the (padded) array at
+every step.
 
-Without a target the route ends in the cheapest layout that splits over every mesh axis of
-size > 1; among equally cheap ones, the input's own layout, else one that keeps the mesh axes in
-the input's order, else the one whose splits sit on the lowest array axes.
+Without a target the route ends in the cheapest layout that splits over every mesh axis of size
+> 1; among equally cheap ones, the input's own layout, else one that keeps the mesh axes in the
+input's order, else the one whose splits sit on the lowest array axes.
 """
 from __future__ import annotations
 
@@ -234,7 +239,10 @@ def _merged(p: Problem, steps: tuple) -> tuple:
     order, the last axis first (the real-to-complex one must be first, and it is the last; on a
     slab over the second of three axes the third runs before the exchange and the first with
     the second after it, not the first and the third before it); then each as early as it can.
-    The real-to-complex axis stays first and the complex-to-real one last."""
+    The real-to-complex axis stays first and the complex-to-real one last.  The search counted
+    each transform where it put it: one placed later moves the same bytes unless it changes its
+    axis's length, which only the 3-D transforms' dealiasing does (a truncated X on a slab over
+    Y then crosses its exchange untruncated, as pfft3d's stages always had it)."""
     steps = list(steps)
     ffts = [k for k, step in enumerate(steps) if step[0] == "fft"]
     first: dict[int, int] = {}

@@ -1,24 +1,32 @@
-"""The forward transform as a list of stages; the backward transform walks it reversed.
+"""The transforms as lists of stages; the backward transform walks the forward list reversed.
 
 Each stage kind holds its data and defines its forward map and its inverse (`forward(k)`,
-`backward(k)` on a per-device (B, ...) block): the stages are the whole interpreter.  Lists are
-built from a `Plan`'s static data alone (nothing is traced here).  Axes are numbered in the
-per-device block with the batch flattened to one leading axis: (B, x, y, Z) in real space.
+`backward(k)` on a per-device block): the stages are the whole interpreter.  Lists are built
+from static data alone (nothing is traced here), from the route that the one planner,
+`routes.find_route`, chooses: which axes are transformed when, which mesh axis moves from which
+array axis to which.  This module only emits them.
 
-Forward pencil (mesh (a, b) of sizes (Pa, Pb)), with [Truncate] only on padded (dealiased)
-axes and [Pad] only where the mesh does not divide the spectrum:
+The 3-D transforms (a `Plan`; axes numbered in the per-device block with the batch flattened to
+one leading axis: (B, x, y, Z) in real space) ask for the route from P(a, b, None) to
+(None, a, b) (`pencil_problem`).  On a pencil mesh (a, b) of sizes (Pa, Pb), with [Truncate]
+only on padded (dealiased) axes and [Pad] only where the mesh does not divide the spectrum:
 
     Fft(Z) [Truncate Z] [Pad Z]  Exchange(b: split 3, gather 2)  Fft(Y) [Truncate Y] [Pad Y]
     Exchange(a: split 3, gather 1)  Fft(X) [Truncate X]  [Move(3, 1) in the natural layout]
 
-A slab over X (Pb == 1) replaces the first three stages with one 2-D `Fft` over (Y, Z) and its
-exchange over a; a slab over Y (Pa == 1) is a slab in cost too: Fft(Z), the exchange over b to
-(B, z, X, Y), one 2-D Fft over (X, Y) and one move to the layout (the pencil path would add a
-reordering over the size-1 axis; benchmarks/RESULTS.md "margin"); with the local exchange
-(`_exchange.local`, CPU devices of one process), which writes any order in its one pass, the
-exchange writes the layout itself and the 2-D Fft runs on the strided axes there: no move.  One
-device runs one 3-D `Fft` (in the transposed layout writing (B, Y, Z, X) itself, its `order`;
-`Move(1, 3)` after it only where padding or truncation stages come between).
+Every exchange writes the axes of the next FFT last, in their global order, and the others
+before them (`emit`, `_place_pencil`), so the transforms run on contiguous trailing axes: a
+slab over X (Pb == 1) is one 2-D `Fft` over (Y, Z) and the exchange over a to (B, y', Z, X);
+a slab over Y (Pa == 1) is Fft(Z), the exchange over b to (B, z, X, Y), one 2-D Fft over (X, Y)
+and one move to the layout; the local exchange (`_exchange.local`, CPU devices of one process),
+which writes any order in its one pass, writes the layout itself where the last FFT is over
+several axes, which then runs on the strided axes there: no move.  One device runs one 3-D
+`Fft` (in the transposed layout writing (B, Y, Z, X) itself, its `order`; `Move(1, 3)` after it
+only where padding or truncation stages come between).  The chunked chain (`chunks.py`) is the
+same search's pencil route on every mesh.
+
+jnp.fft's names (`numpy_fft.py`) run a route's stages on the block's axes in their global order
+(`route_stages`: `Fft`, `Exchange`, `Fit`, `Take`, `Swap`, `Inverse`).
 
 Where to add a transform kind: a per-axis kind is a name in `plan.KINDS` with its 1-D forward
 and inverse in `_one_axis` (or its own module, as `r2r.py`), and an entry in the public API.
@@ -381,7 +389,8 @@ def emit(plan: Plan, problem: Problem, route: Route, place) -> list[list[Stage]]
             raise AssertionError(f"the 3-D route has a {step[0]} step: {route.steps}")
         _, m, i, j, length = step
         if j not in {d for s in steps[:k] if s[0] == "fft" for d in s[1]}:
-            raise AssertionError(f"the 3-D route pads axis {j} before its transform")
+            raise AssertionError(f"the 3-D route splits axis {j} before its transform: "
+                                 f"{route.steps}")
         # To k space's length (the route's, or more where the spectrum is padded for a mesh
         # the partitioner has yet to give, `Plan.padded_for`)
         padded = max(length, k_lengths[j])
