@@ -35,10 +35,11 @@ import jax.numpy as jnp
 
 from .plan import Plan
 from .routes import find_route
-from .stages import (Exchange, Fft, Stage, emit, forward_stages, pencil_problem, run_backward,
-                     run_forward)
+from .stages import (Exchange, Fft, Fit, Inverse, Stage, Swap, Take, emit, forward_stages,
+                     pencil_problem, run_backward, run_forward)
 
-__all__ = ["Chunked", "chunked_stages", "in_place", "stages_of"]
+__all__ = ["Chunked", "Pieces", "chunked_stages", "in_place", "route_groups",
+           "route_in_pieces", "stages_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,40 @@ class Chunked:
     def backward(self, k: jax.Array) -> jax.Array:
         return _in_pieces(functools.partial(run_backward, self.stages), k, self.cut_out,
                           self.cut_in, self.chunks)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+    """A route's `stages` (jnp.fft's names: the block's axes as they are) run on `chunks`
+    pieces along the longest of the block's axes `free`, which they all leave alone (the
+    lowest of equally long ones: a batch axis split down to one entry is no cut)."""
+
+    stages: tuple[Stage, ...]
+    free: tuple[int, ...]
+    chunks: int
+
+    def _cut(self, k: jax.Array) -> int:
+        return max(self.free, key=lambda i: (k.shape[i], -i))
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        cut = self._cut(k)
+        return _in_pieces(functools.partial(_run_flat, self.stages), k, cut, cut, self.chunks)
+
+    def backward(self, k: jax.Array) -> jax.Array:
+        cut = self._cut(k)
+        return _in_pieces(functools.partial(_back_flat, self.stages), k, cut, cut, self.chunks)
+
+
+def _run_flat(stages, k: jax.Array) -> jax.Array:
+    for stage in stages:
+        k = stage.forward(k)
+    return k
+
+
+def _back_flat(stages, k: jax.Array) -> jax.Array:
+    for stage in reversed(stages):
+        k = stage.backward(k)
+    return k
 
 
 def _in_pieces(f, k: jax.Array, cut: int, cut_out: int, chunks: int) -> jax.Array:
@@ -161,3 +196,50 @@ def stages_of(plan: Plan) -> tuple[Stage, ...]:
     """The forward transform's stages on a per-device block, chunked or not (`plan.chunks`);
     the backward transform walks them reversed."""
     return forward_stages(plan) if plan.chunks == 1 else chunked_stages(plan)
+
+
+# ----------------------------------------------------------------------------------------------
+# jnp.fft's names: a route's stages (array axes in their global order) in pieces
+
+
+def _touches(stage) -> set[int]:
+    """The block axes a route stage transforms, moves, cuts, pads or permutes."""
+    if isinstance(stage, Inverse):
+        stage = stage.stage
+    if isinstance(stage, Fft):
+        return set(stage.axes)
+    if isinstance(stage, Exchange):
+        return {stage.split, stage.gather}
+    if isinstance(stage, (Fit, Take)):
+        return {stage.axis}
+    if isinstance(stage, Swap):
+        return set()  # a permute of whole blocks between devices: every axis stays as it is
+    raise TypeError(f"not a route stage: {stage!r}")
+
+
+def route_groups(stages: tuple[Stage, ...], ndim: int) -> list[tuple[tuple[Stage, ...],
+                                                                     tuple[int, ...]]]:
+    """A route's stages cut at each FFT (one group: a transform and the stages up to the next,
+    the first group what comes before the first transform), each with the axes that none of
+    its stages touches (empty: the group runs whole)."""
+    groups: list[list[Stage]] = [[]]
+    for stage in stages:
+        if isinstance(stage, (Fft, Inverse)) and groups[-1]:
+            groups.append([])
+        groups[-1].append(stage)
+    return [(tuple(group), tuple(sorted(set(range(ndim)) - set().union(*map(_touches, group)))))
+            for group in groups if group]
+
+
+def route_in_pieces(stages: tuple[Stage, ...], ndim: int, chunks: int) -> tuple[Stage, ...]:
+    """A route's stages with each group (`route_groups`) run in `chunks` pieces along a free
+    axis (`Pieces`), written back in place where a piece keeps its shape and dtype."""
+    if chunks == 1:
+        return stages
+    out: list[Stage] = []
+    for group, free in route_groups(stages, ndim):
+        if free:
+            out.append(Pieces(group, free, chunks))
+        else:
+            out += group
+    return tuple(out)
