@@ -376,7 +376,8 @@ CHUNKED = [
 ]
 
 
-@pytest.mark.parametrize("case", CHUNKED, ids=[c[0] for c in CHUNKED])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c[0], marks=[MPIRUN] if c[0] == "pencil"
+                                               else []) for c in CHUNKED])
 def test_chunks_as_pfft3d_has_them(case):
     """`chunks` > 1: each step of the route in pieces (a loop in the program; a step that touches
     every axis runs whole), the values numpy's, eagerly (3 pieces: an uneven count) and under

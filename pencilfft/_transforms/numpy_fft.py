@@ -529,7 +529,9 @@ _DOC = """
       ValueError: bad `axes`, `s`, `norm`, `exchange` or `chunks`; an `out_sharding` that leaves
         the result replicated over a mesh axis or that no route of exchanges reaches.
       TypeError: `a` is not an array; `out_sharding` is neither a NamedSharding nor a
-        PartitionSpec.
+        PartitionSpec; `chunks` is neither an int nor "auto".
+      MemoryLimitError: the transform cannot fit the devices with `chunks` pieces (with
+        "auto": in any number of them).
 """
 
 
