@@ -211,9 +211,10 @@ def test_grad_vmap_jvp(auto):
     data = random_field((8, 8, 16), np.complex64, 5)
     a = put_global(data, NamedSharding(mesh, P("a", "b", "c")))
     ref = np.fft.fftn(data.astype(np.complex128))
-    loss = lambda v: jnp.sum(jnp.abs(pencilfft.fftn(v)) ** 2)  # noqa: E731
-    g = jax.jit(jax.grad(loss))(a)  # of N |x|^2 (Parseval): 2 N conj(x) by jax's convention
-    _close(g, 2 * data.size * np.conj(data.astype(np.complex128)))
+    for chunks in (1, 2):  # in pieces too (a loop that jax transposes)
+        loss = lambda v: jnp.sum(jnp.abs(pencilfft.fftn(v, chunks=chunks)) ** 2)  # noqa: E731
+        g = jax.jit(jax.grad(loss))(a)  # of N |x|^2 (Parseval): 2 N conj(x) by jax's convention
+        _close(g, 2 * data.size * np.conj(data.astype(np.complex128)))
     t = jax.jit(lambda v: jax.jvp(pencilfft.fftn, (v,), (2 * v,))[1])(a)
     _close(t, 2 * ref)
     stack = put_global(np.stack([data, 2 * data]), NamedSharding(mesh, P(None, "a", "b", "c")))
@@ -263,8 +264,10 @@ def test_wrong_inputs_name_the_argument():
          lambda: pencilfft.fftn(a, out_sharding="x")),
         (ValueError, r"no route of exchanges takes `a` .* to `out_sharding` P\(None, 'x', 'y'\)",
          lambda: pencilfft.fftn(a, out_sharding=P(None, "x", "y"))),
-        (ValueError, r"`chunks` = 2: fftn runs each stage in one piece",
-         lambda: pencilfft.fftn(a, chunks=2)),
+        (ValueError, r"`chunks` must be an int >= 1 or 'auto'; got 0",
+         lambda: pencilfft.fftn(a, chunks=0)),
+        (TypeError, r"`chunks` must be an int >= 1 or 'auto'; got 1.5",
+         lambda: pencilfft.rfftn(r, chunks=1.5)),
         (TypeError, r"`a` must be an array", lambda: pencilfft.fftn("abc")),
         (ValueError, r"`exchange` must be one of", lambda: pencilfft.ifftn(a, exchange="x")),
         (ValueError, r"the 2-D transforms need at least 2 dimensions",
@@ -359,6 +362,64 @@ def test_vmap_over_a_split_axis_and_a_replicated_input(auto):
     g = jax.jit(lambda v: pencilfft.fftn(v, exchange="alltoall"))
     _close(g(r), ref)
     assert set(re.findall(_COLLECTIVES, g.lower(r).compile().as_text())) <= {"all-to-all"}
+
+
+# (id, mesh shape, names, global shape, input spec, axes, transform): a pencil (every step cut
+# along an axis it leaves alone), a brick with odd lengths padded inside, a 4-D batch (its
+# batch axis split down to one entry: cut along another) and a 2-D split whose exchanges touch
+# every axis (those steps run whole, the last FFT in pieces)
+CHUNKED = [
+    ("pencil", (4, 2), ("x", "y"), (8, 8, 16), P("x", "y"), None, "c2c"),
+    ("brick-r2c", (2, 2, 2), ("a", "b", "c"), (8, 6, 10), P("a", "b", "c"), None, "r2c"),
+    ("batch4d", (2, 2, 2), ("c", "x", "y"), (2, 8, 8, 16), P("c", "x", "y"), (1, 2, 3), "c2c"),
+    ("split2d", (4, 2), ("x", "y"), (8, 16), P("x", "y"), None, "c2c"),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c[0], marks=[MPIRUN] if c[0] == "pencil"
+                                               else []) for c in CHUNKED])
+def test_chunks_as_pfft3d_has_them(case):
+    """`chunks` > 1: each step of the route in pieces (a loop in the program; a step that touches
+    every axis runs whole), the values numpy's, eagerly (3 pieces: an uneven count) and under
+    jit (2), forward and back."""
+    _, mshape, names, shape, spec, axes, kind = case
+    mesh = mesh_of(mshape, names)
+    real = kind == "r2c"
+    data = random_field(shape, np.float32 if real else np.complex64, 11)
+    a = put_global(data, NamedSharding(mesh, spec))
+    ref = (np.fft.rfftn(data.astype(np.float64), axes=axes) if real
+           else np.fft.fftn(data.astype(np.complex128), axes=axes))
+    forward, back = (pencilfft.rfftn, pencilfft.irfftn) if real else (pencilfft.fftn,
+                                                                       pencilfft.ifftn)
+    s = tuple(shape[i] for i in (axes if axes is not None else range(len(shape))))
+    k = forward(a, axes=axes, chunks=3)
+    _close(k, ref)
+    f = jax.jit(lambda v: forward(v, axes=axes, chunks=2))
+    _close(f(a), ref)
+    assert "while" in f.lower(a).as_text()
+    again = jax.jit(lambda v: back(v, s=s, axes=axes, chunks=2, out_sharding=a.sharding))(k)
+    _close(again, data.astype(np.float64 if real else np.complex128))
+
+
+def test_chunks_auto_fits_the_memory(monkeypatch):
+    """chunks="auto": 1 where the transform fits; the fewest pieces that fit where it does not
+    (the same values), and MemoryLimitError where no count fits, as pfft3d's."""
+    mesh = mesh_of((4, 2), ("x", "y"))
+    data = random_field((16, 16, 32), np.complex64, 12)
+    a = put_global(data, NamedSharding(mesh, P("x", "y")))
+    ref = np.fft.fftn(data.astype(np.complex128))
+    f = jax.jit(lambda v: pencilfft.fftn(v, chunks="auto"))
+    assert "while" not in f.lower(a).as_text()
+    # blocks of 8 KiB per device: unchunked 24 KiB more (the output and two exchange buffers),
+    # in 2 pieces 16
+    monkeypatch.setenv("PENCILFFT_MEMORY_LIMIT", "20KiB")
+    _close(pencilfft.fftn(a, chunks="auto"), ref)
+    assert "while" in jax.jit(lambda v: pencilfft.fftn(v, chunks="auto")).lower(a).as_text()
+    with pytest.raises(pencilfft.MemoryLimitError, match=r"`chunks`=2 .* or `chunks`='auto'"):
+        pencilfft.fftn(a, chunks=1)
+    monkeypatch.setenv("PENCILFFT_MEMORY_LIMIT", "8KiB")
+    with pytest.raises(pencilfft.MemoryLimitError, match=r"fftn of a 16x16x32 complex64 grid"):
+        pencilfft.fftn(a, chunks="auto")
 
 
 def test_norms_dtypes_and_size_one_mesh_axes():

@@ -219,25 +219,48 @@ def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> 
 
 
 def check_route(name: str, shape: Sequence[int], dtype: Any, mesh: Any, in_bytes: int,
-                out_bytes: int, largest: int, resident: bool) -> None:
-    """MemoryLimitError, before XLA allocates, where a transform of jnp.fft's names cannot fit:
-    its input block (unless already in memory), its output block and the two buffers of an
-    exchange of the largest array on its route (global bytes here, per device below)."""
+                out_bytes: int, largest: int, resident: bool, chunks: int | str = 1,
+                cut: bool = True, in_place: bool = True) -> int:
+    """The chunk count a transform of jnp.fft's names runs with (`chunks`, "auto": the fewest
+    of `AUTO_CHUNKS` that fit, 1 where nothing is known), after checking that it fits:
+    MemoryLimitError, before XLA allocates, where it cannot.  Counted: its input block (unless
+    already in memory), its output block and the two buffers of an exchange of the largest
+    array on its route (global bytes here, per device below); in pieces, the buffers are pieces
+    (where every step that exchanges can be cut, `cut`) and a step whose pieces change shape
+    (`in_place` False) writes them into a new block beside its input."""
+    auto = chunks == "auto"
+    counts = AUTO_CHUNKS if auto else (chunks,)
     limit = setting()
     if limit == "off":
-        return
+        return counts[0]
     devices = mesh.size if mesh is not None else 1
-    est = Estimate(-(-in_bytes // devices), -(-out_bytes // devices), -(-largest // devices),
-                   2 if devices > 1 else 1)
+
+    def estimate(c: int) -> Estimate:
+        pieces = c if cut else 1
+        return Estimate(-(-in_bytes // devices), -(-out_bytes // devices),
+                        -(-largest // (devices * pieces)), 2 if devices > 1 else 1,
+                        0 if c == 1 or in_place else -(-largest // devices))
+
     free = available(local_devices(mesh))
-    need = est.new_bytes(resident=resident, donated=False)
-    if free is None or need <= free.per_device:
-        return
+    if free is None:
+        return counts[0]
+    needs = {c: estimate(c).new_bytes(resident=resident, donated=False)
+             for c in dict.fromkeys(counts + AUTO_CHUNKS)}
+    fit = [c for c in counts if needs[c] <= free.per_device]
+    if fit:
+        return fit[0]
+    first = counts[0]
+    est, need = estimate(first), needs[first]
+    fitting = [c for c in AUTO_CHUNKS if c > first and needs[c] <= free.per_device]
+    pieces = (f", in {first} pieces per step (`chunks`={first}, buffers of "
+              f"{gib(est.buffer_bytes)})" if first > 1 else "")
+    hint = (f"`chunks`={fitting[0]} (about {gib(needs[fitting[0]])}) or `chunks`='auto'; "
+            if fitting and not auto else "")
     raise MemoryLimitError(
         f"{name} of a {grid_text(shape, (), dtype)} on {devices} device(s) needs about "
         f"{gib(need)} more per device (output {gib(est.out_bytes)}, {est.buffers} exchange "
         f"buffers of {gib(est.buffer_bytes)}"
-        f"{'' if resident else f', input {gib(est.in_bytes)}'}), but a device has about "
-        f"{gib(free.per_device)} ({free.source}). Use a mesh with more devices, or the "
+        f"{'' if resident else f', input {gib(est.in_bytes)}'}{pieces}), but a device has about "
+        f"{gib(free.per_device)} ({free.source}). Use {hint}a mesh with more devices, or the "
         f"real-to-complex transforms if the data are real. {HOW_TO_SET}."
     )

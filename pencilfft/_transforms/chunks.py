@@ -34,10 +34,12 @@ import jax
 import jax.numpy as jnp
 
 from .plan import Plan
-from .stages import (Exchange, Stage, fft_stages, forward_stages, pad_stages, run_backward,
-                     run_forward)
+from .routes import find_route
+from .stages import (Exchange, Fft, Fit, Inverse, Stage, Swap, Take, emit, forward_stages,
+                     pencil_problem, run_backward, run_forward)
 
-__all__ = ["Chunked", "chunked_stages", "in_place", "stages_of"]
+__all__ = ["Chunked", "Pieces", "chunked_stages", "in_place", "route_groups",
+           "route_in_pieces", "stages_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +58,40 @@ class Chunked:
     def backward(self, k: jax.Array) -> jax.Array:
         return _in_pieces(functools.partial(run_backward, self.stages), k, self.cut_out,
                           self.cut_in, self.chunks)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+    """A route's `stages` (jnp.fft's names: the block's axes as they are) run on `chunks`
+    pieces along the longest of the block's axes `free`, which they all leave alone (the
+    lowest of equally long ones: a batch axis split down to one entry is no cut)."""
+
+    stages: tuple[Stage, ...]
+    free: tuple[int, ...]
+    chunks: int
+
+    def _cut(self, k: jax.Array) -> int:
+        return max(self.free, key=lambda i: (k.shape[i], -i))
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        cut = self._cut(k)
+        return _in_pieces(functools.partial(_run_flat, self.stages), k, cut, cut, self.chunks)
+
+    def backward(self, k: jax.Array) -> jax.Array:
+        cut = self._cut(k)
+        return _in_pieces(functools.partial(_back_flat, self.stages), k, cut, cut, self.chunks)
+
+
+def _run_flat(stages, k: jax.Array) -> jax.Array:
+    for stage in stages:
+        k = stage.forward(k)
+    return k
+
+
+def _back_flat(stages, k: jax.Array) -> jax.Array:
+    for stage in reversed(stages):
+        k = stage.backward(k)
+    return k
 
 
 def _in_pieces(f, k: jax.Array, cut: int, cut_out: int, chunks: int) -> jax.Array:
@@ -104,26 +140,37 @@ def _zeros_like_varying(shape, dtype, like: jax.Array) -> jax.Array:
     return jax.lax.full_like(like, 0, dtype, shape)
 
 
-def _groups(plan: Plan) -> tuple[tuple[tuple[Stage, ...], int, int], ...]:
-    """The chain of the module docstring: (stages, cut axis in, cut axis out) per stage."""
-    pa, pb = plan.pdims
-    (name_a, name_b), (alg_a, alg_b) = plan.axes, plan.exchanges
-    yc = plan.modes[1]
+def _place(plan: Plan):
+    """The orders the chain's exchanges write: the unchunked stages' in the transposed layout;
+    in the natural one every axis stays where it is (a piece's output then lands where its
+    input was: in place), the FFTs running along strided axes."""
     if plan.layout == "transposed":
-        return (
-            (fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp)
-             + (Exchange(name_b, pb, 3, 2, (0, 1, 3, 2), alg_b),), 1, 1),  # (B, x, z, Y)
-            (fft_stages(plan, (3,), (1,)) + pad_stages(3, yc, plan.yp)
-             + (Exchange(name_a, pa, 3, 1, (0, 3, 2, 1), alg_a),), 2, 2),  # (B, y', z, X)
-            (fft_stages(plan, (3,), (0,)), 1, 1),
-        )
-    return (
-        (fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp)
-         + (Exchange(name_b, pb, 3, 2, (0, 1, 2, 3), alg_b),), 1, 1),  # (B, x, Y, z)
-        (fft_stages(plan, (2,), (1,)) + pad_stages(2, yc, plan.yp)
-         + (Exchange(name_a, pa, 2, 1, (0, 1, 2, 3), alg_a),), 3, 3),  # (B, X, y', z)
-        (fft_stages(plan, (1,), (0,)), 2, 2),
-    )
+        return lambda perm, nxt, last, algorithm: (
+            tuple(d for d in range(3) if d not in nxt) + tuple(sorted(nxt)))
+    return lambda perm, nxt, last, algorithm: tuple(perm)
+
+
+def _groups(plan: Plan) -> tuple[tuple[tuple[Stage, ...], int, int], ...]:
+    """The chain of the module docstring: (stages, cut axis in, cut axis out) per FFT step of
+    the pencil's route (`stages.pencil_problem` with every mesh axis, those of size 1 an
+    exchange on one device).  The cut is the lowest global axis that the step's FFT and
+    exchange leave alone, where it is before and after the step."""
+    problem = pencil_problem(plan, every_axis=True)
+    route = find_route(problem)
+    groups = emit(plan, problem, route, _place(plan))
+    out, perm = [], [0, 1, 2]
+    for stages in groups:
+        touched = {d for stage in stages if isinstance(stage, Fft) for d in
+                   (perm[a - 1] for a in stage.axes)}
+        after = list(perm)
+        for stage in stages:
+            if isinstance(stage, Exchange):
+                touched |= {perm[stage.split - 1], perm[stage.gather - 1]}
+                after = [perm[o - 1] for o in stage.order[1:]]
+        cut = min(set(range(3)) - touched)
+        out.append((tuple(stages), 1 + perm.index(cut), 1 + after.index(cut)))
+        perm = after
+    return tuple(out)
 
 
 def in_place(plan: Plan) -> tuple[bool, bool, bool]:
@@ -149,3 +196,50 @@ def stages_of(plan: Plan) -> tuple[Stage, ...]:
     """The forward transform's stages on a per-device block, chunked or not (`plan.chunks`);
     the backward transform walks them reversed."""
     return forward_stages(plan) if plan.chunks == 1 else chunked_stages(plan)
+
+
+# ----------------------------------------------------------------------------------------------
+# jnp.fft's names: a route's stages (array axes in their global order) in pieces
+
+
+def _touches(stage) -> set[int]:
+    """The block axes a route stage transforms, moves, cuts, pads or permutes."""
+    if isinstance(stage, Inverse):
+        stage = stage.stage
+    if isinstance(stage, Fft):
+        return set(stage.axes)
+    if isinstance(stage, Exchange):
+        return {stage.split, stage.gather}
+    if isinstance(stage, (Fit, Take)):
+        return {stage.axis}
+    if isinstance(stage, Swap):
+        return set()  # a permute of whole blocks between devices: every axis stays as it is
+    raise TypeError(f"not a route stage: {stage!r}")
+
+
+def route_groups(stages: tuple[Stage, ...], ndim: int) -> list[tuple[tuple[Stage, ...],
+                                                                     tuple[int, ...]]]:
+    """A route's stages cut at each FFT (one group: a transform and the stages up to the next,
+    the first group what comes before the first transform), each with the axes that none of
+    its stages touches (empty: the group runs whole)."""
+    groups: list[list[Stage]] = [[]]
+    for stage in stages:
+        if isinstance(stage, (Fft, Inverse)) and groups[-1]:
+            groups.append([])
+        groups[-1].append(stage)
+    return [(tuple(group), tuple(sorted(set(range(ndim)) - set().union(*map(_touches, group)))))
+            for group in groups if group]
+
+
+def route_in_pieces(stages: tuple[Stage, ...], ndim: int, chunks: int) -> tuple[Stage, ...]:
+    """A route's stages with each group (`route_groups`) run in `chunks` pieces along a free
+    axis (`Pieces`), written back in place where a piece keeps its shape and dtype."""
+    if chunks == 1:
+        return stages
+    out: list[Stage] = []
+    for group, free in route_groups(stages, ndim):
+        if free:
+            out.append(Pieces(group, free, chunks))
+        else:
+            out += group
+    return tuple(out)

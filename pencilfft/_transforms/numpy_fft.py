@@ -3,15 +3,15 @@
 `fftn`, `ifftn`, `rfftn`, `irfftn` and the 2-D forms take jnp.fft's arguments `(a, s, axes,
 norm)` and return what jnp.fft returns (values, shape, dtype, axis order), computed where the
 data are: the route between the input's sharding and the output's (`routes.py`) is run in
-`shard_map` as a list of stages (`stages.Fft`, `stages.Exchange`, `routes.Fit`, `routes.Take`,
-`routes.Swap`), so that no device ever holds more than its share.  Under `jax.jit` where the
+`shard_map` as a list of stages (`stages.Fft`, `stages.Exchange`, `stages.Fit`, `stages.Take`,
+`stages.Swap`), so that no device ever holds more than its share.  Under `jax.jit` where the
 input's split is not in its type (an Auto mesh, or an Explicit one with a mesh axis the type
 leaves out, as under `jax.vmap` over a split axis) the route is planned when XLA's partitioner
 tells the input's sharding (`partitioned.py`, `RouteOp`); without `out_sharding` it ends in
 the input's own sharding there (what the sharding rule can say before the partitioner runs).
 
 The input's and the output's splits divide their axes (jax's arrays are split evenly); between
-the stages any length works (`routes.Fit` pads while an axis is whole).  The memory check
+the stages any length works (`stages.Fit` pads while an axis is whole).  The memory check
 (`budget.check_route`) runs before anything else where the mesh is known; where the mesh spans
 processes they first agree on the stages (`_processes.agree`).
 """
@@ -34,7 +34,9 @@ from .._decomposition.mesh import find_mesh, has_explicit_axes, is_tracer, typed
 from .partitioned import LinearOp, apply, place, with_mesh
 from .plan import NORMS, fft_dtype, float_dtype, platform_of, check_chunks
 from .budget import check_route
-from .routes import Problem, find_route, largest_bytes, out_stored, route_stages, spec_text
+from .routes import Problem, find_route, largest_bytes, out_stored, spec_text
+from .chunks import route_groups, route_in_pieces
+from .stages import Exchange, Fit, route_stages
 
 __all__ = ["fftn", "ifftn", "rfftn", "irfftn", "fft2", "ifft2", "rfft2", "irfft2"]
 
@@ -310,33 +312,36 @@ def _run_stages(stages, k):
 # Running it
 
 
-def _local_body(call: Call):
+def _local_body(call: Call, chunks: int = 1):
     """The whole transform on one device (jnp.fft's call on the block)."""
     problem = call.problem({}, ((),) * len(call.shape), None)
     route = find_route(problem)
-    return functools.partial(_run_stages, route_stages(problem, route, call.norm, call.inverse,
-                                                      {}))
+    stages = route_stages(problem, route, call.norm, call.inverse, {})
+    return functools.partial(_run_stages, route_in_pieces(stages, len(call.shape), chunks))
 
 
 def _out_spec_entries(spec: Spec) -> P:
     return P(*(None if not s else s[0] if len(s) == 1 else s for s in spec))
 
 
-def _on_mesh(call: Call, mesh, in_spec_given: P, target: Spec | None, target_given: P | None):
+def _on_mesh(call: Call, mesh, in_spec_given: P, target: Spec | None, target_given: P | None,
+             chunks: int = 1):
     """(body in shard_map, input spec, output spec, stored input shape, stored output shape)."""
     sizes = dict(mesh.shape)
     in_spec = _spec_tuple(in_spec_given, len(call.shape), sizes, "a.sharding")
     route, stages, problem = _planned(call, tuple(sizes.items()), _without_ones(in_spec, sizes),
                                       target, platform_of(mesh), True)
     out_spec = target_given if target_given is not None else _out_spec_entries(route.spec)
+    stages = route_in_pieces(stages, len(call.shape), chunks)
     body = with_mesh(functools.partial(_run_stages, stages), mesh)
     return body, P(*in_spec_given), out_spec, problem.stored, out_stored(problem, route)
 
 
-@functools.partial(jax.jit, static_argnames=("call", "mesh", "in_spec", "target", "target_given"))
-def _shard_mapped(a, *, call, mesh, in_spec, target, target_given):
+@functools.partial(jax.jit, static_argnames=("call", "mesh", "in_spec", "target", "target_given",
+                                           "chunks"))
+def _shard_mapped(a, *, call, mesh, in_spec, target, target_given, chunks):
     body, in_p, out_p, stored_in, stored_out = _on_mesh(call, mesh, in_spec, target,
-                                                        target_given)
+                                                        target_given, chunks)
     del stored_in, stored_out  # the input's and the result's splits divide (jax's arrays)
     # A mesh axis of size 1 named on one side only: the same data, which shard_map's check of
     # what varies over which axis cannot tell.
@@ -350,9 +355,9 @@ def _names(spec: P) -> set[str]:
     return {m for e in spec if e is not None for m in ((e,) if isinstance(e, str) else e)}
 
 
-@functools.partial(jax.jit, static_argnames=("call",))
-def _one_device(a, *, call):
-    return _local_body(call)(a.astype(call.in_dtype))
+@functools.partial(jax.jit, static_argnames=("call", "chunks"))
+def _one_device(a, *, call, chunks):
+    return _local_body(call, chunks)(a.astype(call.in_dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,6 +370,7 @@ class RouteOp(LinearOp):
     call: Call
     target_given: P | None = None
     transposed: bool = False
+    chunks: int = 1  # pieces per stage ("auto" is 1 here: the devices are not known yet)
     reads_in_spec = True
 
     @property
@@ -376,7 +382,7 @@ class RouteOp(LinearOp):
         return jax.ShapeDtypeStruct(self.call.out_shape, self.call.out_dtype)
 
     def primal_local(self, x):
-        return _local_body(self.call)(x)
+        return _local_body(self.call, self.chunks)(x)
 
     def batched(self, n: int):
         c = self.call
@@ -396,7 +402,7 @@ class RouteOp(LinearOp):
             given = P(*tuple(in_spec) + (None,) * (ndim - len(tuple(in_spec))))
             target = _without_ones(_spec_tuple(given, ndim, sizes, "a.sharding"), sizes)
         body, in_p, out_p, stored_in, stored_out = _on_mesh(self.call, mesh, in_spec, target,
-                                                            given)
+                                                            given, self.chunks)
         if stored_in != self.call.shape or stored_out != self.call.out_shape:
             raise ValueError(
                 f"under jax.jit with no mesh in scope the array's axes must divide by the mesh "
@@ -416,10 +422,7 @@ class RouteOp(LinearOp):
 def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, inverse,
                caller, default_axes):
     a = _array(a, caller)
-    if chunks not in (1, "auto"):
-        check_chunks(chunks)
-        raise ValueError(f"`chunks` = {chunks!r}: {caller} runs each stage in one piece for now "
-                         f"(chunks=1 or 'auto')")
+    chunks = check_chunks(chunks)
     if mesh is not None and not hasattr(mesh, "axis_names"):
         raise TypeError(f"`mesh` must be a jax.sharding.Mesh; got {type(mesh).__name__}")
     call = _call(a, s, axes, norm, kind, inverse, caller, default_axes, exchange)
@@ -428,7 +431,8 @@ def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, 
         if out_sharding is not None and not isinstance(out_sharding, (P, NamedSharding)):
             _target(out_sharding, None, len(call.shape), {})
         given = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
-        y = apply(RouteOp(call, given), a.astype(call.in_dtype))
+        y = apply(RouteOp(call, given, chunks=1 if chunks == "auto" else chunks),
+                  a.astype(call.in_dtype))
         if given is not None:  # the partitioner hands this sharding to the op's result
             typed = typed_mesh(a) if not isinstance(out_sharding, NamedSharding) else None
             sharding = out_sharding if typed is None else NamedSharding(typed, given)
@@ -436,8 +440,8 @@ def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, 
         return y
     if found is None:
         _target(out_sharding, None, len(call.shape), {})
-        _check_memory(call, None, None, None, a, caller)
-        return _one_device(jnp.asarray(a), call=call)
+        chunks = _check_memory(call, None, None, None, a, caller, chunks)
+        return _one_device(jnp.asarray(a), call=call, chunks=chunks)
     mesh = found
     sizes = dict(mesh.shape)
     target, target_given = _target(out_sharding, mesh, len(call.shape), sizes)
@@ -453,14 +457,16 @@ def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, 
         sizes = dict(mesh.shape)
         spec = _without_ones(_spec_tuple(in_spec, len(call.shape), sizes, "a.sharding"), sizes)
         stages = _planned(call, tuple(sizes.items()), spec, target, platform_of(mesh), True)[1]
-        agree.same({"stages": stages}, f"{caller} of a {call.shape} array split {in_spec}")
-    _check_memory(call, mesh, in_spec, target, a, caller)
+        agree.same({"stages": stages, "chunks": chunks},
+                   f"{caller} of a {call.shape} array split {in_spec}")
+    chunks = _check_memory(call, mesh, in_spec, target, a, caller, chunks)
     return _shard_mapped(a, call=call, mesh=mesh, in_spec=in_spec, target=target,
-                         target_given=target_given)
+                         target_given=target_given, chunks=chunks)
 
 
-def _check_memory(call: Call, mesh, in_spec, target, a, caller: str) -> None:
-    """The memory check (`budget.check_route`) of the route this call takes."""
+def _check_memory(call: Call, mesh, in_spec, target, a, caller: str, chunks) -> int:
+    """The memory check (`budget.check_route`) of the route this call takes; the chunk count
+    it runs with ("auto": the fewest pieces that fit)."""
     if mesh is None:
         problem = call.problem({}, ((),) * len(call.shape), None)
     else:
@@ -472,8 +478,19 @@ def _check_memory(call: Call, mesh, in_spec, target, a, caller: str) -> None:
         True)[0]
     n_in, n_out = int(np.prod(call.shape)), int(np.prod(call.out_shape))
     resident = is_traced_argument(a) if is_tracer(a) else isinstance(a, jax.Array)
-    check_route(caller, call.shape, call.in_dtype, mesh, n_in * call.in_dtype.itemsize,
-                n_out * call.out_dtype.itemsize, largest_bytes(problem, route), resident)
+    if mesh is None:
+        stages = route_stages(problem, route, call.norm, call.inverse, {})
+    else:
+        stages = _planned(call, tuple(dict(mesh.shape).items()), problem.in_spec, target,
+                          platform_of(mesh), True)[1]
+    groups = route_groups(stages, len(call.shape))
+    # Pieces shrink the exchanges' buffers only where every group that exchanges can be cut;
+    # a piece that changes its shape or dtype is written into a new block beside the old.
+    cut = all(free for g, free in groups if any(isinstance(s, Exchange) for s in g))
+    in_place = call.kind == "c2c" and not any(isinstance(s, Fit) for s in stages)
+    return check_route(caller, call.shape, call.in_dtype, mesh, n_in * call.in_dtype.itemsize,
+                       n_out * call.out_dtype.itemsize, largest_bytes(problem, route), resident,
+                       chunks, cut, in_place)
 
 
 def _all_axes(ndim: int) -> tuple[int, ...]:
@@ -498,7 +515,12 @@ _DOC = """
         scope, the input's own sharding).
       mesh: the mesh of a numpy input (default: the ambient mesh); a sharded input's own.
       exchange: as pfft3d's.
-      chunks: 1 or "auto" (each stage in one piece; other counts are not supported yet).
+      chunks: an int >= 1 or "auto" (default), as `pfft3d`'s: each step of the route (a
+        transform and the exchanges up to the next) runs in that many pieces along an axis it
+        leaves alone, written back in place where the piece keeps its shape (a step that
+        touches every axis runs whole); "auto" is 1 unless the memory check finds that the
+        transform does not fit, then the fewest pieces (2, 4, ..., 64) that do.  The same
+        values.
 
     Returns:
       jnp.fft's result (the same values, shape, dtype and axis order), split as `out_sharding`.
@@ -507,12 +529,14 @@ _DOC = """
       ValueError: bad `axes`, `s`, `norm`, `exchange` or `chunks`; an `out_sharding` that leaves
         the result replicated over a mesh axis or that no route of exchanges reaches.
       TypeError: `a` is not an array; `out_sharding` is neither a NamedSharding nor a
-        PartitionSpec.
+        PartitionSpec; `chunks` is neither an int nor "auto".
+      MemoryLimitError: the transform cannot fit the devices with `chunks` pieces (with
+        "auto": in any number of them).
 """
 
 
 def fftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, exchange="auto",
-         chunks=1):
+         chunks="auto"):
     """jnp.fft.fftn on a sharded array, without gathering it.
     %s
     Example:
@@ -533,7 +557,7 @@ def fftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, excha
 
 
 def ifftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, exchange="auto",
-          chunks=1):
+          chunks="auto"):
     """jnp.fft.ifftn on a sharded array, without gathering it.
     %s
     Example:
@@ -549,7 +573,7 @@ def ifftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, exch
 
 
 def rfftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, exchange="auto",
-          chunks=1):
+          chunks="auto"):
     """jnp.fft.rfftn on a sharded array, without gathering it: the last of `axes` is halved
     to n//2+1 (odd or even n), exactly jnp's shape.
     %s
@@ -566,7 +590,7 @@ def rfftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, exch
 
 
 def irfftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, exchange="auto",
-           chunks=1):
+           chunks="auto"):
     """jnp.fft.irfftn on a sharded array, without gathering it: the last of `axes` becomes
     real of length s[-1] (default 2 (n - 1): pass `s` for an odd length).
     %s
@@ -583,7 +607,7 @@ def irfftn(a, s=None, axes=None, norm=None, *, out_sharding=None, mesh=None, exc
 
 
 def fft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
-         exchange="auto", chunks=1):
+         exchange="auto", chunks="auto"):
     """jnp.fft.fft2 on a sharded array: `fftn` over the last two axes (`axes`).
 
     Example:
@@ -598,7 +622,7 @@ def fft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
 
 
 def ifft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
-          exchange="auto", chunks=1):
+          exchange="auto", chunks="auto"):
     """jnp.fft.ifft2 on a sharded array: `ifftn` over the last two axes (`axes`).
 
     Example:
@@ -613,7 +637,7 @@ def ifft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
 
 
 def rfft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
-          exchange="auto", chunks=1):
+          exchange="auto", chunks="auto"):
     """jnp.fft.rfft2 on a sharded array: `rfftn` over the last two axes (`axes`).
 
     Example:
@@ -628,7 +652,7 @@ def rfft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
 
 
 def irfft2(a, s=None, axes=(-2, -1), norm=None, *, out_sharding=None, mesh=None,
-           exchange="auto", chunks=1):
+           exchange="auto", chunks="auto"):
     """jnp.fft.irfft2 on a sharded array: `irfftn` over the last two axes (`axes`).
 
     Example:

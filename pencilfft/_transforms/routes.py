@@ -1,8 +1,10 @@
-"""The N-D planner: the cheapest route from any sharding to any other, transforming on the way.
+"""The planner: the cheapest route from any sharding to any other, transforming on the way.
 
-Static (shapes, specs and mesh sizes only; nothing is traced).  A layout is a spec: for each
-array axis, the tuple of mesh axes that split it, major to minor ("whole": none).  One step of a
-route is one of
+The one planner of every transform: jnp.fft's names (`numpy_fft.py`) and the 3-D ones (pfft3d &
+co., `stages.pencil_problem`) ask it for their route; `stages.py` emits a route's stages. Static
+(shapes, specs and mesh sizes only; nothing is traced, nothing here imports jax). A layout is a
+spec: for each array axis, the tuple of mesh axes that split it, major to minor ("whole": none).
+One step of a route is one of
 
 * a transform of the wanted axes that are whole on every device (one `stages.Fft`, several
   axes at once);
@@ -15,17 +17,20 @@ route is one of
   over (u, v) (`Swap`), the only way to reach some orders (P(x, y) -> P(y, x)).
 
 The search (Dijkstra over (spec, stored lengths, axes done)) minimises the bytes moved, then the
-number of exchanges, then the number of stages; each exchange moves the whole array as it is at
-that step.  A real-to-complex axis is transformed first (with whatever else is whole then), a
-complex-to-real one last.  Where an axis the mesh does not divide is cut, it is zero-padded at
-its end while it is whole (`Fit`): to a multiple of the mesh axes that will split it, so that the
-last layout is XLA's tiling of the exact length (each block ceil(n / P) long), which the caller
-slices globally without moving data.  Whole axes are cropped back before their transform and at
-the end.  Nothing is gathered: every device holds 1/P of the (padded) array at every step.
+number of exchanges, then the number of stages (`Problem.exchanges_first`: the exchanges first);
+each exchange moves the whole array as it is at that step. Each axis's transform is then placed
+among the route's FFT steps (`_merged`): fewest FFT calls, jnp.fft's order (the last axis
+first), earliest. A real-to-complex axis is transformed first (with whatever else is whole
+then), a complex-to-real one last. Where an axis the mesh does not divide is cut, it is
+zero-padded at its end while it is whole (`Fit`): to a multiple of the mesh axes that will split
+it, so that the last layout is XLA's tiling of the exact length (each block ceil(n / P) long),
+which the caller slices globally without moving data. Whole axes are cropped back before their
+transform and at the end. Nothing is gathered: every device holds 1/P of the (padded) array at
+every step.
 
-Without a target the route ends in the cheapest layout that splits over every mesh axis of
-size > 1; among equally cheap ones, the input's own layout, else one that keeps the mesh axes in
-the input's order, else the one whose splits sit on the lowest array axes.
+Without a target the route ends in the cheapest layout that splits over every mesh axis of size
+> 1; among equally cheap ones, the input's own layout, else one that keeps the mesh axes in the
+input's order, else the one whose splits sit on the lowest array axes.
 """
 from __future__ import annotations
 
@@ -34,13 +39,8 @@ import heapq
 import itertools
 import math
 
-import jax
-import jax.numpy as jnp
-
-from .stages import Exchange, Fft
-
-__all__ = ["Fit", "Inverse", "Problem", "Route", "Swap", "Take", "find_route", "out_stored",
-           "largest_bytes", "route_stages", "spec_text"]
+__all__ = ["Problem", "Route", "find_route", "exact_length", "out_stored", "largest_bytes",
+           "spec_text"]
 
 Spec = tuple[tuple[str, ...], ...]
 
@@ -76,6 +76,10 @@ class Problem:
     target: Spec | None
     # Every split of the last layout even (an Explicit mesh: jax types no uneven split).
     even: bool = False
+    # The fewest exchanges first, then the fewest bytes: where every exchange is a pass over the
+    # whole block whatever it moves (the chunked 3-D chain, whose mesh axes of one device
+    # exchange nothing but are a loop of pieces all the same: `stages.pencil_problem`).
+    exchanges_first: bool = False
 
     @property
     def half(self) -> int | None:
@@ -106,7 +110,8 @@ def _splits(spec_i: tuple[str, ...], p: Problem) -> int:
     return math.prod(p.size(m) for m in spec_i)
 
 
-def _n(p: Problem, done: frozenset, i: int) -> int:
+def exact_length(p: Problem, done: frozenset, i: int) -> int:
+    """Axis i's exact length once the axes `done` are transformed."""
     return p.after[i] if i in done else p.lengths[i]
 
 
@@ -139,7 +144,7 @@ def _pad_options(p: Problem, spec: Spec, stored: tuple, done, j: int, m: str) ->
     q = _splits(spec[j], p) * p.size(m)
     if spec[j]:
         return [stored[j]] if stored[j] % q == 0 else []
-    n = _n(p, done, j)
+    n = exact_length(p, done, j)
     others = [s for name, s in p.sizes if name != m]
     options = {_round_up(n, p.size(m) * math.prod(c))
                for r in range(len(others) + 1) for c in itertools.combinations(others, r)}
@@ -152,7 +157,7 @@ def _goal(p: Problem, spec: Spec, stored: tuple, done: frozenset) -> bool:
     if len(done) != len(p.axes):
         return False
     for i, s in enumerate(spec):
-        n = _n(p, done, i)
+        n = exact_length(p, done, i)
         if s and stored[i] != _round_up(n, _splits(s, p)):
             return False  # not XLA's tiling of the exact length
         if s and p.even and n % _splits(s, p):
@@ -202,6 +207,8 @@ def find_route(p: Problem) -> Route:
             goals.append((cost, state, steps))
             continue
         for nxt, step, add in _moves(p, spec, stored, done):
+            if p.exchanges_first:
+                add = add[::-1]
             c = (cost[0] + add[0], cost[1] + add[1], cost[2] + 1)
             if c < best.get(nxt, (math.inf,)):
                 best[nxt] = c
@@ -210,8 +217,9 @@ def find_route(p: Problem) -> Route:
         raise ValueError("no route")
     cost, (spec, stored, done), steps = min(goals, key=lambda g: (g[0][:2], _preference(p, g[1][0]),
                                                                  g[0][2]))
-    lengths = tuple(_n(p, done, i) for i in range(len(spec)))
-    return Route(_merged(p, steps), spec, stored, lengths, cost[1], cost[0])
+    lengths = tuple(exact_length(p, done, i) for i in range(len(spec)))
+    moved, exchanges = cost[1::-1] if p.exchanges_first else cost[:2]
+    return Route(_merged(p, steps), spec, stored, lengths, exchanges, moved)
 
 
 def _touched(step) -> set[int]:
@@ -224,26 +232,51 @@ def _touched(step) -> set[int]:
 
 
 def _merged(p: Problem, steps: tuple) -> tuple:
-    """The steps with each transform run together with the next one where the exchanges between
-    leave its axes alone (a transform along an axis commutes with exchanges of the others):
-    one multi-axis FFT instead of two.  The real-to-complex one stays first."""
+    """The steps with each axis's transform placed among the route's FFT steps: an axis may run
+    in any FFT step from the one the search gave it (the first where it is whole) to the last
+    before an exchange touches it (a transform along an axis commutes with exchanges of the
+    others).  Chosen: the fewest FFT calls (one multi-axis FFT instead of two); then jnp.fft's
+    order, the last axis first (the real-to-complex one must be first, and it is the last; on a
+    slab over the second of three axes the third runs before the exchange and the first with
+    the second after it, not the first and the third before it); then each as early as it can.
+    The real-to-complex axis stays first and the complex-to-real one last.  The search counted
+    each transform where it put it: one placed later moves the same bytes unless it changes its
+    axis's length, which only the 3-D transforms' dealiasing does (a truncated X on a slab over
+    Y then crosses its exchange untruncated, as pfft3d's stages always had it)."""
     steps = list(steps)
-    k = 0
-    while k < len(steps):
-        step = steps[k]
-        if step[0] != "fft" or (p.kind == "r2c" and p.half in step[1]):
-            k += 1
+    ffts = [k for k, step in enumerate(steps) if step[0] == "fft"]
+    first: dict[int, int] = {}
+    for g, k in enumerate(ffts):
+        for i in steps[k][1]:
+            first[i] = g
+    span = {}
+    for i, g in first.items():
+        last = g
+        if i != p.half:
+            while last + 1 < len(ffts) and not any(
+                    i in _touched(steps[t]) for t in range(ffts[g] + 1, ffts[last + 1])):
+                last += 1
+        span[i] = range(g, last + 1)
+    axes = sorted(first, key=p.axes.index)
+
+    def score(groups: tuple[int, ...]) -> tuple:
+        at = dict(zip(axes, groups))
+        inversions = sum(1 for u in axes for v in axes
+                         if p.axes.index(u) < p.axes.index(v) and at[u] < at[v])
+        return (len(set(groups)), inversions, sum(groups))
+
+    best = min(itertools.product(*(span[i] for i in axes)), key=score)
+    placed = dict(zip(axes, best))
+    out = []
+    for k, step in enumerate(steps):
+        if step[0] != "fft":
+            out.append(step)
             continue
-        nxt = next((t for t in range(k + 1, len(steps)) if steps[t][0] == "fft"), None)
-        if nxt is None or any(_touched(steps[t]) & set(step[1]) for t in range(k + 1, nxt)):
-            k += 1
-            continue
-        axes = step[1] + steps[nxt][1]
-        if p.half in axes:  # the complex-to-real axis last
-            axes = tuple(a for a in axes if a != p.half) + (p.half,)
-        steps[nxt] = ("fft", axes)
-        del steps[k]
-    return tuple(steps)
+        g = ffts.index(k)
+        group = tuple(i for i in axes if placed[i] == g)  # jnp's order: the half axis last
+        if group:
+            out.append(("fft", group))
+    return tuple(out)
 
 
 def _moves(p: Problem, spec: Spec, stored: tuple, done: frozenset):
@@ -283,7 +316,7 @@ def _moves(p: Problem, spec: Spec, stored: tuple, done: frozenset):
                 moved = nbytes * length // stored[j] * (p.size(m) - 1) // p.size(m)
                 if not new_spec[i]:  # whole again: cropped to its exact length (`Fit`)
                     cropped = list(nxt[1])
-                    cropped[i] = _n(p, done, i)
+                    cropped[i] = exact_length(p, done, i)
                     nxt = (nxt[0], tuple(cropped), done)
                 yield nxt, ("move", m, i, j, length), (moved, 1)
 
@@ -301,135 +334,6 @@ def _cut(spec: Spec, stored: tuple, done, j: int, m: str, length: int):
     new = list(stored)
     new[j] = length
     return tuple(new_spec), tuple(new), done
-
-
-# ----------------------------------------------------------------------------------------------
-# The stages of a route (on the per-device block, array axes in their global order)
-
-
-@dataclasses.dataclass(frozen=True)
-class Fit:
-    """Crop or zero-pad local (whole) `axis` at its end to `length` (backward: back to
-    `original`).  The entries past an axis's exact length are zeros, so cropping there and
-    padding again give the same array."""
-
-    axis: int
-    length: int
-    original: int
-
-    def forward(self, k: jax.Array) -> jax.Array:
-        return _fit(k, self.axis, self.length)
-
-    def backward(self, k: jax.Array) -> jax.Array:
-        return _fit(k, self.axis, self.original)
-
-
-def _fit(k: jax.Array, axis: int, length: int) -> jax.Array:
-    k = jax.lax.slice_in_dim(k, 0, min(length, k.shape[axis]), axis=axis)
-    widths = [(0, 0)] * k.ndim
-    widths[axis] = (0, length - k.shape[axis])
-    return jnp.pad(k, widths) if length > k.shape[axis] else k
-
-
-@dataclasses.dataclass(frozen=True)
-class Take:
-    """Keep this device's 1/n of local `axis` over mesh axis `axis_name`, over which the block
-    is replicated (no communication)."""
-
-    axis_name: str
-    n: int
-    axis: int
-
-    def forward(self, k: jax.Array) -> jax.Array:
-        size = k.shape[self.axis] // self.n
-        start = jax.lax.axis_index(self.axis_name) * size
-        return jax.lax.dynamic_slice_in_dim(k, start, size, axis=self.axis)
-
-
-@dataclasses.dataclass(frozen=True)
-class Swap:
-    """An axis split (..., u, v) becomes split (..., v, u): the device at (iu, iv) then holds
-    chunk iv |u| + iu of its parent block, which the device at linear (u, v) index
-    iv |u| + iu held (one collective permute over (u, v))."""
-
-    axis_names: tuple[str, str]
-    sizes: tuple[int, int]
-    # Whether v comes before u among the mesh's axes: the collective then names (v, u), as
-    # jax (0.11 and later) requires a tuple of axis names in the mesh's order.
-    mesh_order_vu: bool = False
-
-    def forward(self, k: jax.Array) -> jax.Array:
-        nu, nv = self.sizes
-        perm = [(iv * nu + iu, iu * nv + iv) for iu in range(nu) for iv in range(nv)]
-        if not self.mesh_order_vu:
-            return jax.lax.ppermute(k, self.axis_names, perm)
-        # The same pairs, as linear indices over (v, u): (iu, iv) -> iv |u| + iu.
-        vu = lambda n: (n % nv) * nu + n // nv
-        return jax.lax.ppermute(k, self.axis_names[::-1], [(vu(a), vu(b)) for a, b in perm])
-
-
-@dataclasses.dataclass(frozen=True)
-class Inverse:
-    """`stage` run the other way (an inverse transform as a forward step)."""
-
-    stage: object
-
-    def forward(self, k: jax.Array) -> jax.Array:
-        return self.stage.backward(k)
-
-    def backward(self, k: jax.Array) -> jax.Array:
-        return self.stage.forward(k)
-
-
-def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms: dict) -> tuple:
-    """The stages of `route` on a per-device block (array axes in their global order)."""
-    stages = []
-    stored = list(p.stored)
-    spec = [tuple(s) for s in p.in_spec]
-    done = frozenset()
-    for step in route.steps:
-        if step[0] == "fft":
-            axes = step[1]
-            done = done | set(axes)
-            for i in axes:
-                if stored[i] != p.fit[i]:
-                    stages.append(Fit(i, p.fit[i], stored[i]))
-                stored[i] = p.after[i]
-            kinds = tuple("rfft" if i == p.half else "fft" for i in axes)
-            sizes = tuple(p.after[i] if p.kind == "c2r" and i == p.half else p.fit[i]
-                          for i in axes)
-            fft = Fft(axes, kinds, sizes, norm)
-            stages.append(Inverse(fft) if inverse else fft)
-            continue
-        if step[0] == "swap":
-            j = step[1]
-            u, v = spec[j][-2:]
-            spec[j] = spec[j][:-2] + (v, u)
-            order = [m for m, _ in p.sizes]  # the mesh's order (Problem.sizes keeps it)
-            stages.append(Swap((u, v), (p.size(u), p.size(v)), order.index(v) < order.index(u)))
-            continue
-        kind, m, *rest = step
-        j, length = rest[-2], rest[-1]
-        if not spec[j] and stored[j] != length:
-            stages.append(Fit(j, length, stored[j]))
-        stored[j] = length
-        spec[j] = spec[j] + (m,)
-        if kind == "take":
-            stages.append(Take(m, p.size(m), j))
-        else:
-            i = rest[0]
-            spec[i] = spec[i][:-1]
-            stages.append(Exchange(m, p.size(m), split=j, gather=i,
-                                   order=tuple(range(len(spec))), algorithm=algorithms[m]))
-            n = _n(p, done, i)
-            if not spec[i] and stored[i] != n:  # whole again: back to its exact length
-                stages.append(Fit(i, n, stored[i]))
-                stored[i] = n
-    for i, s in enumerate(spec):  # whole axes back to their exact length
-        if not s and stored[i] != route.lengths[i]:
-            stages.append(Fit(i, route.lengths[i], stored[i]))
-            stored[i] = route.lengths[i]
-    return tuple(stages)
 
 
 def largest_bytes(p: Problem, route: Route) -> int:

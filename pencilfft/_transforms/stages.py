@@ -1,24 +1,32 @@
-"""The forward transform as a list of stages; the backward transform walks it reversed.
+"""The transforms as lists of stages; the backward transform walks the forward list reversed.
 
 Each stage kind holds its data and defines its forward map and its inverse (`forward(k)`,
-`backward(k)` on a per-device (B, ...) block): the stages are the whole interpreter.  Lists are
-built from a `Plan`'s static data alone (nothing is traced here).  Axes are numbered in the
-per-device block with the batch flattened to one leading axis: (B, x, y, Z) in real space.
+`backward(k)` on a per-device block): the stages are the whole interpreter.  Lists are built
+from static data alone (nothing is traced here), from the route that the one planner,
+`routes.find_route`, chooses: which axes are transformed when, which mesh axis moves from which
+array axis to which.  This module only emits them.
 
-Forward pencil (mesh (a, b) of sizes (Pa, Pb)), with [Truncate] only on padded (dealiased)
-axes and [Pad] only where the mesh does not divide the spectrum:
+The 3-D transforms (a `Plan`; axes numbered in the per-device block with the batch flattened to
+one leading axis: (B, x, y, Z) in real space) ask for the route from P(a, b, None) to
+(None, a, b) (`pencil_problem`).  On a pencil mesh (a, b) of sizes (Pa, Pb), with [Truncate]
+only on padded (dealiased) axes and [Pad] only where the mesh does not divide the spectrum:
 
     Fft(Z) [Truncate Z] [Pad Z]  Exchange(b: split 3, gather 2)  Fft(Y) [Truncate Y] [Pad Y]
     Exchange(a: split 3, gather 1)  Fft(X) [Truncate X]  [Move(3, 1) in the natural layout]
 
-A slab over X (Pb == 1) replaces the first three stages with one 2-D `Fft` over (Y, Z) and its
-exchange over a; a slab over Y (Pa == 1) is a slab in cost too: Fft(Z), the exchange over b to
-(B, z, X, Y), one 2-D Fft over (X, Y) and one move to the layout (the pencil path would add a
-reordering over the size-1 axis; benchmarks/RESULTS.md "margin"); with the local exchange
-(`_exchange.local`, CPU devices of one process), which writes any order in its one pass, the
-exchange writes the layout itself and the 2-D Fft runs on the strided axes there: no move.  One
-device runs one 3-D `Fft` (in the transposed layout writing (B, Y, Z, X) itself, its `order`;
-`Move(1, 3)` after it only where padding or truncation stages come between).
+Every exchange writes the axes of the next FFT last, in their global order, and the others
+before them (`emit`, `_place_pencil`), so the transforms run on contiguous trailing axes: a
+slab over X (Pb == 1) is one 2-D `Fft` over (Y, Z) and the exchange over a to (B, y', Z, X);
+a slab over Y (Pa == 1) is Fft(Z), the exchange over b to (B, z, X, Y), one 2-D Fft over (X, Y)
+and one move to the layout; the local exchange (`_exchange.local`, CPU devices of one process),
+which writes any order in its one pass, writes the layout itself where the last FFT is over
+several axes, which then runs on the strided axes there: no move.  One device runs one 3-D
+`Fft` (in the transposed layout writing (B, Y, Z, X) itself, its `order`; `Move(1, 3)` after it
+only where padding or truncation stages come between).  The chunked chain (`chunks.py`) is the
+same search's pencil route on every mesh.
+
+jnp.fft's names (`numpy_fft.py`) run a route's stages on the block's axes in their global order
+(`route_stages`: `Fft`, `Exchange`, `Fit`, `Take`, `Swap`, `Inverse`).
 
 Where to add a transform kind: a per-axis kind is a name in `plan.KINDS` with its 1-D forward
 and inverse in `_one_axis` (or its own module, as `r2r.py`), and an entry in the public API.
@@ -26,12 +34,15 @@ and inverse in `_one_axis` (or its own module, as `r2r.py`), and an entry in the
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import kernel as _kernel
 from .plan import FFT_KINDS, Plan
+from .routes import Problem, Route, exact_length, find_route
 from .transpose import transpose_blocks
 
 
@@ -278,7 +289,7 @@ def run_backward(stages: tuple[Stage, ...], k: jax.Array) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------------------------
-# The stage lists
+# The 3-D transforms' stage lists: the route of `routes.find_route`, emitted on a (B, ., ., .) block
 
 
 def _after(plan: Plan, axes: tuple[int, ...], dims: tuple[int, ...]) -> tuple[Stage, ...]:
@@ -308,50 +319,256 @@ def pad_stages(axis: int, length: int, padded: int) -> tuple[Stage, ...]:
     return (Pad(axis, length, padded),) if padded != length else ()
 
 
-def forward_stages(plan: Plan) -> tuple[Stage, ...]:
-    """The stages of the forward transform of one (B, x, y, Z) block (see the module docstring)."""
-    pa, pb = plan.pdims
-    (name_a, name_b), (alg_a, alg_b) = plan.axes, plan.exchanges
-    yc = plan.modes[1]
-    if pa == pb == 1:  # one device: nothing to exchange, one 3-D transform
-        # (padded all the same when planned for a mesh the partitioner has yet to give: the
-        # same global shape wherever the program ends up)
-        stages = (fft_stages(plan, (1, 2, 3), (0, 1, 2)) + pad_stages(2, yc, plan.yp)
-                  + pad_stages(3, plan.zc, plan.zp))
-        if plan.layout != "transposed":
-            return stages
-        if len(stages) == 1 and stages[0].fourier is not None:
-            # The move to (B, Y, Z, X) written by the 3-D transform itself (FFTW's output
+# A mesh axis of size 1 in the chunked chain's problem: no name, an exchange on one device.
+_ONE = ("\0a", "\0b")
+
+
+def pencil_problem(plan: Plan, every_axis: bool = False) -> Problem:
+    """The 3-D transform as a route problem over (X, Y, Z) (the batch, flattened to B, and the
+    mesh's batch axes are no part of it): from P(a, b, None) to k space's split (None, a, b),
+    the same in both layouts (a layout is the order the block stores its axes in, which the
+    emission decides).  `every_axis`: keep the mesh axes of size 1 too (the chunked chain, which
+    runs the pencil's route on every mesh, `chunks.py`)."""
+    (pa, pb), names = plan.pdims, tuple(n if n is not None else one
+                                         for n, one in zip(plan.axes, _ONE))
+    kept = [(name, n) for name, n in zip(names, (pa, pb)) if n > 1 or every_axis]
+    a, b = (((name,) if any(name == m for m, _ in kept) else ()) for name in names)
+    z = plan.zc
+    return Problem(
+        sizes=tuple(kept), lengths=plan.real_shape, stored=plan.real_shape, in_spec=(a, b, ()),
+        axes=(0, 1, 2), kind="r2c" if plan.real else "c2c", fit=plan.real_shape,
+        after=(plan.modes[0], plan.modes[1], z),
+        itemsizes=(np.dtype(plan.real_dtype).itemsize, np.dtype(plan.k_dtype).itemsize),
+        target=((), a, b), exchanges_first=every_axis)
+
+
+@functools.lru_cache(maxsize=256)
+def _route(p: Problem) -> Route:
+    return find_route(p)
+
+
+def _layout(plan: Plan) -> tuple[int, ...]:
+    """The global dims in the order k space stores them."""
+    return (1, 2, 0) if plan.layout == "transposed" else (0, 1, 2)
+
+
+def _moved(perm: list[int], target: tuple[int, ...]) -> Move | None:
+    """The one `Move` taking block order `perm` (global dims) to `target` (None if none does)."""
+    for src in range(3):
+        for dst in range(3):
+            order = list(perm)
+            order.insert(dst, order.pop(src))
+            if tuple(order) == target:
+                return Move(src + 1, dst + 1)
+    return None
+
+
+def emit(plan: Plan, problem: Problem, route: Route, place) -> list[list[Stage]]:
+    """The 3-D stages of `route`, one list per FFT step (its transform, truncations, paddings
+    and the exchanges up to the next FFT step) on a (B, ., ., .) block.
+
+    `place(perm, nxt, last_exchange, algorithm)` gives the global dims' order an exchange
+    writes (perm: the order before it, nxt: the dims of the next FFT step).  Every axis is
+    padded for the mesh right before the exchange that splits it (`Pad`), after its transform
+    and truncation; the last exchange's layout is k space's or one `Move` from it."""
+    perm, stored = [0, 1, 2], list(plan.real_shape)
+    groups: list[list[Stage]] = []
+    steps = route.steps
+    moves = [k for k, step in enumerate(steps) if step[0] == "move"]
+    index = {name: i for i, name in enumerate(plan.axes) if name is not None}
+    index.update({name: i for i, name in enumerate(_ONE)})
+    k_lengths = (plan.modes[0], plan.yp, plan.zp)
+    for k, step in enumerate(steps):
+        if step[0] == "fft":
+            dims = tuple(sorted(step[1], key=perm.index))
+            groups.append(list(fft_stages(plan, tuple(1 + perm.index(d) for d in dims), dims)))
+            for d in dims:
+                stored[d] = problem.after[d]
+            continue
+        if step[0] != "move":  # a 3-D input is split by every mesh axis: no take, no swap
+            raise AssertionError(f"the 3-D route has a {step[0]} step: {route.steps}")
+        _, m, i, j, length = step
+        if j not in {d for s in steps[:k] if s[0] == "fft" for d in s[1]}:
+            raise AssertionError(f"the 3-D route splits axis {j} before its transform: "
+                                 f"{route.steps}")
+        # To k space's length (the route's, or more where the spectrum is padded for a mesh
+        # the partitioner has yet to give, `Plan.padded_for`)
+        padded = max(length, k_lengths[j])
+        groups[-1] += pad_stages(1 + perm.index(j), stored[j], padded)
+        stored[j] = padded
+        nxt = next((s[1] for s in steps[k + 1:] if s[0] == "fft"), ())
+        algorithm = plan.exchanges[index[m]]
+        new = place(perm, nxt, k == moves[-1], algorithm)
+        groups[-1].append(Exchange(plan.axes[index[m]], problem.size(m), split=1 + perm.index(j),
+                                   gather=1 + perm.index(i),
+                                   order=(0,) + tuple(1 + perm.index(d) for d in new),
+                                   algorithm=algorithm))
+        perm = list(new)
+    for d in (1, 2):  # padded for a mesh the partitioner has yet to give (no exchange padded it)
+        groups[-1] += pad_stages(1 + perm.index(d), stored[d], k_lengths[d])
+    target = _layout(plan)
+    if tuple(perm) != target:
+        only = groups[-1][0] if len(groups) == 1 and len(groups[0]) == 1 else None
+        if isinstance(only, Fft) and only.fourier is not None:
+            # The move to the layout written by the one transform itself (FFTW's output
             # strides): one pass each way instead of two, the move was a third of the time.
-            return (dataclasses.replace(stages[0], order=(0, 2, 3, 1)),)
-        return stages + (Move(1, 3),)
-    if pa == 1 and alg_b == "local":
-        # The local exchange writes any order in its one pass: straight to the layout, (B, Y,
-        # z, X) transposed or (B, X, Y, z) natural, and the 2-D Fft runs there (FFTW takes
-        # strided axes as they are), with no move after it.
-        if plan.layout == "transposed":  # (B, Y, z, X): Y (dim 1) at axis 1, X (dim 0) at 3
-            order, xy, dims = (0, 2, 3, 1), (1, 3), (1, 0)
-        else:  # (B, X, Y, z)
-            order, xy, dims = (0, 1, 2, 3), (1, 2), (0, 1)
-        return fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp) + (
-            Exchange(name_b, pb, split=3, gather=2, order=order, algorithm=alg_b),
-        ) + fft_stages(plan, xy, dims)
-    if pa == 1:  # slab over Y
-        stages = fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp) + (
-            Exchange(name_b, pb, split=3, gather=2, order=(0, 3, 1, 2), algorithm=alg_b),
-        ) + fft_stages(plan, (2, 3), (0, 1))  # (B, z, X, Y)
-        # One move to the layout: (B, Y, z, X) transposed, (B, X, Y, z) natural.
-        return stages + ((Move(3, 1),) if plan.layout == "transposed" else (Move(1, 3),))
-    if pb == 1:  # slab over X: one 2-D transform of the whole local (Y, Z) planes
-        stages = fft_stages(plan, (2, 3), (1, 2)) + pad_stages(2, yc, plan.yp) + (
-            Exchange(name_a, pa, split=2, gather=1, order=(0, 2, 3, 1), algorithm=alg_a),
-        )  # (B, y', Zc, X)
-    else:
-        stages = fft_stages(plan, (3,), (2,)) + pad_stages(3, plan.zc, plan.zp) + (
-            Exchange(name_b, pb, split=3, gather=2, order=(0, 1, 3, 2), algorithm=alg_b),
-        ) + fft_stages(plan, (3,), (1,)) + pad_stages(3, yc, plan.yp) + (  # (B, x, z, Y)
-            Exchange(name_a, pa, split=3, gather=1, order=(0, 3, 2, 1), algorithm=alg_a),
-        )  # (B, y', z, X)
-    stages += fft_stages(plan, (3,), (0,))
-    return stages + ((Move(3, 1),) if plan.layout == "natural" else ())  # natural: (B, X, y', z)
+            groups[-1] = [dataclasses.replace(only, order=(0,) + tuple(1 + perm.index(d)
+                                                                       for d in target))]
+        else:
+            move = _moved(perm, target)
+            if move is None:
+                raise AssertionError(f"no one move from {perm} to the layout {target}")
+            groups[-1].append(move)
+    return groups
+
+
+def _place_pencil(plan: Plan):
+    """The orders exchanges write in the unchunked stages: the dims of the next FFT step last
+    (contiguous: the next transform runs on the block's trailing axes), the others before them,
+    each part in global order.  The local exchange (`_exchange.local`, one pass that writes any
+    order) writes k space's layout itself where the last transform is over several axes (FFTW's
+    multi-axis plan takes strided axes as they are): no move after it."""
+    def place(perm, nxt, last, algorithm):
+        if last and algorithm == "local" and len(nxt) > 1:
+            return _layout(plan)
+        return tuple(d for d in range(3) if d not in nxt) + tuple(sorted(nxt))
+    return place
+
+
+def forward_stages(plan: Plan) -> tuple[Stage, ...]:
+    """The stages of the forward transform of one (B, x, y, Z) block: the route `find_route`
+    picks for `pencil_problem(plan)`, emitted (see the module docstring)."""
+    problem = pencil_problem(plan)
+    groups = emit(plan, problem, _route(problem), _place_pencil(plan))
+    return tuple(stage for group in groups for stage in group)
+
+
+# ----------------------------------------------------------------------------------------------
+# The N-D names' stages of a route (on the per-device block, array axes in their global order)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """Crop or zero-pad local (whole) `axis` at its end to `length` (backward: back to
+    `original`).  The entries past an axis's exact length are zeros, so cropping there and
+    padding again give the same array."""
+
+    axis: int
+    length: int
+    original: int
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        return _fit(k, self.axis, self.length)
+
+    def backward(self, k: jax.Array) -> jax.Array:
+        return _fit(k, self.axis, self.original)
+
+
+def _fit(k: jax.Array, axis: int, length: int) -> jax.Array:
+    k = jax.lax.slice_in_dim(k, 0, min(length, k.shape[axis]), axis=axis)
+    widths = [(0, 0)] * k.ndim
+    widths[axis] = (0, length - k.shape[axis])
+    return jnp.pad(k, widths) if length > k.shape[axis] else k
+
+
+@dataclasses.dataclass(frozen=True)
+class Take:
+    """Keep this device's 1/n of local `axis` over mesh axis `axis_name`, over which the block
+    is replicated (no communication)."""
+
+    axis_name: str
+    n: int
+    axis: int
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        size = k.shape[self.axis] // self.n
+        start = jax.lax.axis_index(self.axis_name) * size
+        return jax.lax.dynamic_slice_in_dim(k, start, size, axis=self.axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class Swap:
+    """An axis split (..., u, v) becomes split (..., v, u): the device at (iu, iv) then holds
+    chunk iv |u| + iu of its parent block, which the device at linear (u, v) index
+    iv |u| + iu held (one collective permute over (u, v))."""
+
+    axis_names: tuple[str, str]
+    sizes: tuple[int, int]
+    # Whether v comes before u among the mesh's axes: the collective then names (v, u), as
+    # jax (0.11 and later) requires a tuple of axis names in the mesh's order.
+    mesh_order_vu: bool = False
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        nu, nv = self.sizes
+        perm = [(iv * nu + iu, iu * nv + iv) for iu in range(nu) for iv in range(nv)]
+        if not self.mesh_order_vu:
+            return jax.lax.ppermute(k, self.axis_names, perm)
+        # The same pairs, as linear indices over (v, u): (iu, iv) -> iv |u| + iu.
+        vu = lambda n: (n % nv) * nu + n // nv
+        return jax.lax.ppermute(k, self.axis_names[::-1], [(vu(a), vu(b)) for a, b in perm])
+
+
+@dataclasses.dataclass(frozen=True)
+class Inverse:
+    """`stage` run the other way (an inverse transform as a forward step)."""
+
+    stage: object
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        return self.stage.backward(k)
+
+    def backward(self, k: jax.Array) -> jax.Array:
+        return self.stage.forward(k)
+
+
+def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms: dict) -> tuple:
+    """The stages of `route` on a per-device block (array axes in their global order)."""
+    stages = []
+    stored = list(p.stored)
+    spec = [tuple(s) for s in p.in_spec]
+    done = frozenset()
+    for step in route.steps:
+        if step[0] == "fft":
+            axes = step[1]
+            done = done | set(axes)
+            for i in axes:
+                if stored[i] != p.fit[i]:
+                    stages.append(Fit(i, p.fit[i], stored[i]))
+                stored[i] = p.after[i]
+            kinds = tuple("rfft" if i == p.half else "fft" for i in axes)
+            sizes = tuple(p.after[i] if p.kind == "c2r" and i == p.half else p.fit[i]
+                          for i in axes)
+            fft = Fft(axes, kinds, sizes, norm)
+            stages.append(Inverse(fft) if inverse else fft)
+            continue
+        if step[0] == "swap":
+            j = step[1]
+            u, v = spec[j][-2:]
+            spec[j] = spec[j][:-2] + (v, u)
+            order = [m for m, _ in p.sizes]  # the mesh's order (Problem.sizes keeps it)
+            stages.append(Swap((u, v), (p.size(u), p.size(v)), order.index(v) < order.index(u)))
+            continue
+        kind, m, *rest = step
+        j, length = rest[-2], rest[-1]
+        if not spec[j] and stored[j] != length:
+            stages.append(Fit(j, length, stored[j]))
+        stored[j] = length
+        spec[j] = spec[j] + (m,)
+        if kind == "take":
+            stages.append(Take(m, p.size(m), j))
+        else:
+            i = rest[0]
+            spec[i] = spec[i][:-1]
+            stages.append(Exchange(m, p.size(m), split=j, gather=i,
+                                   order=tuple(range(len(spec))), algorithm=algorithms[m]))
+            n = exact_length(p, done, i)
+            if not spec[i] and stored[i] != n:  # whole again: back to its exact length
+                stages.append(Fit(i, n, stored[i]))
+                stored[i] = n
+    for i, s in enumerate(spec):  # whole axes back to their exact length
+        if not s and stored[i] != route.lengths[i]:
+            stages.append(Fit(i, route.lengths[i], stored[i]))
+            stored[i] = route.lengths[i]
+    return tuple(stages)
+
 
