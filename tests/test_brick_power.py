@@ -131,16 +131,21 @@ def test_brick_is_the_pencils_result():
     assert np.array_equal(to_numpy(got[2]), to_numpy(want[2]))
 
 
-def test_gradient_on_an_explicit_mesh():
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_gradient(kind):
     """jax.grad through the brick's binning (its transpose, with the compensation's weights) and
-    rfftn: the one-device gradient, split as the field is."""
+    rfftn, under jit: the one-device gradient, split as the field is on an Explicit mesh; on an
+    Auto one with nothing in scope (XLA's partitioner) in the spectrum's layout, and gathered
+    nowhere."""
     data = random_field(SHAPE, np.float64, 36)
     w = random_field((2, 5), np.float64, 37)
     loss = lambda a: (w * pencilfft.power_spectrum(  # noqa: E731
         a, multipoles=(0, 2), kedges=6, compensation="tsc")[1]).sum()
-    x = put_global(data, NamedSharding(brick_mesh(), P("a", "b", "c")))
-    got = jax.jit(jax.grad(loss))(x)
-    assert got.sharding.spec == P("a", "b", "c")
+    x = put_global(data, NamedSharding(brick_mesh(kind=kind), P("a", "b", "c")))
+    f = jax.jit(jax.grad(loss))
+    got = f(x)
+    assert got.sharding.spec == (P("a", "b", "c") if kind == "explicit" else P(("a", "c", "b")))
+    assert "all-gather" not in f.lower(x).compile().as_text()
     assert rel_err(to_numpy(got), np.asarray(jax.jit(jax.grad(loss))(data))) <= tol(np.float64)
 
 

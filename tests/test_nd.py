@@ -191,6 +191,23 @@ def test_no_all_gather_with_nothing_in_scope(case, out_spec):
         assert ops <= {"all-to-all", "collective-permute"}, ops
 
 
+def test_uneven_half_axis_with_nothing_in_scope():
+    """jit on an Auto brick with nothing in scope, where the half axis (Z // 2 + 1 = 9) keeps
+    Z's split over a mesh axis of 2: XLA's tiling of that uneven split (blocks of 5, the last
+    padded) between rfftn and irfftn, and in the gradient; no gather, the input's sharding."""
+    mesh = mesh_of((2, 2, 2), ("a", "b", "c"), auto=True)
+    data = random_field((8, 8, 16), np.float32, 9)
+    a = put_global(data, NamedSharding(mesh, P("a", "b", "c")))
+    round_trip = jax.jit(lambda v: pencilfft.irfftn(pencilfft.rfftn(v) * 2, s=v.shape))
+    grad = jax.jit(jax.grad(lambda v: jnp.sum(jnp.abs(pencilfft.rfftn(v)) ** 2)))
+    want = jax.grad(lambda v: jnp.sum(jnp.abs(jnp.fft.rfftn(v)) ** 2))(data)
+    for f, ref in ((round_trip, 2 * data.astype(np.float64)), (grad, np.asarray(want))):
+        y = f(a)
+        _close(y, ref)
+        assert y.sharding.is_equivalent_to(NamedSharding(mesh, P("a", "b", "c")), 3)
+        assert "all-gather" not in set(re.findall(_COLLECTIVES, f.lower(a).compile().as_text()))
+
+
 def test_explicit_mesh_under_set_mesh():
     mesh = mesh_of((4, 2), ("x", "y"))
     data = random_field((8, 8, 16), np.float32, 4)

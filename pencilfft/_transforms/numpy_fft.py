@@ -325,12 +325,15 @@ def _out_spec_entries(spec: Spec) -> P:
 
 
 def _on_mesh(call: Call, mesh, in_spec_given: P, target: Spec | None, target_given: P | None,
-             chunks: int = 1):
-    """(body in shard_map, input spec, output spec, stored input shape, stored output shape)."""
+             chunks: int = 1, even: bool = True):
+    """(body in shard_map, input spec, output spec, stored input shape, stored output shape).
+    `even`: every split of the result divides its axis (jax's arrays, shard_map); else the
+    result may be XLA's tiling of an uneven split (blocks of ceil(n / P), the last padded),
+    which the partitioner takes as it is."""
     sizes = dict(mesh.shape)
     in_spec = _spec_tuple(in_spec_given, len(call.shape), sizes, "a.sharding")
     route, stages, problem = _planned(call, tuple(sizes.items()), _without_ones(in_spec, sizes),
-                                      target, platform_of(mesh), True)
+                                      target, platform_of(mesh), even)
     out_spec = target_given if target_given is not None else _out_spec_entries(route.spec)
     stages = route_in_pieces(stages, len(call.shape), chunks)
     body = with_mesh(functools.partial(_run_stages, stages), mesh)
@@ -401,21 +404,21 @@ class RouteOp(LinearOp):
         else:  # the rule keeps every dimension's sharding: end where the input started
             given = P(*tuple(in_spec) + (None,) * (ndim - len(tuple(in_spec))))
             target = _without_ones(_spec_tuple(given, ndim, sizes, "a.sharding"), sizes)
-        body, in_p, out_p, stored_in, stored_out = _on_mesh(self.call, mesh, in_spec, target,
-                                                            given, self.chunks)
-        if stored_in != self.call.shape or stored_out != self.call.out_shape:
-            raise ValueError(
-                f"under jax.jit with no mesh in scope the array's axes must divide by the mesh "
-                f"axes that split them (shape {self.call.shape} split {in_spec}, output "
-                f"{self.call.out_shape} split {out_p}); call it under `jax.set_mesh(mesh)` or "
-                f"pass `mesh=`")
+        # XLA's partitioner tiles an uneven split itself (blocks of ceil(n / P), the last one
+        # padded), on the way in and out: the half axis of an rfftn that keeps the input's split
+        # (Z // 2 + 1 over a mesh axis that splits Z), and the input of its irfftn.
+        body, in_p, out_p, _, _ = _on_mesh(self.call, mesh, in_spec, target, given, self.chunks,
+                                           even=False)
         return body, in_p, out_p
 
     def primal_rule(self):
         letters = [f"d{i}" for i in range(len(self.call.shape))]
         if self.target_given is not None:
-            out = [f"o{i}" for i in range(len(self.call.shape))]
-            return " ".join(letters), " ".join(out)
+            out = " ".join(f"o{i}" for i in range(len(self.call.shape)))
+            # The transpose (a gradient's) starts from the asked layout, where the primal's
+            # input layout is unknown to it: it keeps the layout it is given (with letters of
+            # its own, XLA would replicate its result: a gather).
+            return (out, out) if self.transposed else (" ".join(letters), out)
         return " ".join(letters), " ".join(letters)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -209,8 +210,12 @@ def _transposed(f: Callable, primal: jax.ShapeDtypeStruct) -> Callable:
 def tile(shape, spec, mesh) -> tuple[int, ...]:
     """Per-device block shape of a global shape under `spec` (ceil, as XLA tiles uneven axes)."""
     spec = tuple(spec) + (None,) * (len(shape) - len(spec))
-    return tuple(-(-n // (mesh.shape[name] if name is not None else 1))
-                 for n, name in zip(shape, spec))
+
+    def parts(entry) -> int:  # an entry: None, a mesh axis, or a tuple of them (major first)
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        return math.prod(mesh.shape[name] for name in names)
+
+    return tuple(-(-n // parts(entry)) for n, entry in zip(shape, spec))
 
 
 # ----------------------------------------------------------------------------------------------
