@@ -236,7 +236,7 @@ def pencil_parts(mesh, x, keep: str) -> Callable:
 
 
 def _checker(ref: Callable[[], np.ndarray], spec: P | None) -> Callable[[Any], float]:
-    """The max relative error of a result against `ref()` (float64 numpy), once its split is
+    """The max relative error of a result against `ref()` (numpy), once its split is
     `spec` (None: any)."""
     def check(y) -> float:
         if spec is not None and spec_tuple(y.sharding.spec, y.ndim) != spec_tuple(spec, y.ndim):
