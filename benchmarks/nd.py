@@ -195,9 +195,10 @@ def _moves_data(stage) -> bool:
 
 
 def _run(stages, k, keep: str, backward: bool = False):
-    """`stages` on a block (backward: reversed, each walked back): all but the FFTs
-    (`keep`="exchanges"), or all but the data movement ("ffts": each exchange replaced by a reshape of the block to the shape it
-    would leave, so that every FFT runs on the same block shape and strides, moving nothing)."""
+    """`stages` on a block (backward: reversed, each walked back): all of them (`keep`="all"),
+    all but the FFTs ("exchanges"), or all but the data movement ("ffts": each exchange replaced
+    by a reshape of the block to the shape it would leave, so that every FFT runs on the same
+    block shape and strides, moving nothing)."""
     for s in reversed(stages) if backward else stages:
         step = s.backward if backward else s.forward
         if keep == "exchanges" and _is_fft(s):
