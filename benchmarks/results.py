@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks import (batch, chunks, device, fft, gpu, harness, kernel, kinds, layouts, margin,
-                        memory, mpi, paint, pm, pm_rss, power, steady, steps)
+                        memory, mpi, nd, paint, pm, pm_rss, power, steady, steps)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -52,6 +52,7 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "steady": (steady.steady_table, 1),
     "steady-stages": (steady.stages_table, 1),
     "pm-rss": (pm_rss.table, 1),
+    "nd": (nd.table, 1),
 }
 # Kinds whose data a lent machine has yet to give: RESULTS.md says so, with the command that
 # measures them (a test holds the two together), until a block of that kind replaces it.
