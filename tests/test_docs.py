@@ -33,6 +33,7 @@ FIGURES = {
     "benchmarks.html": {"stored_cpu8_grid.png", "stored_gpu_h100.png", "stored_mpi.png",
                         "stored_memory.png", "stored_cpu8_bars_256x256x256_complex64.png"},
     "howto/memory.html": {"stored_memory.png"},
+    "howto/any-layout.html": {"any_layout_routes.png"},
 }
 
 
