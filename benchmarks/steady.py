@@ -147,12 +147,12 @@ def _stage_calls(n: int) -> dict[str, tuple[Callable, Any]]:
         f2 = c(lambda a: kern.fft(a, "fft", fwd.axes[:1], "backward", fwd.sizes[:1], fwd.order), y)
         out |= {"forward 1: 2-D FFT over (Y, Z)": (f1, x),
                 "forward 2: 1-D FFT over X, writing (B, Y, Z, X)": (f2, y)}
-    k = jax.jit(fwd._forward_fftw)(x)
+    k = jax.jit(fwd._forward_fftw)(x).block_until_ready()
     g = c(fwd._backward_fftw, k)
     out |= {"forward, whole": (c(fwd._forward_fftw, x), x), "inverse, whole": (g, k)}
     if fwd._split():
         a1 = c(lambda a: kern.fft(a, "ifft", (3,), "backward", (n,)), k)
-        z = a1(k)
+        z = a1(k).block_until_ready()
         a2 = c(lambda a: kern.fft(a, "ifft", (1, 2), "backward", (n, n), fwd._undo), z)
         out |= {"inverse 1: 1-D FFT over X (contiguous)": (a1, k),
                 "inverse 2: 2-D FFT over (Y, Z), writing (B, X, Y, Z)": (a2, z)}

@@ -66,7 +66,8 @@ typedef void* fftw_plan_t;
   void P##_execute_r2r(fftw_plan_t, R*, R*);                                                   \
   int P##_alignment_of(R*);                                                                    \
   int P##_init_threads();                                                                      \
-  void P##_plan_with_nthreads(int);
+  void P##_plan_with_nthreads(int);                                                            \
+  __attribute__((weak)) void P##_make_planner_thread_safe();
 PENCILFFT_FFTW_DECLARE(fftw, double)
 PENCILFFT_FFTW_DECLARE(fftwf, float)
 void* fftw_malloc(size_t);
@@ -99,8 +100,16 @@ struct Api;
     static constexpr auto exec_r2r = P##_execute_r2r;                              \
     static int align(void* p) { return P##_alignment_of(static_cast<R*>(p)); }    \
     static void threads(int n) {                                                   \
-      static bool ok = P##_init_threads() != 0; /* once, under plan_mutex */       \
+      static bool ok = Init(); /* once, under plan_mutex */                        \
       if (ok) P##_plan_with_nthreads(n);                                           \
+    }                                                                              \
+    /* FFTW's planner is one per library and process: pyFFTW (the same wheel's */  \
+    /* library) may plan on another thread while XLA runs our call, and two    */  \
+    /* planners at once corrupt FFTW's heap (a crash, issue 55). FFTW >= 3.3.5 */  \
+    /* serialises every planner call of the process behind its own lock.       */  \
+    static bool Init() {                                                           \
+      if (P##_make_planner_thread_safe) P##_make_planner_thread_safe();            \
+      return P##_init_threads() != 0;                                              \
     }                                                                              \
   };
 PENCILFFT_FFTW_API(fftw, double)
