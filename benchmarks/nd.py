@@ -11,9 +11,7 @@ timed in the harness's interleaved rounds (the first program rotating), the medi
 * 3-D, N^3 (`--shapes`): the round trip `fftn` then `ifftn` of a brick split P(a, b, c) over
   a (2, 2, 2) mesh back to P(a, b, c) both ways; the same through a natural-order pencil
   P(None, a, (b, c)); `pfft3d` + `pifft3d` on a 4x2 pencil (the reference); and `fftn` +
-  `ifftn` on that pencil (the N-D planner on pfft3d's layout).  With `--prototype` (default)
-  also the brick's and the pencil's `fftn` routes run by `contiguous`: a prototype, here, of
-  a change to the planner's stages (each exchange leaving the next FFT's axes last).
+  `ifftn` on that pencil (the N-D planner on pfft3d's layout).
 * 2-D, M^2 (`--grid2d`): the forward `fftn` of a slab P(a, None) over 8 devices (default
   output, and back to P(a, None)) and of a 4x2 block P(a, b); `jax.jit(jnp.fft.fftn)` on the
   slab (XLA's sharded FFT: it gathers); `jnp.fft.fftn` and `pencilfft.fftn` on one device (the
@@ -210,42 +208,6 @@ def _run(stages, k, keep: str, backward: bool = False):
     return k
 
 
-class _Transpose:
-    """A local transpose (the prototype's last step where the route ends with an FFT)."""
-
-    def __init__(self, order: tuple[int, ...]):
-        self.order = order
-
-    def forward(self, k):
-        return jnp.transpose(k, self.order)
-
-
-def contiguous(stages: Sequence, ndim: int) -> list:
-    """A prototype of the change proposed for `routes.route_stages` (RESULTS.md, issue 54): the
-    same route, each exchange writing the block (its `order`, in the same pass) so that the axes
-    the next FFT transforms are the last ones, and the global order back by the last exchange
-    (or a transpose where an FFT ends the route).  Exchanges and FFTs only (no Fit, Take, Swap)."""
-    perm = list(range(ndim))  # local axis -> the global axis it holds
-    out: list = []
-    for k, s in enumerate(stages):
-        if isinstance(s, private.Exchange):
-            nxt = next((t for t in stages[k + 1:] if _is_fft(t)), None)
-            axes = () if nxt is None else _fft_of(nxt).axes
-            want = [a for a in (perm if axes else range(ndim)) if a not in axes] + list(axes)
-            out.append(dataclasses.replace(s, split=perm.index(s.split),
-                                           gather=perm.index(s.gather),
-                                           order=tuple(perm.index(a) for a in want)))
-            perm = want
-        elif _is_fft(s):
-            f = dataclasses.replace(_fft_of(s), axes=tuple(perm.index(a) for a in _fft_of(s).axes))
-            out.append(private.nd_Inverse(f) if isinstance(s, private.nd_Inverse) else f)
-        else:
-            raise harness.Skip(f"the prototype takes exchanges and FFTs only, not {s}")
-    if perm != list(range(ndim)):
-        out.append(_Transpose(tuple(perm.index(a) for a in range(ndim))))
-    return out
-
-
 def _fft_of(stage):
     return stage.stage if isinstance(stage, private.nd_Inverse) else stage
 
@@ -304,7 +266,7 @@ def programs_3d(n: int, args: argparse.Namespace) -> list[NdProgram]:
     xp = jax.device_put(host, NamedSharding(pencil_mesh, pencil))
     out = []
 
-    def nd(name, mesh, x, in_spec, mid, mesh_text, prototype=False):
+    def nd(name, mesh, x, in_spec, mid, mesh_text):
         """fftn from `in_spec` to `mid` (None: default), ifftn back to `in_spec`."""
         fwd_route, fwd_stages = planned(shape, mesh, in_spec, mid, False)
         mid_spec = P(*(None if not s else s[0] if len(s) == 1 else s for s in fwd_route.spec))
@@ -317,22 +279,6 @@ def programs_3d(n: int, args: argparse.Namespace) -> list[NdProgram]:
                              route=text, route_exchanges=count,
                              check=_checker(lambda: host, in_spec) if args.check else None))
         legs = [(in_spec, mid_spec, fwd_stages), (mid_spec, in_spec, inv_stages)]
-        try:
-            fast = [(i, o, contiguous(st, 3)) for i, o, st in legs] if prototype else None
-        except harness.Skip as e:  # (a route with padding: the prototype takes none)
-            harness.say(args, f"{name}: no prototype ({e})")
-            fast = None
-        if fast:
-            proto = f"{name}, FFTs contiguous (prototype)"
-            out.append(NdProgram("3-D", proto, "whole", route_parts(mesh, fast, "all"), x,
-                                 mesh=mesh_text, layouts=layouts, route=text,
-                                 route_exchanges=count,
-                                 check=_checker(lambda: host, in_spec) if args.check else None))
-            for keep in PARTS_KEPT:
-                out.append(NdProgram("3-D", f"{proto}: {keep} alone", keep,
-                                     route_parts(mesh, fast, keep), x, mesh=mesh_text,
-                                     layouts=layouts, route=text, route_exchanges=count,
-                                     parts_of=proto))
         for keep in PARTS_KEPT:
             out.append(NdProgram("3-D", f"{name}: {keep} alone", keep,
                                  route_parts(mesh, legs, keep), x, mesh=mesh_text,
@@ -348,11 +294,9 @@ def programs_3d(n: int, args: argparse.Namespace) -> list[NdProgram]:
         out.append(NdProgram("3-D", f"{PENCIL}: {keep} alone", keep,
                              pencil_parts(pencil_mesh, xp, keep), xp, mesh="4x2 (x, y)",
                              layouts="", route_exchanges=4, parts_of=PENCIL))
-    nd("brick -> brick: fftn + ifftn", brick_mesh, xb, brick, brick, "2x2x2 (a, b, c)",
-       prototype=args.prototype)
+    nd("brick -> brick: fftn + ifftn", brick_mesh, xb, brick, brick, "2x2x2 (a, b, c)")
     nd("brick -> natural pencil: fftn + ifftn", brick_mesh, xb, brick, natural, "2x2x2 (a, b, c)")
-    nd("pencil 4x2: fftn + ifftn", pencil_mesh, xp, pencil, None, "4x2 (x, y)",
-       prototype=args.prototype)
+    nd("pencil 4x2: fftn + ifftn", pencil_mesh, xp, pencil, None, "4x2 (x, y)")
     return out
 
 
@@ -532,9 +476,6 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grid2d", type=int, default=2048, metavar="M",
                    help="the 2-D case's M x M grid (default 2048)")
     p.add_argument("--cases", nargs="+", choices=("3d", "2d"), default=["3d", "2d"])
-    p.add_argument("--prototype", action=argparse.BooleanOptionalAction, default=True,
-                   help="also the brick and pencil fftn round trips with their FFTs made "
-                        "contiguous (`contiguous`: the change RESULTS.md proposes)")
     p.add_argument("--quick", action="store_true",
                    help="128^3 and 1024^2, 1 + 5 rounds (overrides --shapes, --grid2d, --repeats, "
                         "--warmup)")
@@ -561,9 +502,7 @@ def plan(args: argparse.Namespace) -> list[str]:
     lines += ["  3-D programs: " + ", ".join([PENCIL, "brick -> brick: fftn + ifftn",
                                               "brick -> natural pencil: fftn + ifftn",
                                               "pencil 4x2: fftn + ifftn"])
-              + " (+ each one's exchanges alone and FFTs alone)"
-              + ("; the brick's and the pencil's fftn routes, FFTs contiguous (prototype)"
-                 if args.prototype else ""),
+              + " (+ each one's exchanges alone and FFTs alone)",
               "  2-D programs: slab: fftn, slab: fftn back to P('a', None), 4x2 block: fftn, "
               f"{SHARDED}, {ONE_DEVICE}, pencilfft.fftn, one device (+ pencilfft's parts alone)"]
     return lines

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from .plan import Plan
 from .routes import find_route
-from .stages import (Exchange, Fft, Fit, Inverse, Stage, Swap, Take, emit, forward_stages,
+from .stages import (Exchange, Fft, Fit, Inverse, Permute, Stage, Swap, Take, emit, forward_stages,
                      pencil_problem, run_backward, run_forward)
 
 __all__ = ["Chunked", "Pieces", "chunked_stages", "in_place", "route_groups",
@@ -208,8 +208,10 @@ def _touches(stage) -> set[int]:
         stage = stage.stage
     if isinstance(stage, Fft):
         return set(stage.axes)
-    if isinstance(stage, Exchange):
-        return {stage.split, stage.gather}
+    if isinstance(stage, Exchange):  # and the axes its `order` moves (a piece must stay put)
+        return {stage.split, stage.gather} | {i for i, o in enumerate(stage.order) if i != o}
+    if isinstance(stage, Permute):
+        return {i for i, o in enumerate(stage.order) if i != o}
     if isinstance(stage, (Fit, Take)):
         return {stage.axis}
     if isinstance(stage, Swap):
@@ -224,7 +226,8 @@ def route_groups(stages: tuple[Stage, ...], ndim: int) -> list[tuple[tuple[Stage
     its stages touches (empty: the group runs whole)."""
     groups: list[list[Stage]] = [[]]
     for stage in stages:
-        if isinstance(stage, (Fft, Inverse)) and groups[-1]:
+        # (a Permute, the route's last stage, in a group of its own: the FFT before it is cut)
+        if isinstance(stage, (Fft, Inverse, Permute)) and groups[-1]:
             groups.append([])
         groups[-1].append(stage)
     return [(tuple(group), tuple(sorted(set(range(ndim)) - set().union(*map(_touches, group)))))

@@ -521,8 +521,55 @@ class Inverse:
         return self.stage.forward(k)
 
 
+@dataclasses.dataclass(frozen=True)
+class Permute:
+    """jnp.transpose(k, order) (backward: its inverse): a route's block back to the global
+    order of its axes where its last step was an FFT of axes held last (`_contiguous`)."""
+
+    order: tuple[int, ...]
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        return jnp.transpose(k, self.order)
+
+    def backward(self, k: jax.Array) -> jax.Array:
+        return jnp.transpose(k, tuple(self.order.index(i) for i in range(len(self.order))))
+
+
+def _contiguous(stages: list, ndim: int) -> list:
+    """The same route with every FFT's axes last in the block: each exchange also writes (its
+    `order`, in the same pass) the axes the next FFT transforms last and the others in their
+    global order before them, and the last one writes the global order back (a `Permute` where
+    an FFT ends the route).  An FFT along a strided axis of a block larger than the caches runs
+    at a fraction of a contiguous one's speed; the exchange's permuted write costs less there
+    (benchmarks/RESULTS.md, "Any layout": the brick round trip 1.50x -> 1.31x pfft3d's)."""
+    perm = list(range(ndim))  # local axis -> the global axis it holds
+    out: list = []
+    for k, s in enumerate(stages):
+        inner = s.stage if isinstance(s, Inverse) else s
+        if isinstance(inner, Exchange):
+            nxt = next((t.stage if isinstance(t, Inverse) else t for t in stages[k + 1:]
+                        if isinstance(t.stage if isinstance(t, Inverse) else t, Fft)), None)
+            axes = () if nxt is None else nxt.axes
+            want = [a for a in range(ndim) if a not in axes] + list(axes)
+            out.append(dataclasses.replace(inner, split=perm.index(inner.split),
+                                           gather=perm.index(inner.gather),
+                                           order=tuple(perm.index(a) for a in want)))
+            perm = want
+        elif isinstance(inner, Fft):
+            f = dataclasses.replace(inner, axes=tuple(perm.index(a) for a in inner.axes))
+            out.append(Inverse(f) if isinstance(s, Inverse) else f)
+        elif isinstance(inner, (Fit, Take)):
+            out.append(dataclasses.replace(inner, axis=perm.index(inner.axis)))
+        else:  # a Swap permutes whole blocks between devices: the block's axes stay
+            out.append(s)
+    if perm != list(range(ndim)):
+        out.append(Permute(tuple(perm.index(a) for a in range(ndim))))
+    return out
+
+
 def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms: dict) -> tuple:
-    """The stages of `route` on a per-device block (array axes in their global order)."""
+    """The stages of `route` on a per-device block (array axes in their global order at both
+    ends; in between, each FFT's axes last: `_contiguous`)."""
     stages = []
     stored = list(p.stored)
     spec = [tuple(s) for s in p.in_spec]
@@ -569,6 +616,8 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
         if not s and stored[i] != route.lengths[i]:
             stages.append(Fit(i, route.lengths[i], stored[i]))
             stored[i] = route.lengths[i]
-    return tuple(stages)
+    if not any(isinstance(s, Exchange) for s in stages):
+        return tuple(stages)  # one device, or FFTs where the axes lie: nothing to write anew
+    return tuple(_contiguous(stages, len(p.stored)))
 
 
