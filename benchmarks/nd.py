@@ -168,21 +168,6 @@ def planned(shape: Sequence[int], mesh, in_spec: P, target: P | None, inverse: b
     return route, stages
 
 
-def route_text(route) -> str:
-    """'a: 0->1; FFT 0; ...' (docs/howto/any-layout.md's notation)."""
-    steps = []
-    for s in route.steps:
-        if s[0] == "fft":
-            steps.append("FFT " + ",".join(map(str, s[1])))
-        elif s[0] == "move":
-            steps.append(f"{s[1]}: {s[2]}->{s[3]}")
-        elif s[0] == "swap":
-            steps.append(f"swap on {s[1]}")
-        else:
-            steps.append(f"take {s[1]} on {s[2]}")
-    return "; ".join(steps)
-
-
 def _is_fft(stage) -> bool:
     return isinstance(_fft_of(stage), private.Fft)
 
@@ -273,7 +258,7 @@ def programs_3d(n: int, args: argparse.Namespace) -> list[NdProgram]:
         inv_route, inv_stages = planned(shape, mesh, mid_spec, in_spec, True)
         fn = (lambda v: pencilfft.ifftn(pencilfft.fftn(v, out_sharding=mid), out_sharding=in_spec))
         layouts = f"{spec_str(in_spec)} -> {spec_str(mid_spec)} -> {spec_str(in_spec)}"
-        text = f"{route_text(fwd_route)} | {route_text(inv_route)}"
+        text = f"{private.route_text(fwd_route)} | {private.route_text(inv_route)}"
         count = fwd_route.exchanges + inv_route.exchanges
         out.append(NdProgram("3-D", name, "whole", fn, x, mesh=mesh_text, layouts=layouts,
                              route=text, route_exchanges=count,
@@ -321,12 +306,12 @@ def programs_2d(m: int, args: argparse.Namespace) -> list[NdProgram]:
         fn = lambda v: pencilfft.fftn(v, out_sharding=target)  # noqa: E731
         layouts = f"{spec_str(in_spec)} -> {spec_str(out_spec)}"
         out.append(NdProgram("2-D", name, "whole", fn, x, mesh=mesh_text, layouts=layouts,
-                             route=route_text(route), route_exchanges=route.exchanges,
+                             route=private.route_text(route), route_exchanges=route.exchanges,
                              direction="forward", check=chk(out_spec)))
         for keep in PARTS_KEPT:
             out.append(NdProgram("2-D", f"{name}: {keep} alone", keep,
                                  route_parts(mesh, [(in_spec, out_spec, stages)], keep), x,
-                                 mesh=mesh_text, layouts=layouts, route=route_text(route),
+                                 mesh=mesh_text, layouts=layouts, route=private.route_text(route),
                                  route_exchanges=route.exchanges, direction="forward",
                                  parts_of=name))
 

@@ -25,6 +25,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import pencilfft
 
 from conftest import MPIRUN, put_global, to_numpy
+from jaxpr_collectives import collectives
 from paint_references import numpy_paint, numpy_read
 
 SHAPE = (16, 16, 16)
@@ -176,21 +177,6 @@ def test_interlace_eager_keeps_the_brick():
     np.testing.assert_allclose(to_numpy(g), _pencil_results()[0], atol=1e-11)
 
 
-def _collectives(jaxpr, found):
-    """Every collective of a (closed) jaxpr and the jaxprs inside it: (name, axis names)."""
-    params = {"ppermute": "axis_name", "all_to_all": "axis_name", "psum": "axes",
-              "psum2": "axes", "psum_invariant": "axes", "pmax": "axes", "all_gather":
-              "axis_name", "axis_index": "axis_name", "pvary": "axes", "pbroadcast": "axes"}
-    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
-        if params.get(eqn.primitive.name) in eqn.params:
-            found.append(eqn.params[params[eqn.primitive.name]])
-        for value in eqn.params.values():
-            for sub in (value if isinstance(value, (tuple, list)) else (value,)):
-                if isinstance(sub, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)):
-                    _collectives(sub, found)
-    return found
-
-
 def test_collectives_name_axes_in_the_mesh_order():
     """jax's next release refuses a tuple of axis names out of the mesh's order: a mesh
     ("c", "y", "x") splitting the brick P(x, y, c), lattice and catalog."""
@@ -201,7 +187,7 @@ def test_collectives_name_axes_in_the_mesh_order():
     found = []
     for fn, arg in [(lambda d: pencilfft.readout(pencilfft.paint(d), d), d),
                     (lambda p: pencilfft.readout(pencilfft.paint(p, shape=SHAPE), p), pos)]:
-        found += _collectives(jax.make_jaxpr(fn)(arg), [])
+        found += [names for _, names in collectives(jax.make_jaxpr(fn)(arg))]
     tuples = [names for names in found if isinstance(names, tuple) and len(names) > 1]
     assert tuples, "no collective over several axes traced"
     names = mesh.axis_names

@@ -18,6 +18,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import pencilfft
 from conftest import mpirun_for, put_global, random_field, rel_err, to_numpy, tol
+from jaxpr_collectives import collectives
 from power_references import assert_close, reference
 
 SHAPE = (16, 16, 16)
@@ -149,28 +150,12 @@ def test_gradient(kind):
     assert rel_err(to_numpy(got), np.asarray(jax.jit(jax.grad(loss))(data))) <= tol(np.float64)
 
 
-def _collectives(jaxpr, found):
-    """(primitive, axis names) of every collective of a jaxpr and those inside it."""
-    params = {"psum": "axes", "psum2": "axes", "psum_invariant": "axes",
-              "ppermute": "axis_name", "all_to_all": "axis_name", "axis_index": "axis_name",
-              "all_gather": "axis_name"}
-    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
-        name = params.get(eqn.primitive.name)
-        if name in eqn.params:
-            found.append((eqn.primitive.name, eqn.params[name]))
-        for value in eqn.params.values():
-            for sub in (value if isinstance(value, (tuple, list)) else (value,)):
-                if isinstance(sub, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)):
-                    _collectives(sub, found)
-    return found
-
-
 def test_collectives_name_axes_in_the_mesh_order():
     """jax's next releases refuse a tuple of axis names out of the mesh's order: the spectrum's
     sum names the mesh axes in its order ("c", "a", "b"), not the spec's."""
     mesh = brick_mesh(("c", "a", "b"))
     x = put_global(random_field(SHAPE, np.float64, 35), NamedSharding(mesh, P("a", "b", "c")))
-    found = _collectives(jax.make_jaxpr(_spectrum)(x), [])
+    found = collectives(jax.make_jaxpr(_spectrum)(x))
     tuples = [tuple(a) for _, a in found if isinstance(a, (tuple, list)) and len(a) > 1]
     assert ("c", "a", "b") in [tuple(a) for p, a in found if p.startswith("psum")], found
     order = list(mesh.axis_names)

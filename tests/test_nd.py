@@ -15,7 +15,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import pencilfft
 from conftest import MPIRUN, put_global, random_field, to_numpy
 from pencilfft._transforms import numpy_fft
-from pencilfft._transforms.routes import find_route, spec_text
+from pencilfft._transforms.routes import find_route, route_text, spec_text
 
 TOL = 2e-5  # complex64 against float64 numpy, relative to the largest entry
 
@@ -318,20 +318,6 @@ def test_brick_temporaries_are_at_most_three_blocks():
         assert ma.temp_size_in_bytes <= 3 * ma.argument_size_in_bytes, ma
 
 
-def _route_text(route) -> str:
-    steps = []
-    for s in route.steps:
-        if s[0] == "fft":
-            steps.append("FFT " + ",".join(map(str, s[1])))
-        elif s[0] == "move":
-            steps.append(f"{s[1]}: {s[2]}->{s[3]}")
-        elif s[0] == "swap":
-            steps.append(f"swap on {s[1]}")
-        else:
-            steps.append(f"take {s[1]} on {s[2]}")
-    return "; ".join(steps)
-
-
 def test_the_how_to_table_is_the_planner():
     """docs/howto/any-layout.md's table of layouts, exchanges and routes is what the planner
     gives (each row re-planned here)."""
@@ -356,7 +342,7 @@ def test_the_how_to_table_is_the_planner():
         target = None if out == "(default)" else numpy_fft._spec_tuple(
             eval(out.strip("`")), len(shape), sizes, "out_sharding")
         r = find_route(call.problem(sizes, spec, target, True))
-        assert (f"`{spec_text(r.spec)}`", str(r.exchanges), _route_text(r)) == \
+        assert (f"`{spec_text(r.spec)}`", str(r.exchanges), route_text(r)) == \
             (result, exchanges, route), row
 
 

@@ -25,15 +25,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import pencilfft
 
 from conftest import DISALLOW_MESH_CONTEXT, make_mesh, put_global, random_field
+from jaxpr_collectives import collectives
 
 ROOT = Path(__file__).resolve().parents[1]
 # Collectives and the parameter that holds their mesh axis names.
-COLLECTIVES = {"ppermute": "axis_name", "all_to_all": "axis_name", "psum": "axes",
-               "psum2": "axes", "psum_invariant": "axes", "pmax": "axes", "pmin": "axes", "all_gather": "axis_name",
-               "reduce_scatter": "axis_name", "psum_scatter": "axis_name",
-               "axis_index": "axis_name", "pbroadcast": "axes", "pvary": "axes"}
-
-
 def test_the_suite_refuses_with_mesh():
     """tests/conftest.py sets JAX_DISALLOW_MESH_CONTEXT_MANAGER=1 for every run: a `with mesh:`
     left in pencilfft or a test fails the suite (CI runs all of it so)."""
@@ -64,21 +59,6 @@ def test_a_users_legacy_mesh_is_still_found(monkeypatch):
     hlo = jax.jit(pencilfft.pfft3d).lower(xs).compile().as_text()
     moves = ("all-to-all", "collective-permute", "pencilfft_local_exchange")
     assert any(op in hlo for op in moves), "the legacy mesh was not found"
-
-
-def _collectives(jaxpr, found):
-    """Every collective equation of a (closed) jaxpr and the jaxprs inside it (shard_map, jit,
-    scan, cond, custom_vjp, ...): (primitive name, its axis names)."""
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    for eqn in jaxpr.eqns:
-        param = COLLECTIVES.get(eqn.primitive.name)
-        if param is not None and param in eqn.params:
-            found.append((eqn.primitive.name, eqn.params[param]))
-        for value in eqn.params.values():
-            for sub in (value if isinstance(value, (tuple, list)) else (value,)):
-                if isinstance(sub, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)):
-                    _collectives(sub, found)
-    return found
 
 
 def _out_of_order(names, mesh_names):
@@ -154,7 +134,7 @@ def test_every_collective_names_its_axes_in_the_mesh_order(pdims, names):
     mesh = jax.make_mesh(pdims, names, axis_types=(AxisType.Explicit,) * len(pdims))
     problems, seen, found_all = [], 0, []
     for name, fn, arg in _cases(mesh):
-        found = _collectives(jax.make_jaxpr(fn)(arg), [])
+        found = collectives(jax.make_jaxpr(fn)(arg))
         seen += len(found)
         found_all += found
         problems += [f"{name}: {prim} {why}" for prim, axes in found

@@ -486,17 +486,6 @@ class BrickSums(BinSums):
 
         return local, in_spec, out_spec, summed
 
-    def on_mesh(self, mesh, in_spec=None):
-        if not self.transposed:
-            return super().on_mesh(mesh, in_spec)
-        # As BinSums's, with the block of a spec whose entries may be tuples of mesh axes.
-        local, in_spec, out_spec, _ = self._blocks_on_mesh(mesh)
-        names = tuple(in_spec) + (None,) * (len(self.in_shape) - len(tuple(in_spec)))
-        block = jax.ShapeDtypeStruct(tuple(
-            n // math.prod(mesh.shape[m] for m in ((e,) if isinstance(e, str) else e or ()))
-            for n, e in zip(self.in_shape, names)), self.dtype)
-        body = lambda ct: jax.linear_transpose(local, block)(ct)[0]  # noqa: E731
-        return body, NamedSharding(mesh, out_spec), NamedSharding(mesh, in_spec)
 
 
 def _spec_entry(names: tuple[str, ...]):

@@ -40,7 +40,7 @@ import itertools
 import math
 
 __all__ = ["Problem", "Route", "find_route", "exact_length", "out_stored", "largest_bytes",
-           "spec_text"]
+           "route_text", "spec_text"]
 
 Spec = tuple[tuple[str, ...], ...]
 
@@ -52,6 +52,21 @@ def spec_text(spec: Spec) -> str:
     """P('a', ('b', 'c'), None)-style text of a spec."""
     parts = ["None" if not s else repr(s[0]) if len(s) == 1 else repr(tuple(s)) for s in spec]
     return f"P({', '.join(parts)})"
+
+
+def route_text(route: "Route") -> str:
+    """'a: 0->1; FFT 0; ...': a route's steps as docs/howto/any-layout.md writes them."""
+    steps = []
+    for step in route.steps:
+        if step[0] == "fft":
+            steps.append("FFT " + ",".join(map(str, step[1])))
+        elif step[0] == "move":
+            steps.append(f"{step[1]}: {step[2]}->{step[3]}")
+        elif step[0] == "swap":
+            steps.append(f"swap on {step[1]}")
+        else:
+            steps.append(f"take {step[1]} on {step[2]}")
+    return "; ".join(steps)
 
 
 @dataclasses.dataclass(frozen=True)
