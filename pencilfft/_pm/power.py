@@ -641,12 +641,8 @@ def _brick_spectrum(field, field2, *, bins: BinPlan, mesh, target, place_as):
         field = place(field, place_as)
         field2 = None if field2 is None else place(field2, place_as)
     out = P(*(_spec_entry(names) for names in target))
-    f1 = rfftn(field, out_sharding=out)
-    if field2 is None:
-        q = f1.real ** 2 + f1.imag ** 2
-    else:
-        f2 = rfftn(field2, out_sharding=out)
-        q = f1.real * f2.real + f1.imag * f2.imag
+    q = _cross(rfftn(field, out_sharding=out),
+               None if field2 is None else rfftn(field2, out_sharding=out))
     mpi = _mpi_exchange.auto(jax.default_backend(), mesh)
     sums = run(BrickSums(bins, tuple(bins.poles), tuple(q.shape), q.dtype, mpi=mpi, spec=target),
                q, mesh)
@@ -795,14 +791,16 @@ def _finished(k, pk, count, bins: BinPlan, shot, scalar: bool, return_counts: bo
     return k, pk
 
 
+def _cross(f1, f2):
+    """Re(f1 conj(f2)) of two spectra, |f1|^2 without f2, as real arrays."""
+    if f2 is None:
+        return f1.real ** 2 + f1.imag ** 2
+    return f1.real * f2.real + f1.imag * f2.imag
+
+
 def _spectrum(field, field2, *, bins: BinPlan, mesh, deferred):
     """(k, pk (..., poles, bins), the modes per bin) of the planned spectrum (traced)."""
-    f1 = prfft3d(field, mesh=mesh)
-    if field2 is None:
-        q = f1.real ** 2 + f1.imag ** 2
-    else:
-        f2 = prfft3d(field2, mesh=mesh)
-        q = f1.real * f2.real + f1.imag * f2.imag
+    q = _cross(prfft3d(field, mesh=mesh), None if field2 is None else prfft3d(field2, mesh=mesh))
     sums = _bin(bins, bins.poles, q, deferred, mesh)
     # The modes' counts and mean |k| are those of one field, whatever the batch: binned from a
     # 3-D array of ones, split over the pencil axes only (copies on the batch axes).
