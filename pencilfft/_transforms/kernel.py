@@ -123,8 +123,8 @@ _STEMS = ("libfftw3", "libfftw3f", "libfftw3_omp", "libfftw3f_omp")
 
 def _libraries_in(folder: pathlib.Path) -> list[str] | None:
     """[libfftw3, libfftw3f, libfftw3_omp, libfftw3f_omp] in `folder`, or None where one lacks."""
-    libs = [sorted(glob.glob(str(folder / f"{stem}-*.so*")) + glob.glob(str(folder / f"{stem}.so*")))
-            for stem in _STEMS]
+    libs = [sorted(glob.glob(str(folder / f"{stem}-*.so*"))
+                   + glob.glob(str(folder / f"{stem}.so*"))) for stem in _STEMS]
     return [found[0] for found in libs] if all(libs) else None
 
 
@@ -169,8 +169,10 @@ def _found() -> tuple[str, list[str]] | str | None:
     return _find_libraries(_dir_setting())
 
 
-def fftw_libraries() -> tuple[str, list[str]]:
-    found = _found()
+def fftw_libraries(setting: str | None = None) -> tuple[str, list[str]]:
+    """(folder, libraries) of the FFTW the kernel links: `setting`'s (PENCILFFT_FFTW_DIR's when
+    None), or the BuildError that says why there is none."""
+    found = _found() if setting is None else _find_libraries(setting)
     if found is None:
         raise _native.BuildError("no FFTW libraries: pyfftw's wheel (pip install "
                                  "'pencilfft[fftw]') bundles them in pyfftw.libs/, or name a "
@@ -208,7 +210,7 @@ def _library(setting: str = ""):
     """The built, registered kernel library (of the FFTW that `setting`, PENCILFFT_FFTW_DIR,
     names), or why it cannot be had (a string)."""
     try:
-        folder, libs = fftw_libraries()
+        folder, libs = fftw_libraries(setting)
         lib = _native.register(_native.load(pathlib.Path(__file__).with_name("fftw.cc"), library_dirs=[folder], link=libs),
                                {TARGET: "PencilfftFftw"})
     except (_native.BuildError, AttributeError, OSError) as e:
