@@ -35,8 +35,8 @@ import jax.numpy as jnp
 
 from .plan import Plan
 from .routes import find_route
-from .stages import (Exchange, Fft, Fit, Inverse, Permute, Stage, Swap, Take, emit, forward_stages,
-                     pencil_problem, run_backward, run_forward)
+from .stages import (Exchange, Fft, Fit, Inverse, Permute, Stage, Swap, Take, emit,
+                     forward_stages, pencil_problem, run_backward, run_forward, trailing)
 
 __all__ = ["Chunked", "Pieces", "chunked_stages", "in_place", "route_groups",
            "route_in_pieces", "stages_of"]
@@ -145,8 +145,7 @@ def _place(plan: Plan):
     in the natural one every axis stays where it is (a piece's output then lands where its
     input was: in place), the FFTs running along strided axes."""
     if plan.layout == "transposed":
-        return lambda perm, nxt, last, algorithm: (
-            tuple(d for d in range(3) if d not in nxt) + tuple(sorted(nxt)))
+        return lambda perm, nxt, last, algorithm: trailing(3, sorted(nxt))
     return lambda perm, nxt, last, algorithm: tuple(perm)
 
 

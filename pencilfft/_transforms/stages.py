@@ -422,6 +422,13 @@ def emit(plan: Plan, problem: Problem, route: Route, place) -> list[list[Stage]]
     return groups
 
 
+def trailing(ndim: int, last) -> tuple[int, ...]:
+    """The global order of a block whose axes `last` (the next FFT's, in that order) come last
+    and the others before them in their global order: the transform then runs on contiguous
+    trailing axes."""
+    return tuple(d for d in range(ndim) if d not in last) + tuple(last)
+
+
 def _place_pencil(plan: Plan):
     """The orders exchanges write in the unchunked stages: the dims of the next FFT step last
     (contiguous: the next transform runs on the block's trailing axes), the others before them,
@@ -431,7 +438,7 @@ def _place_pencil(plan: Plan):
     def place(perm, nxt, last, algorithm):
         if last and algorithm == "local" and len(nxt) > 1:
             return _layout(plan)
-        return tuple(d for d in range(3) if d not in nxt) + tuple(sorted(nxt))
+        return trailing(3, sorted(nxt))
     return place
 
 
@@ -550,7 +557,7 @@ def _contiguous(stages: list, ndim: int) -> list:
             nxt = next((t.stage if isinstance(t, Inverse) else t for t in stages[k + 1:]
                         if isinstance(t.stage if isinstance(t, Inverse) else t, Fft)), None)
             axes = () if nxt is None else nxt.axes
-            want = [a for a in range(ndim) if a not in axes] + list(axes)
+            want = list(trailing(ndim, axes))
             out.append(dataclasses.replace(inner, split=perm.index(inner.split),
                                            gather=perm.index(inner.gather),
                                            order=tuple(perm.index(a) for a in want)))
