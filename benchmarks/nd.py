@@ -254,7 +254,7 @@ def programs_3d(n: int, args: argparse.Namespace) -> list[NdProgram]:
     def nd(name, mesh, x, in_spec, mid, mesh_text):
         """fftn from `in_spec` to `mid` (None: default), ifftn back to `in_spec`."""
         fwd_route, fwd_stages = planned(shape, mesh, in_spec, mid, False)
-        mid_spec = P(*(None if not s else s[0] if len(s) == 1 else s for s in fwd_route.spec))
+        mid_spec = private.partition_spec(fwd_route.spec)
         inv_route, inv_stages = planned(shape, mesh, mid_spec, in_spec, True)
         fn = (lambda v: pencilfft.ifftn(pencilfft.fftn(v, out_sharding=mid), out_sharding=in_spec))
         layouts = f"{spec_str(in_spec)} -> {spec_str(mid_spec)} -> {spec_str(in_spec)}"
@@ -302,7 +302,7 @@ def programs_2d(m: int, args: argparse.Namespace) -> list[NdProgram]:
 
     def nd(name, mesh, x, in_spec, target, mesh_text):
         route, stages = planned(shape, mesh, in_spec, target, False)
-        out_spec = P(*(None if not s else s[0] if len(s) == 1 else s for s in route.spec))
+        out_spec = private.partition_spec(route.spec)
         fn = lambda v: pencilfft.fftn(v, out_sharding=target)  # noqa: E731
         layouts = f"{spec_str(in_spec)} -> {spec_str(out_spec)}"
         out.append(NdProgram("2-D", name, "whole", fn, x, mesh=mesh_text, layouts=layouts,

@@ -32,6 +32,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "nd_planned": ("pencilfft._transforms.numpy_fft", "_planned"),
     "nd_all_axes": ("pencilfft._transforms.numpy_fft", "_all_axes"),
     "route_text": ("pencilfft._transforms.routes", "route_text"),
+    "partition_spec": ("pencilfft._transforms.numpy_fft", "partition_spec"),
     "nd_Inverse": ("pencilfft._transforms.stages", "Inverse"),
     "nd_Swap": ("pencilfft._transforms.stages", "Swap"),
     "platform_of": ("pencilfft._transforms.plan", "platform_of"),

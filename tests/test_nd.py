@@ -157,7 +157,7 @@ def test_default_layouts_and_their_exchanges():
                                "fftn", numpy_fft._all_axes, "alltoall")
         in_spec = numpy_fft._spec_tuple(spec, len(shape), dict(mesh.shape), "a")
         route = find_route(call.problem(dict(mesh.shape), in_spec, None, True))
-        assert numpy_fft._out_spec_entries(route.spec) == out and route.exchanges == exchanges
+        assert numpy_fft.partition_spec(route.spec) == out and route.exchanges == exchanges
         a = put_global(np.zeros(shape, np.complex64), NamedSharding(mesh, spec))
         assert pencilfft.fftn(a).sharding.spec == out
 

@@ -46,7 +46,7 @@ from .._exchange import mpi as _mpi_exchange
 from .._jax_private import concrete_mesh
 from .._transforms.fft import prfft3d
 from .._transforms.freq import wavenumbers
-from .._transforms.numpy_fft import Call, rfftn
+from .._transforms.numpy_fft import Call, partition_spec, rfftn
 from .._transforms.routes import find_route, spec_text
 from .._transforms.partitioned import LinearOp, place, run, tile, with_mesh
 from .._transforms.plan import fft_dtype, float_dtype, plan_forward
@@ -474,7 +474,7 @@ class BrickSums(BinSums):
 
     def _blocks_on_mesh(self, mesh):
         lead = (None,) * (len(self.in_shape) - 3)
-        in_spec = P(*lead, *(_spec_entry(names) for names in self.spec))
+        in_spec = P(*lead, *partition_spec(self.spec))
         out_spec = P(*lead, None, None)
         named = {m for names in self.spec for m in names}
         summed = tuple(m for m in mesh.axis_names if m in named)
@@ -486,10 +486,6 @@ class BrickSums(BinSums):
 
         return local, in_spec, out_spec, summed
 
-
-
-def _spec_entry(names: tuple[str, ...]):
-    return None if not names else names[0] if len(names) == 1 else tuple(names)
 
 
 def _linear_index(names: tuple[str, ...], mesh):
@@ -628,7 +624,7 @@ def _brick_spectrum_of(field, field2, bins: BinPlan, mesh):
         # its type, and rfftn's partitioner path then cannot tell it.
         concrete = known if isinstance(known, Mesh) else concrete_mesh()
         if concrete is not None:
-            place_as = NamedSharding(concrete, P(*(_spec_entry(names) for names in in_spec)))
+            place_as = NamedSharding(concrete, partition_spec(in_spec))
     kw = dict(bins=bins, mesh=known, target=target, place_as=place_as)
     if not (is_tracer(field) or is_tracer(field2)):
         return _brick_spectrum_jit(field, field2, **kw)
@@ -640,7 +636,7 @@ def _brick_spectrum(field, field2, *, bins: BinPlan, mesh, target, place_as):
     if place_as is not None:
         field = place(field, place_as)
         field2 = None if field2 is None else place(field2, place_as)
-    out = P(*(_spec_entry(names) for names in target))
+    out = partition_spec(target)
     q = _cross(rfftn(field, out_sharding=out),
                None if field2 is None else rfftn(field2, out_sharding=out))
     mpi = _mpi_exchange.auto(jax.default_backend(), mesh)

@@ -312,15 +312,21 @@ def _run_stages(stages, k):
 # Running it
 
 
-def _local_body(call: Call, chunks: int = 1):
-    """The whole transform on one device (jnp.fft's call on the block)."""
+def _local_plan(call: Call):
+    """(route, stages, problem) of the whole transform on one device."""
     problem = call.problem({}, ((),) * len(call.shape), None)
     route = find_route(problem)
-    stages = route_stages(problem, route, call.norm, call.inverse, {})
+    return route, route_stages(problem, route, call.norm, call.inverse, {}), problem
+
+
+def _local_body(call: Call, chunks: int = 1):
+    """The whole transform on one device (jnp.fft's call on the block)."""
+    stages = _local_plan(call)[1]
     return functools.partial(_run_stages, route_in_pieces(stages, len(call.shape), chunks))
 
 
-def _out_spec_entries(spec: Spec) -> P:
+def partition_spec(spec: Spec) -> P:
+    """The PartitionSpec of a planner's spec (per axis, the tuple of mesh axes splitting it)."""
     return P(*(None if not s else s[0] if len(s) == 1 else s for s in spec))
 
 
@@ -334,7 +340,7 @@ def _on_mesh(call: Call, mesh, in_spec_given: P, target: Spec | None, target_giv
     in_spec = _spec_tuple(in_spec_given, len(call.shape), sizes, "a.sharding")
     route, stages, problem = _planned(call, tuple(sizes.items()), _without_ones(in_spec, sizes),
                                       target, platform_of(mesh), even)
-    out_spec = target_given if target_given is not None else _out_spec_entries(route.spec)
+    out_spec = target_given if target_given is not None else partition_spec(route.spec)
     stages = route_in_pieces(stages, len(call.shape), chunks)
     body = with_mesh(functools.partial(_run_stages, stages), mesh)
     return body, P(*in_spec_given), out_spec, problem.stored, out_stored(problem, route)
@@ -471,21 +477,14 @@ def _check_memory(call: Call, mesh, in_spec, target, a, caller: str, chunks) -> 
     """The memory check (`budget.check_route`) of the route this call takes; the chunk count
     it runs with ("auto": the fewest pieces that fit)."""
     if mesh is None:
-        problem = call.problem({}, ((),) * len(call.shape), None)
+        route, stages, problem = _local_plan(call)
     else:
         sizes = dict(mesh.shape)
         spec = _without_ones(_spec_tuple(in_spec, len(call.shape), sizes, "a.sharding"), sizes)
-        problem = _planned(call, tuple(sizes.items()), spec, target, platform_of(mesh), True)[2]
-    route = find_route(problem) if mesh is None else _planned(
-        call, tuple(dict(mesh.shape).items()), problem.in_spec, target, platform_of(mesh),
-        True)[0]
+        route, stages, problem = _planned(call, tuple(sizes.items()), spec, target,
+                                          platform_of(mesh), True)
     n_in, n_out = int(np.prod(call.shape)), int(np.prod(call.out_shape))
     resident = is_traced_argument(a) if is_tracer(a) else isinstance(a, jax.Array)
-    if mesh is None:
-        stages = route_stages(problem, route, call.norm, call.inverse, {})
-    else:
-        stages = _planned(call, tuple(dict(mesh.shape).items()), problem.in_spec, target,
-                          platform_of(mesh), True)[1]
     groups = route_groups(stages, len(call.shape))
     # Pieces shrink the exchanges' buffers only where every group that exchanges can be cut;
     # a piece that changes its shape or dtype is written into a new block beside the old.
