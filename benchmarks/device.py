@@ -118,7 +118,8 @@ def suite(run: Run, gpus: str | None) -> None:
     tests = ["tests/test_errors.py"] if a.quick else [
         "tests", "--ignore=tests/test_docs.py", "--ignore=tests/tooling"]
     xdist = [] if a.quick else ["-n", str(workers), "--dist", "loadfile"]
-    run.call([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
+    # -v: a line per test as it ends, so a run stopped at its budget still names its failures
+    run.call([sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider",
               "-p", "pencilfft_mpi_plugin", "--durations=10", *xdist, *tests], a.budget_suite,
              env={"JAX_PLATFORMS": "cpu", "PENCILFFT_TEST_DEVICES": "8",
                   "PENCILFFT_TEST_TIMEOUT": "120",
@@ -147,8 +148,12 @@ def gpu(run: Run, gpus: str | None) -> None:
               "--out", str(run.out / "gpu-paint.jsonl")], a.budget_gpu - (time.monotonic() - t0), env)
 
 
-def layout_command(layout: tuple[int, int, int], args: argparse.Namespace, out: Path) -> list[str]:
-    """The `benchmarks.fft` run of one layout PxDxT (under mpirun for several processes)."""
+def layout_command(layout: tuple[int, int, int], args: argparse.Namespace, out: Path,
+                   path: str | None = None) -> list[str]:
+    """The `benchmarks.fft` run of one layout PxDxT (under mpirun for several processes).
+
+    `path`: the PATH the command runs with, where `mpirun` is looked up: the carried mpich's
+    first (a lent machine's own /usr/bin/mpirun is Open MPI's, which refuses root)."""
     p, d, t = layout
     n = p * d
     pdims = ["1x1"] if n == 1 else list(dict.fromkeys([harness.fmt_dims(harness.square_pdims(n)),
@@ -159,21 +164,22 @@ def layout_command(layout: tuple[int, int, int], args: argparse.Namespace, out: 
            "--layouts", "transposed", "--repeats", str(args.repeats), "--warmup", str(args.warmup),
            "--check-max", "256", "--out", str(out), "--tag", f"threads {harness.fmt_dims(layout)}",
            "--quiet"]  # (numpy's reference is single-threaded: minutes at 512^3)
-    mpirun = shutil.which("mpirun") or str(Path(sys.executable).parent / "mpirun")
+    mpirun = shutil.which("mpirun", path=path) or str(Path(sys.executable).parent / "mpirun")
     return [mpirun, "-np", str(p), *cmd] if p > 1 else cmd
 
 
 def threads(run: Run, gpus: str | None) -> None:
     """Each layout the cores allow, its budget what is left less 15 s per layout to come."""
     a, cores = run.args, len(os.sched_getaffinity(0))
-    layouts = [harness.parse_dims(n, "layout", "PxDxT", (3,)) for n in (QUICK_LAYOUTS if a.quick else LAYOUTS)]
+    layouts = [harness.parse_dims(n, "layout", "PxDxT", (3,))
+               for n in (a.layouts or (QUICK_LAYOUTS if a.quick else LAYOUTS))]
     runnable = [lay for lay in layouts if math.prod(lay) <= cores]
     run.say(f"layouts that need more than {cores} cores, left out: "
             f"{[harness.fmt_dims(lay) for lay in layouts if lay not in runnable]}")
     stop = time.monotonic() + min(a.budget_threads, run.left())
     for i, lay in enumerate(runnable):
         env = {"PENCILFFT_THREADS": str(lay[1] * lay[2]), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-        run.call(layout_command(lay, a, run.out / "threads.jsonl"),
+        run.call(layout_command(lay, a, run.out / "threads.jsonl", run.env.get("PATH")),
                  stop - time.monotonic() - 15 * (len(runnable) - i - 1), env)
 
 
@@ -227,6 +233,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jaxpm", default=None, help="JaxPM's source folder (.carry/JaxPM)")
     p.add_argument("--quick", action="store_true", help="every part at tiny sizes")
     p.add_argument("--parts", nargs="+", choices=PART_NAMES, default=list(PART_NAMES))
+    p.add_argument("--layouts", nargs="+", default=None, metavar="PxDxT",
+                   help=f"the thread part's layouts (default {' '.join(LAYOUTS)})")
     p.add_argument("--deadline", type=float, default=450, help="seconds for the whole run")
     for part, budget in zip(PART_NAMES, (170, 120, 150)):
         p.add_argument(f"--budget-{part}", type=float, default=budget, help="seconds at most")

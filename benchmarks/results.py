@@ -56,7 +56,7 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
 }
 # Kinds whose data a lent machine has yet to give: RESULTS.md says so, with the command that
 # measures them (a test holds the two together), until a block of that kind replaces it.
-PENDING = {"threads16": "python -m benchmarks.device"}
+PENDING: dict[str, str] = {}
 
 
 def blocks(text: str) -> list[tuple[str, list[str], str]]:
