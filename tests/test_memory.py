@@ -320,7 +320,7 @@ def test_autotune_too_big_is_refused_before_it_allocates(monkeypatch):
 
 _CHILD = textwrap.dedent(
     """
-    import json, resource
+    import json, os, resource
     import jax, numpy as np
     import pencilfft
 
@@ -328,9 +328,13 @@ _CHILD = textwrap.dedent(
     sharding = pencilfft.real_space_sharding(mesh)
     small = jax.device_put(np.ones((32, 32, 32), np.complex64), sharding)
     pencilfft.pfft3d(small)  # compiled before the limit: XLA's own start-up is not the point
-    # ulimit -v: 2 GiB of address space more than now
+    # ulimit -v: 2 GiB of address space more than now, and room for a thread per core (its
+    # stack and malloc arena, `_native.threads.THREAD_BYTES`): the small round trip's threads,
+    # XLA's and the kernels', are started under the limit, more of them on more cores (16
+    # cores aborted with 2 GiB alone: libgomp and std::thread could not start one)
     used = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (used + (2 << 30), resource.RLIM_INFINITY))
+    room = (2 << 30) + (os.cpu_count() or 1) * (136 << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (used + room, resource.RLIM_INFINITY))
     report = {}
     big = jax.ShapeDtypeStruct((1024, 1024, 1024), np.complex64, sharding=sharding)
     # 1024^3 on 4x2 (the issue's case): 2 GiB per device under jit, 16 GiB in all, unchunked
