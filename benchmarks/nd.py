@@ -55,6 +55,7 @@ CHECK_TOL = 1e-4  # max|err| / max|ref| in single precision (fft.py's)
 # Collectives counted in each compiled program: HLO opcodes, then pencilfft's custom calls.
 COLLECTIVES = ("all-to-all", "collective-permute", "all-gather", "all-reduce")
 EXCHANGE_CALLS = ("pencilfft_local_exchange", "pencilfft_mpi_exchange")
+RESHARD_CALL = "pencilfft_local_reshard"  # several exchanges in one pass (`_exchange.reshard`)
 # The references of each case's ratios (program names).
 PENCIL = "pencil 4x2: pfft3d + pifft3d"
 ONE_DEVICE = "jnp.fft.fftn, one device"
@@ -133,7 +134,7 @@ def count_collectives(hlo: str) -> dict[str, int]:
         n = len(re.findall(rf"\s{op}(?:-start)?\(", hlo))
         if n:
             out[op] = n
-    for target in EXCHANGE_CALLS:
+    for target in (*EXCHANGE_CALLS, RESHARD_CALL):
         n = hlo.count(f'custom_call_target="{target}"')
         if n:
             out[target] = n
@@ -174,7 +175,7 @@ def _is_fft(stage) -> bool:
 
 def _moves_data(stage) -> bool:
     """An exchange (or a swap): what "FFTs alone" replaces with a reshape of the block."""
-    return isinstance(stage, (private.Exchange, private.nd_Swap))
+    return isinstance(stage, (private.Exchange, private.nd_Swap, private.nd_Reshard))
 
 
 def _run(stages, k, keep: str, backward: bool = False):
@@ -393,8 +394,11 @@ def _cell(r: dict[str, Any] | None) -> str:
 def _hlo(r: dict[str, Any]) -> str:
     c = dict(r["collectives"])
     n = n_exchanges(c)
-    parts = [f"{n} exchange{'s' * (n != 1)}" if n else ""]
-    parts += [f"{v} {k}" for k, v in c.items() if k not in ("all-to-all", *EXCHANGE_CALLS)]
+    r = c.get(RESHARD_CALL, 0)
+    parts = [f"{n} exchange{'s' * (n != 1)}" if n else "",
+             f"{r} reshard{'s' * (r != 1)}" if r else ""]
+    parts += [f"{v} {k}" for k, v in c.items()
+              if k not in ("all-to-all", *EXCHANGE_CALLS, RESHARD_CALL)]
     return ", ".join(p for p in parts if p) or "none"
 
 

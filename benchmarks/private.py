@@ -35,6 +35,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "partition_spec": ("pencilfft._transforms.numpy_fft", "partition_spec"),
     "nd_Inverse": ("pencilfft._transforms.stages", "Inverse"),
     "nd_Swap": ("pencilfft._transforms.stages", "Swap"),
+    "nd_Reshard": ("pencilfft._transforms.stages", "Reshard"),
     "platform_of": ("pencilfft._transforms.plan", "platform_of"),
     "kernel": ("pencilfft._transforms.kernel", None),
     "malloc": ("pencilfft._native.malloc", None),

@@ -6,6 +6,7 @@ mesh axis.  The modules:
 
 * `xla`: XLA's collectives, "alltoall" (every platform; always on GPUs) and "pairwise";
 * `local`: our custom call between the CPU devices of one process (shared memory, one pass);
+* `reshard`: several of those exchanges in a row, in one pass (the N-D routes' runs);
 * `mpi`: our custom call through MPI inside XLA, between processes (mpirun, srun);
 * `mixed`: several processes of several CPU devices each: `local` along the mesh axes that stay
   inside processes, `mpi` along the others;
@@ -26,12 +27,12 @@ from collections.abc import Callable
 
 import jax
 
-from . import local, mixed, mpi, xla
+from . import local, mixed, mpi, reshard, xla
 from ._common import in_mesh
 
 __all__ = ["ALGORITHMS", "AUTO_ORDER", "Algorithm", "EXCHANGES", "PAIRWISE_MIN_BYTES",
            "PLAIN_ALLTOALL_MAX", "choose", "in_mesh", "local", "local_status", "mixed", "mpi",
-           "xla"]
+           "reshard", "xla"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -141,6 +141,10 @@ struct Geometry {
   int64_t dst[kMaxRank];       // output strides, in input axes
   int64_t src_chunk = 0;       // elements between chunk i and i + 1 of the input's `split`
   int64_t dst_peer = 0;        // elements between the parts from peer p and p + 1 in the output
+  // A reshard (several exchanges in one pass): per (destination i, peer p), the box peer p's
+  // input gives device i's output, as (source offset, destination offset, dims[rank]) in
+  // elements and global axes (`src`, `dst`: the strides of those axes); empty: an exchange.
+  std::vector<int64_t> table;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -308,9 +312,15 @@ void Dispatch(std::shared_ptr<Round> round, int threads) {
       copiers().Run([round, left, i, p, n] {
         const Geometry& g = round->geometry;
         const size_t e = g.element;
-        // chunk i of peer p -> part p of device i's output
-        CopyBytes(e, round->in[p] + i * g.src_chunk * e, round->out[i] + p * g.dst_peer * e,
-                  g.rank, g.dims, g.src, g.dst);
+        if (g.table.empty()) {
+          // chunk i of peer p -> part p of device i's output
+          CopyBytes(e, round->in[p] + i * g.src_chunk * e, round->out[i] + p * g.dst_peer * e,
+                    g.rank, g.dims, g.src, g.dst);
+        } else {  // the box of peer p's block that lands in device i's
+          const int64_t* row = g.table.data() + (i * n + p) * (2 + g.rank);
+          CopyBytes(e, round->in[p] + row[0] * e, round->out[i] + row[1] * e, g.rank, row + 2,
+                    g.src, g.dst);
+        }
         if (left->fetch_sub(1) == 1) {
           // Every copy is done: every input may go.  A thread per device, so that the
           // devices' programs go on in parallel on the threads that complete them.
@@ -321,6 +331,42 @@ void Dispatch(std::shared_ptr<Round> round, int threads) {
       }, threads);
     }
   }
+}
+
+// One device's arrival at its group's first round it has not joined yet; the last one to
+// arrive dispatches the round's copies.
+ffi::Future Arrive(Instance* instance, const ffi::AnyBuffer& x, ffi::Result<ffi::AnyBuffer>& y,
+                   int64_t n, int64_t pos, int64_t group, Geometry g, int64_t threads) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  std::shared_ptr<Round> full;
+  {
+    std::lock_guard<std::mutex> lock(instance->mutex);
+    auto& rounds = instance->groups[group];
+    auto it = rounds.begin();
+    while (it != rounds.end() && it->present[pos]) ++it;
+    if (it == rounds.end()) {
+      Round fresh;
+      fresh.in.assign(n, nullptr);
+      fresh.out.assign(n, nullptr);
+      fresh.promises.resize(n);
+      fresh.present.assign(n, false);
+      fresh.geometry = std::move(g);
+      fresh.since = std::chrono::steady_clock::now();
+      rounds.push_back(std::move(fresh));
+      it = std::prev(rounds.end());
+    }
+    it->in[pos] = static_cast<const char*>(x.untyped_data());
+    it->out[pos] = static_cast<char*>(y->untyped_data());
+    it->promises[pos] = promise;
+    it->present[pos] = true;
+    if (++it->arrived == n) {  // the first round not yet full: this one, the front
+      full = std::make_shared<Round>(std::move(*it));
+      rounds.erase(it);
+    }
+  }
+  if (full) Dispatch(std::move(full), static_cast<int>(std::max<int64_t>(threads, 1)));
+  return future;
 }
 
 ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
@@ -367,36 +413,55 @@ ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32>
   g.src_chunk = g.dims[split] * g.src[split];
   g.dst_peer = g.dims[gather] * g.dst[gather];
 
-  ffi::Promise promise;
-  ffi::Future future(promise);
-  std::shared_ptr<Round> full;
-  {
-    std::lock_guard<std::mutex> lock(instance->mutex);
-    auto& rounds = instance->groups[group];
-    auto it = rounds.begin();
-    while (it != rounds.end() && it->present[pos]) ++it;
-    if (it == rounds.end()) {
-      Round fresh;
-      fresh.in.assign(n, nullptr);
-      fresh.out.assign(n, nullptr);
-      fresh.promises.resize(n);
-      fresh.present.assign(n, false);
-      fresh.geometry = g;
-      fresh.since = std::chrono::steady_clock::now();
-      rounds.push_back(std::move(fresh));
-      it = std::prev(rounds.end());
-    }
-    it->in[pos] = static_cast<const char*>(x.untyped_data());
-    it->out[pos] = static_cast<char*>(y->untyped_data());
-    it->promises[pos] = promise;
-    it->present[pos] = true;
-    if (++it->arrived == n) {  // the first round not yet full: this one, the front
-      full = std::make_shared<Round>(std::move(*it));
-      rounds.erase(it);
-    }
+  return Arrive(instance, x, y, n, pos, group, std::move(g), threads);
+}
+
+// Several exchanges in one pass (`_exchange.local.reshard`): the devices of a group (those
+// with the same coordinates on the mesh axes the exchanges leave alone) trade the boxes of
+// their blocks that `table` names; `src_strides`/`dst_strides`: the blocks' strides of each
+// global axis, the order `table`'s dims are in.
+ffi::Future Reshard(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
+                    ffi::Result<ffi::AnyBuffer> y, int64_t n, ffi::Span<const int64_t> table,
+                    ffi::Span<const int64_t> src_strides, ffi::Span<const int64_t> dst_strides,
+                    int64_t threads) {
+  const int rank = static_cast<int>(src_strides.size());
+  if (rank < 1 || rank > kMaxRank || static_cast<int>(dst_strides.size()) != rank || n < 1 ||
+      static_cast<int64_t>(table.size()) != n * n * (2 + rank) || where.element_count() != 2) {
+    return Failed("inconsistent reshard attributes (internal error)");
   }
-  if (full) Dispatch(std::move(full), static_cast<int>(std::max<int64_t>(threads, 1)));
-  return future;
+  const size_t element = ffi::ByteWidth(x.element_type());
+  if (element == 0 || element > 16 || (element & (element - 1)) ||
+      y->element_type() != x.element_type() || y->size_bytes() != x.size_bytes()) {
+    return Failed("unsupported element type or sizes (internal error)");
+  }
+  const int64_t count = static_cast<int64_t>(x.size_bytes() / element);
+  for (int64_t r = 0; r < n * n; ++r) {  // every box inside both blocks
+    const int64_t* row = table.begin() + r * (2 + rank);
+    int64_t last_src = row[0], last_dst = row[1];
+    bool empty = false;
+    for (int k = 0; k < rank; ++k) {
+      if (row[2 + k] < 0) return Failed("negative box (internal error)");
+      if (row[2 + k] == 0) empty = true;
+      last_src += (row[2 + k] - 1) * src_strides[k];
+      last_dst += (row[2 + k] - 1) * dst_strides[k];
+    }
+    if (!empty && (row[0] < 0 || row[1] < 0 || last_src >= count || last_dst >= count))
+      return Failed("a box outside the block (internal error)");
+  }
+  const int64_t pos = where.typed_data()[0], group = where.typed_data()[1];
+  if (pos < 0 || pos >= n) {
+    return Failed("the device's coordinate is out of range (internal error)");
+  }
+  Geometry g;
+  g.rank = rank;
+  g.n = n;
+  g.element = element;
+  for (int k = 0; k < rank; ++k) {
+    g.src[k] = src_strides[k];
+    g.dst[k] = dst_strides[k];
+  }
+  g.table.assign(table.begin(), table.end());
+  return Arrive(instance, x, y, n, pos, group, std::move(g), threads);
 }
 
 }  // namespace
@@ -413,6 +478,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftLocalExchange, Exchange,
                                   .Attr<int64_t>("split")
                                   .Attr<int64_t>("gather")
                                   .Attr<ffi::Span<const int64_t>>("order")
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftLocalReshard, Reshard,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<Instance>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("n")
+                                  .Attr<ffi::Span<const int64_t>>("table")
+                                  .Attr<ffi::Span<const int64_t>>("src_strides")
+                                  .Attr<ffi::Span<const int64_t>>("dst_strides")
                                   .Attr<int64_t>("threads"));
 
 // For registering the state type with XLA (jax.ffi.register_ffi_type).

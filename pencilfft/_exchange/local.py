@@ -14,6 +14,9 @@ its transpose the inverse exchange (split what was gathered, gather what was spl
 lowering is the custom call; on any other platform it lowers to the all_to_all and transpose it replaces (it is only chosen on
 CPUs).
 
+A run of these exchanges with nothing between them (an N-D route's) is one pass too:
+`reshard`, the same rendezvous with a table of boxes instead of one chunk per peer.
+
 "auto" takes it on CPUs when the job is one process (every device of every exchange is then
 in this process) and a C++ compiler is found; a compiler that fails warns once and leaves
 XLA's collectives.  The plain install never needs a compiler.
@@ -36,6 +39,7 @@ from ._common import coordinates, def_linear, traced_mesh, within_processes
 __all__ = ["auto", "build_failure", "exchange", "unavailable_reason", "TARGET"]
 
 TARGET = "pencilfft_local_exchange"
+RESHARD_TARGET = "pencilfft_local_reshard"  # several exchanges in one pass (`reshard`)
 INSTANCE_TYPE = "pencilfft_local_instance"  # the FFI state where a call's devices meet
 
 
@@ -49,7 +53,9 @@ def _library():
     try:
         lib = _native.load(pathlib.Path(__file__).with_name("local.cc"))
         return _native.register(lib, {TARGET: ("PencilfftLocalInstantiate",
-                                               "PencilfftLocalExchange")}, INSTANCE_TYPE)
+                                               "PencilfftLocalExchange"),
+                                      RESHARD_TARGET: ("PencilfftLocalInstantiate",
+                                                       "PencilfftLocalReshard")}, INSTANCE_TYPE)
     except (_native.BuildError, AttributeError, OSError, jax.errors.JaxRuntimeError) as e:
         warnings.warn(f"pencilfft: the local exchange could not be built or loaded, exchanges "
                       f"between the devices of this process use XLA's collectives instead (docs: "

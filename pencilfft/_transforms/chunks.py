@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from .plan import Plan
 from .routes import find_route
-from .stages import (Exchange, Fft, Fit, Inverse, Permute, Stage, Swap, Take, emit,
+from .stages import (Exchange, Fft, Fit, Inverse, Permute, Reshard, Stage, Swap, Take, emit,
                      forward_stages, pencil_problem, run_backward, run_forward, trailing)
 
 __all__ = ["Chunked", "Pieces", "chunked_stages", "in_place", "route_groups",
@@ -211,6 +211,8 @@ def _touches(stage) -> set[int]:
         return {stage.split, stage.gather} | {i for i, o in enumerate(stage.order) if i != o}
     if isinstance(stage, Permute):
         return {i for i, o in enumerate(stage.order) if i != o}
+    if isinstance(stage, Reshard):  # its boxes cut every axis
+        return set(range(len(stage.in_perm)))
     if isinstance(stage, (Fit, Take)):
         return {stage.axis}
     if isinstance(stage, Swap):

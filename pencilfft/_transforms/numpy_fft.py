@@ -36,7 +36,7 @@ from .plan import NORMS, fft_dtype, float_dtype, platform_of, check_chunks
 from .budget import check_route
 from .routes import Problem, find_route, largest_bytes, out_stored, spec_text
 from .chunks import route_groups, route_in_pieces
-from .stages import Exchange, Fit, route_stages
+from .stages import Exchange, Fit, Reshard, route_stages
 
 __all__ = ["fftn", "ifftn", "rfftn", "irfftn", "fft2", "ifft2", "rfft2", "irfft2"]
 
@@ -488,7 +488,7 @@ def _check_memory(call: Call, mesh, in_spec, target, a, caller: str, chunks) -> 
     groups = route_groups(stages, len(call.shape))
     # Pieces shrink the exchanges' buffers only where every group that exchanges can be cut;
     # a piece that changes its shape or dtype is written into a new block beside the old.
-    cut = all(free for g, free in groups if any(isinstance(s, Exchange) for s in g))
+    cut = all(free for g, free in groups if any(isinstance(s, (Exchange, Reshard)) for s in g))
     in_place = call.kind == "c2c" and not any(isinstance(s, Fit) for s in stages)
     return check_route(caller, call.shape, call.in_dtype, mesh, n_in * call.in_dtype.itemsize,
                        n_out * call.out_dtype.itemsize, largest_bytes(problem, route), resident,

@@ -43,6 +43,7 @@ import numpy as np
 from . import kernel as _kernel
 from .plan import FFT_KINDS, Plan
 from .routes import Problem, Route, exact_length, find_route
+from .._exchange import reshard as _reshard
 from .transpose import transpose_blocks
 
 
@@ -542,7 +543,60 @@ class Permute:
         return jnp.transpose(k, tuple(self.order.index(i) for i in range(len(self.order))))
 
 
-def _contiguous(stages: list, ndim: int) -> list:
+@dataclasses.dataclass(frozen=True)
+class Reshard:
+    """Consecutive exchanges of the CPU devices of one process in one pass
+    (`_exchange.reshard`): the block of layout (`in_spec`, `in_perm`: per global axis its mesh
+    axes, and the global axis each local axis holds) written as the block of (`out_spec`,
+    `out_perm`).  `exchanges`: the ones it replaces (where the custom call does not exist)."""
+
+    exchanges: tuple[Exchange, ...]
+    sizes: tuple[tuple[str, int], ...]
+    in_spec: tuple[tuple[str, ...], ...]
+    in_perm: tuple[int, ...]
+    out_spec: tuple[tuple[str, ...], ...]
+    out_perm: tuple[int, ...]
+
+    @property
+    def _steps(self) -> tuple:
+        return tuple((e.axis_name, e.n, e.split, e.gather, e.order) for e in self.exchanges)
+
+    @property
+    def _moved(self) -> tuple[str, ...]:
+        return tuple(e.axis_name for e in self.exchanges)
+
+    def forward(self, k: jax.Array) -> jax.Array:
+        return _reshard.reshard(k, self.sizes, self._moved, self.in_spec, self.in_perm,
+                                self.out_spec, self.out_perm, self._steps)
+
+    def backward(self, k: jax.Array) -> jax.Array:
+        return _reshard.reshard(k, self.sizes, self._moved, self.out_spec, self.out_perm,
+                                self.in_spec, self.in_perm, _reshard.inverse_steps(self._steps))
+
+
+def _fused(stages: list, perms: list, specs: list, sizes: tuple) -> list:
+    """Runs of two or more local exchanges (`Exchange`, "local", nothing between them) as one
+    `Reshard`: one pass over the block instead of one per exchange.  `perms[k]`, `specs[k]`:
+    the block's axis order and the layout before stage k and after it."""
+    out: list = []
+    k = 0
+    while k < len(stages):
+        end = k
+        while (end < len(stages) and isinstance(stages[end], Exchange)
+               and stages[end].algorithm == "local"):
+            end += 1
+        if end - k >= 2:
+            out.append(Reshard(tuple(stages[k:end]), sizes, specs[k][0], tuple(perms[k][0]),
+                               specs[end - 1][1], tuple(perms[end - 1][1])))
+            k = end
+        else:
+            out.append(stages[k])
+            k += 1
+    return out
+
+
+def _contiguous(stages: list, ndim: int, specs: list | None = None,
+                sizes: tuple = ()) -> list:
     """The same route with every FFT's axes last in the block: each exchange also writes (its
     `order`, in the same pass) the axes the next FFT transforms last and the others in their
     global order before them, and the last one writes the global order back (a `Permute` where
@@ -551,7 +605,9 @@ def _contiguous(stages: list, ndim: int) -> list:
     (benchmarks/RESULTS.md, "Any layout": the brick round trip 1.50x -> 1.31x pfft3d's)."""
     perm = list(range(ndim))  # local axis -> the global axis it holds
     out: list = []
+    perms: list = []  # (before, after) of each stage
     for k, s in enumerate(stages):
+        before = list(perm)
         inner = s.stage if isinstance(s, Inverse) else s
         if isinstance(inner, Exchange):
             nxt = next((t.stage if isinstance(t, Inverse) else t for t in stages[k + 1:]
@@ -569,6 +625,9 @@ def _contiguous(stages: list, ndim: int) -> list:
             out.append(dataclasses.replace(inner, axis=perm.index(inner.axis)))
         else:  # a Swap permutes whole blocks between devices: the block's axes stay
             out.append(s)
+        perms.append((before, list(perm)))
+    if specs is not None:
+        out = _fused(out, perms, specs, sizes)
     if perm != list(range(ndim)):
         out.append(Permute(tuple(perm.index(a) for a in range(ndim))))
     return out
@@ -581,7 +640,14 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
     stored = list(p.stored)
     spec = [tuple(s) for s in p.in_spec]
     done = frozenset()
+    specs: list = []  # the layout before and after each stage (`_fused`)
+
+    def snap(before: tuple) -> None:
+        while len(specs) < len(stages):
+            specs.append((before, tuple(spec)))
+
     for step in route.steps:
+        before = tuple(spec)
         if step[0] == "fft":
             axes = step[1]
             done = done | set(axes)
@@ -594,6 +660,7 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
                           for i in axes)
             fft = Fft(axes, kinds, sizes, norm)
             stages.append(Inverse(fft) if inverse else fft)
+            snap(before)
             continue
         if step[0] == "swap":
             j = step[1]
@@ -601,11 +668,13 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
             spec[j] = spec[j][:-2] + (v, u)
             order = [m for m, _ in p.sizes]  # the mesh's order (Problem.sizes keeps it)
             stages.append(Swap((u, v), (p.size(u), p.size(v)), order.index(v) < order.index(u)))
+            snap(before)
             continue
         kind, m, *rest = step
         j, length = rest[-2], rest[-1]
         if not spec[j] and stored[j] != length:
             stages.append(Fit(j, length, stored[j]))
+            snap(before)
         stored[j] = length
         spec[j] = spec[j] + (m,)
         if kind == "take":
@@ -615,16 +684,19 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
             spec[i] = spec[i][:-1]
             stages.append(Exchange(m, p.size(m), split=j, gather=i,
                                    order=tuple(range(len(spec))), algorithm=algorithms[m]))
+            snap(before)
             n = exact_length(p, done, i)
             if not spec[i] and stored[i] != n:  # whole again: back to its exact length
                 stages.append(Fit(i, n, stored[i]))
                 stored[i] = n
+        snap(tuple(spec))  # (a Take)
     for i, s in enumerate(spec):  # whole axes back to their exact length
         if not s and stored[i] != route.lengths[i]:
             stages.append(Fit(i, route.lengths[i], stored[i]))
             stored[i] = route.lengths[i]
+    snap(tuple(spec))
     if not any(isinstance(s, Exchange) for s in stages):
         return tuple(stages)  # one device, or FFTs where the axes lie: nothing to write anew
-    return tuple(_contiguous(stages, len(p.stored)))
+    return tuple(_contiguous(stages, len(p.stored), specs, p.sizes))
 
 

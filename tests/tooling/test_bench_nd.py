@@ -21,8 +21,12 @@ def test_nd_runs_every_program_and_counts_its_exchanges(tmp_path):
         (r["program"], r["note"]) for r in records if r["status"] != "ok"]
     by_name = {r["program"]: r for r in records}
     brick = by_name["brick -> brick: fftn + ifftn"]
-    # The planner's 6 + 6 exchanges are the program's (pencilfft's local exchange on CPUs).
-    assert brick["route_exchanges"] == brick["exchanges_in_hlo"] == 12
+    # The planner's 6 + 6 exchanges are the program's (pencilfft's local exchange on CPUs),
+    # each direction's runs of consecutive ones in one pass: a: 0->1, then (a, b, c) onto X and
+    # (c, b) back, 1 exchange and 2 reshards each way.
+    assert brick["route_exchanges"] == 12
+    assert brick["exchanges_in_hlo"] == 2
+    assert brick["collectives"][nd.RESHARD_CALL] == 4
     assert by_name[nd.PENCIL]["exchanges_in_hlo"] == 4
     assert by_name["brick -> brick: fftn + ifftn: ffts alone"]["exchanges_in_hlo"] == 0
     assert by_name[nd.SHARDED]["collectives"].get("all-gather")
