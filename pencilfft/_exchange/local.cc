@@ -333,6 +333,25 @@ void Dispatch(std::shared_ptr<Round> round, int threads) {
   }
 }
 
+// What both handlers check of a device's call (element type, sizes, its coordinate), and
+// the geometry's fields they share: "" and `g` begun, or why not.
+std::string Start(const ffi::AnyBuffer& x, ffi::Result<ffi::AnyBuffer>& y,
+                  const ffi::Buffer<ffi::S32>& where, int64_t n, int rank, Geometry& g,
+                  int64_t& pos, int64_t& group) {
+  const size_t element = ffi::ByteWidth(x.element_type());
+  if (element == 0 || element > 16 || (element & (element - 1)) ||
+      y->element_type() != x.element_type() || y->size_bytes() != x.size_bytes()) {
+    return "unsupported element type or sizes (internal error)";
+  }
+  pos = where.typed_data()[0];
+  group = where.typed_data()[1];
+  if (pos < 0 || pos >= n) return "the device's coordinate is out of range (internal error)";
+  g.rank = rank;
+  g.n = n;
+  g.element = element;
+  return "";
+}
+
 // One device's arrival at its group's first round it has not joined yet; the last one to
 // arrive dispatches the round's copies.
 ffi::Future Arrive(Instance* instance, const ffi::AnyBuffer& x, ffi::Result<ffi::AnyBuffer>& y,
@@ -379,21 +398,10 @@ ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32>
       where.element_count() != 2 || shape[split] % n) {
     return Failed("inconsistent attributes (internal error)");
   }
-  const size_t element = ffi::ByteWidth(x.element_type());
-  if (element == 0 || element > 16 || (element & (element - 1)) ||
-      y->element_type() != x.element_type() ||
-      y->size_bytes() != x.size_bytes()) {
-    return Failed("unsupported element type or sizes (internal error)");
-  }
-  const int64_t pos = where.typed_data()[0], group = where.typed_data()[1];
-  if (pos < 0 || pos >= n) {
-    return Failed("the device's coordinate is out of range (internal error)");
-  }
-
   Geometry g;
-  g.rank = rank;
-  g.n = n;
-  g.element = element;
+  int64_t pos = 0, group = 0;
+  if (std::string why = Start(x, y, where, n, rank, g, pos, group); !why.empty())
+    return Failed(why);
   int64_t out_shape[kMaxRank], out_stride[kMaxRank];
   g.src[rank - 1] = 1;
   for (int k = rank - 2; k >= 0; --k) g.src[k] = g.src[k + 1] * shape[k + 1];
@@ -429,12 +437,11 @@ ffi::Future Reshard(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> 
       static_cast<int64_t>(table.size()) != n * n * (2 + rank) || where.element_count() != 2) {
     return Failed("inconsistent reshard attributes (internal error)");
   }
-  const size_t element = ffi::ByteWidth(x.element_type());
-  if (element == 0 || element > 16 || (element & (element - 1)) ||
-      y->element_type() != x.element_type() || y->size_bytes() != x.size_bytes()) {
-    return Failed("unsupported element type or sizes (internal error)");
-  }
-  const int64_t count = static_cast<int64_t>(x.size_bytes() / element);
+  Geometry g;
+  int64_t pos = 0, group = 0;
+  if (std::string why = Start(x, y, where, n, rank, g, pos, group); !why.empty())
+    return Failed(why);
+  const int64_t count = static_cast<int64_t>(x.size_bytes() / g.element);
   for (int64_t r = 0; r < n * n; ++r) {  // every box inside both blocks
     const int64_t* row = table.begin() + r * (2 + rank);
     int64_t last_src = row[0], last_dst = row[1];
@@ -448,14 +455,6 @@ ffi::Future Reshard(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> 
     if (!empty && (row[0] < 0 || row[1] < 0 || last_src >= count || last_dst >= count))
       return Failed("a box outside the block (internal error)");
   }
-  const int64_t pos = where.typed_data()[0], group = where.typed_data()[1];
-  if (pos < 0 || pos >= n) {
-    return Failed("the device's coordinate is out of range (internal error)");
-  }
-  Geometry g;
-  g.rank = rank;
-  g.n = n;
-  g.element = element;
   for (int k = 0; k < rank; ++k) {
     g.src[k] = src_strides[k];
     g.dst[k] = dst_strides[k];
