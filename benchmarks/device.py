@@ -18,7 +18,8 @@ threads: layouts PxDxT (P processes of D devices, T threads per device), each a
 `benchmarks.fft` run (c2c, transposed layout) in processes of its own (thread pools and
 pencilfft's thread rule are fixed when one starts), pinned to its cores, PENCILFFT_THREADS =
 D * T: 1x1xT with `jnp.fft` and pyFFTW (FFTW's own threaded 3-D plan) beside pencilfft; 1xDxT
-on the most square and the slab mesh; Px1xT under mpirun.  The cheapest first; the machine's
+on the most square and the slab mesh; PxDxT with P > 1 under mpirun (2x8x1: the mixed exchange,
+local inside each process and MPI between, beside 1x16x1).  The cheapest first; the machine's
 core count leaves out what needs more.  `--quick`: every part at tiny sizes, under a minute on a
 CPU-only machine.  Every part is a process of its own (the parent starts no jax).
 """
@@ -41,7 +42,7 @@ from benchmarks import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = Path("/tmp/pencilfft-device")  # where the carried wheels are installed
-LAYOUTS = ("1x1x16", "1x16x1", "1x4x4", "4x1x4", "1x1x8", "1x1x4", "1x1x2", "1x1x1")
+LAYOUTS = ("1x1x16", "1x16x1", "2x8x1", "1x4x4", "4x1x4", "1x1x8", "1x1x4", "1x1x2", "1x1x1")
 QUICK_LAYOUTS = ("1x1x2", "1x2x1", "2x1x1", "1x1x1")
 
 
