@@ -9,6 +9,7 @@ kernel by default, so the other test files check it in every calling form too.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 import subprocess
@@ -363,3 +364,26 @@ def test_distributed_transform_with_kernel(pdims):
     k = jax.jit(lambda a: pencilfft.prfft3d(a, mesh=mesh, layout="natural"))(xs)
     got = to_numpy(k)[..., :7]
     assert rel_err(got, np.fft.rfftn(x)) < 2e-6
+
+
+@pytest.mark.parametrize("fft_type,norm,setting", [
+    ("ifft", "backward", "auto"), ("irfft", "ortho", "auto"), ("rfft", "forward", "auto"),
+    ("ifft", "ortho", "xla")], ids=["ifft-backward", "irfft-ortho", "rfft-forward", "xla"])
+def test_extra_points_normalise_as_one_transform(monkeypatch, fft_type, norm, setting):
+    """`extra`: the call of a transform split in two that scales for both (the other runs
+    unscaled, one scaling pass instead of two, issue 55): the scale of prod(sizes) * extra
+    points, with FFTW and with XLA's kernel, and its transpose scaled alike."""
+    monkeypatch.setenv("PENCILFFT_FFT_KERNEL", setting)
+    axes = (1, 2)
+    x, sizes = _input(fft_type, np.float64, axes)
+    extra = 7
+    f = jax.jit(lambda a: _kernel.fft(a, fft_type, axes, norm, sizes, extra=extra))
+    plain = _reference(fft_type, x, axes, norm, sizes)
+    n, forward = math.prod(sizes), fft_type in ("fft", "rfft")
+    factor = _kernel._scale(norm, n * extra, forward) / _kernel._scale(norm, n, forward)
+    assert factor != 1.0
+    assert rel_err(f(x), plain * factor) < 1e-12
+    g = jax.linear_transpose(f, x)
+    ct = np.asarray(f(x))
+    plain_t = jax.linear_transpose(lambda a: _kernel.fft(a, fft_type, axes, norm, sizes), x)
+    assert rel_err(g(ct)[0], np.asarray(plain_t(ct)[0]) * factor) < 1e-12

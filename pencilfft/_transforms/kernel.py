@@ -245,12 +245,23 @@ def _scale(norm: str, n: int, forward: bool) -> float:
     return 1 / n if (norm == "forward") == forward else 1.0
 
 
+def _extra_factor(fft_type: str, norm: str, sizes: tuple[int, ...], extra: int) -> float:
+    """What `extra` more points change in the normalisation (1.0 where they change nothing)."""
+    if extra == 1 or fft_type == "r2r":
+        return 1.0
+    n, forward = math.prod(sizes), fft_type in ("fft", "rfft")
+    return _scale(norm, n * extra, forward) / _scale(norm, n, forward)
+
+
 def _xla_fft(x, *, fft_type: str, axes: tuple[int, ...], norm: str, sizes: tuple[int, ...],
-             kind: str | None = None, order: tuple[int, ...] | None = None):
+             kind: str | None = None, order: tuple[int, ...] | None = None, extra: int = 1):
     """What the stages ran before the kernel: jnp.fft's n-dimensional calls (`xla_fft`: with
     the FFT's layouts pinned on CPUs), `r2r`'s forward, then the output's axes in `order`
     (None: as they are)."""
     y = _xla_fft_only(x, fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind)
+    factor = _extra_factor(fft_type, norm, sizes, extra)
+    if factor != 1.0:
+        y = y * jnp.asarray(factor, y.real.dtype)
     return y if order is None else jnp.transpose(y, order)
 
 
@@ -268,13 +279,16 @@ def _configure_malloc_on_cpu() -> None:
 
 
 def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
-        sizes: tuple[int, ...], order: tuple[int, ...] | None = None) -> jax.Array:
+        sizes: tuple[int, ...], order: tuple[int, ...] | None = None,
+        extra: int = 1) -> jax.Array:
     """jnp.fft.{fftn, ifftn, rfftn, irfftn}(x, axes=axes, norm=norm) of a per-device block,
     then jnp.transpose(., order) if `order` is given: FFTW writes the output transposed
     through its strides, no pass of its own (the one-device transform's layout).
 
     `sizes`: the real-space lengths of `axes` (irfft's output, the others' input).  The half
-    axis of rfft/irfft is `axes[-1]`."""
+    axis of rfft/irfft is `axes[-1]`.  `extra`: more points the normalisation counts, those
+    of the other call of a transform split in two (which runs unscaled): one scaling instead
+    of two."""
     x = jnp.asarray(x)
     axes = tuple(a % x.ndim for a in axes)
     if order is not None:
@@ -286,7 +300,7 @@ def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
     if _setting("PENCILFFT_FFT_KERNEL", KERNELS, "auto") == "xla":
         _configure_malloc_on_cpu()
         return _xla_fft(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes),
-                        order=order)
+                        order=order, extra=extra)
     if fft_type != "irfft":  # the input's lengths (what the normalisation counts)
         sizes = tuple(x.shape[a] for a in axes)
     if fft_type in ("fft", "ifft"):
@@ -297,9 +311,9 @@ def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
         x = x.astype(jnp.result_type(x.dtype, jnp.complex64))
         if x.shape[axes[-1]] != sizes[-1] // 2 + 1:  # irfftn would crop or pad: not ours
             return _xla_fft(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes),
-                            order=order)
+                            order=order, extra=extra)
     return local_fft_p.bind(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes),
-                            kind=None, order=order)
+                            kind=None, order=order, extra=int(extra))
 
 
 def r2r(x: jax.Array, kind: str, axis: int, norm: str, forward: bool) -> jax.Array:
@@ -316,7 +330,7 @@ def r2r(x: jax.Array, kind: str, axis: int, norm: str, forward: bool) -> jax.Arr
         _configure_malloc_on_cpu()
         return _r2r.forward(x, kind, axis, norm)  # (and its error for too short an axis)
     return local_fft_p.bind(x, fft_type="r2r", axes=(axis,), norm=norm,
-                            sizes=(x.shape[axis],), kind=kind, order=None)
+                            sizes=(x.shape[axis],), kind=kind, order=None, extra=1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,7 +354,7 @@ def _out_shape_dtype(shape, dtype, fft_type, axes, sizes, order=None):
     return tuple(shape), np.dtype(dtype)
 
 
-def _abstract_eval(x, *, fft_type, axes, norm, sizes, kind, order):
+def _abstract_eval(x, *, fft_type, axes, norm, sizes, kind, order, extra):
     shape, dtype = _out_shape_dtype(x.shape, x.dtype, fft_type, axes, sizes, order)
     # update() keeps the input's sharding (Explicit meshes) and varying manual axes (shard_map)
     return x.update(shape=shape, dtype=dtype, weak_type=False)
@@ -363,14 +377,14 @@ def _mask(t, axis: int, n: int, dtype):
     return jnp.asarray(w.reshape(shape), dtype)
 
 
-def _transpose(ct, x, *, fft_type, axes, norm, sizes, kind, order):
+def _transpose(ct, x, *, fft_type, axes, norm, sizes, kind, order, extra):
     """jax's lax.fft transposes (jax/_src/lax/fft.py), normalisation carried in `norm`; an
     output written in `order` has its cotangent put back in the computed order first."""
     if type(ct) is ad.Zero:
         return (ad.Zero(x.aval),)
     if order is not None:
         ct = jnp.transpose(ct, tuple(int(i) for i in np.argsort(order)))
-    params = dict(axes=axes, sizes=sizes, kind=None, order=None)
+    params = dict(axes=axes, sizes=sizes, kind=None, order=None, extra=extra)
     if fft_type in ("fft", "ifft"):  # the DFT matrix is symmetric: the same transform
         return (local_fft_p.bind(ct, fft_type=fft_type, norm=norm, **params),)
     if fft_type == "rfft":  # an irfft of conj(ct) / mask, scaled as the rfft was
@@ -390,7 +404,7 @@ def _transpose(ct, x, *, fft_type, axes, norm, sizes, kind, order):
     if not np.allclose(g, go):
         ct = ct * jnp.asarray((g / go).reshape(shape), real)
     out = local_fft_p.bind(ct, fft_type="r2r", axes=axes, norm="ortho", sizes=sizes,
-                           kind=_r2r.INVERSE_KIND[kind], order=None)
+                           kind=_r2r.INVERSE_KIND[kind], order=None, extra=1)
     return (out * jnp.asarray((c / co * h / ho).reshape(shape), real),)
 
 
@@ -412,17 +426,18 @@ def _fftw_usable(aval) -> bool:
     return dtype in (np.float32, np.float64, np.complex64, np.complex128) and kernel() == "fftw"
 
 
-def _cpu_lowering(ctx, x, *, fft_type, axes, norm, sizes, kind, order):
+def _cpu_lowering(ctx, x, *, fft_type, axes, norm, sizes, kind, order, extra):
     _malloc.configure()  # a CPU program of pencilfft's: glibc keeps freed memory (`_malloc`)
-    params = dict(fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind, order=order)
+    params = dict(fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind, order=order,
+                  extra=extra)
     if not _fftw_usable(ctx.avals_in[0]):
         return _default_lowering(ctx, x, **params)
     return mlir.lower_fun(functools.partial(_fftw, **params), multiple_results=False)(ctx, x)
 
 
-def _fftw(x, *, fft_type, axes, norm, sizes, kind, order):
+def _fftw(x, *, fft_type, axes, norm, sizes, kind, order, extra):
     """The CPU computation: weights (ortho DCT/DST ends only) around one FFTW call."""
-    n = math.prod(sizes)
+    n = math.prod(sizes) * extra
     if fft_type != "r2r":
         code = {"fft": 0, "ifft": 0, "rfft": 1, "irfft": 2}[fft_type]
         return fftw_p.bind(x, code=code, sign=1 if fft_type == "ifft" else -1, axes=axes,

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -102,9 +103,10 @@ class Fft:
         return k if self.order is None else jnp.transpose(k, self.order)
 
     def _forward_fftw(self, k: jax.Array) -> jax.Array:
-        if self._split():
-            k = _kernel.fft(k, self.fourier, self.axes[1:], self.norm, self.sizes[1:])
-            return _kernel.fft(k, "fft", self.axes[:1], self.norm, self.sizes[:1], self.order)
+        if self._split():  # (the first call unscaled, the second scaling for both: one pass)
+            k = _kernel.fft(k, self.fourier, self.axes[1:], "backward", self.sizes[1:])
+            return _kernel.fft(k, "fft", self.axes[:1], self.norm, self.sizes[:1], self.order,
+                               extra=math.prod(self.sizes[1:]))
         return _kernel.fft(k, self.fourier, self.axes, self.norm, self.sizes, self.order)
 
     def _forward_xla(self, k: jax.Array) -> jax.Array:
@@ -137,10 +139,13 @@ class Fft:
         if self._split():
             # The first axis where it is (contiguous X), then the others (irfft last) writing
             # the computed order: strided reads, contiguous writes, as forward.
-            k = _kernel.fft(k, "ifft", (self.order.index(self.axes[0]),), self.norm,
+            # The first call unscaled, the second scaling for both (one scaling, not two:
+            # each is a pass over the block or chunks the call, issue 55).
+            k = _kernel.fft(k, "ifft", (self.order.index(self.axes[0]),), "forward",
                             self.sizes[:1])
             rest = tuple(self.order.index(a) for a in self.axes[1:])
-            return _kernel.fft(k, self._inverse, rest, self.norm, self.sizes[1:], self._undo)
+            return _kernel.fft(k, self._inverse, rest, self.norm, self.sizes[1:], self._undo,
+                               extra=self.sizes[0])
         axes = tuple(self.order.index(a) for a in self.axes)
         return _kernel.fft(k, self._inverse, axes, self.norm, self.sizes, self._undo)
 
