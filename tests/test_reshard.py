@@ -41,7 +41,7 @@ def _body(out_spec, out_perm):
                   [m in s for s in out_spec] != [m in s for s in BRICK])
 
     def f(block):
-        y = _reshard.reshard(block, SIZES, moved, BRICK, (0, 1, 2), out_spec, out_perm, ())
+        y = _reshard.reshard(block, moved, BRICK, (0, 1, 2), out_spec, out_perm, ())
         return jnp.transpose(y, tuple(np.argsort(out_perm)))
     return f
 
@@ -115,7 +115,7 @@ def test_other_platforms_lower_to_the_exchanges(mesh):
     stage = _stages.Reshard(
         (_stages.Exchange("b", 2, 0, 1, (0, 1, 2), "local"),
          _stages.Exchange("c", 2, 0, 2, (0, 1, 2), "local")),
-        SIZES, BRICK, (0, 1, 2), (("a", "b", "c"), (), ()), (0, 1, 2))
+        BRICK, (0, 1, 2), (("a", "b", "c"), (), ()), (0, 1, 2))
     g = jax.jit(jax.shard_map(with_mesh(stage.forward, mesh), mesh=mesh, in_specs=spec,
                               out_specs=P(("a", "b", "c"))))
     text = g.trace(x).lower(lowering_platforms=("cuda",)).as_text()

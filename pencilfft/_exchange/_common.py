@@ -44,16 +44,23 @@ def in_mesh(mesh):
         _mesh.reset(token)
 
 
-def coordinates(mesh, axis_name: str) -> jax.Array:
-    """This device's coordinate along the axis and the index of its group (the devices with
-    the same coordinates on the other mesh axes, in their flat order): the handlers check that
-    their tables put this device there (a wrong guess of the devices fails, never mixes)."""
+def coordinates(mesh, axes: str | tuple[str, ...]) -> jax.Array:
+    """This device's coordinate along mesh axis `axes` (along a tuple of them: its row-major
+    index over them, in the mesh's order) and the index of its group (the devices with the same
+    coordinates on the other mesh axes, in their flat order): the handlers check that their
+    tables put this device there (a wrong guess of the devices fails, never mixes)."""
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    sizes = tuple(zip(mesh.axis_names, mesh.axis_sizes))
     group = 0
-    for name, size in zip(mesh.axis_names, mesh.axis_sizes):
-        if name != axis_name:
+    for name, size in sizes:
+        if name not in axes:
             group = group * size + jax.lax.axis_index(name)
-    return jnp.stack([jnp.asarray(jax.lax.axis_index(axis_name), jnp.int32),
-                      jnp.asarray(group, jnp.int32)])
+    pos = None  # (after the group's: the order every exchange's program has always had)
+    for name, size in sizes:
+        if name in axes:
+            index = jax.lax.axis_index(name)
+            pos = index if pos is None else pos * size + index
+    return jnp.stack([jnp.asarray(pos, jnp.int32), jnp.asarray(group, jnp.int32)])
 
 
 def concrete(mesh):

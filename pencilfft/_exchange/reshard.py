@@ -27,7 +27,7 @@ from jax.interpreters import batching, mlir
 
 from .._native import malloc as _malloc, threads as _threads
 from . import local
-from ._common import def_linear, traced_mesh, within_processes
+from ._common import coordinates, def_linear, traced_mesh, within_processes
 
 __all__ = ["RESHARD_TARGET", "inverse_steps", "reshard", "table"]
 
@@ -36,32 +36,22 @@ RESHARD_TARGET = local.RESHARD_TARGET
 Spec = tuple[tuple[str, ...], ...]
 
 
-def reshard(x: jax.Array, sizes: tuple[tuple[str, int], ...], moved: tuple[str, ...],
-            in_spec: Spec, in_perm: tuple[int, ...], out_spec: Spec, out_perm: tuple[int, ...],
-            steps: tuple[tuple, ...]) -> jax.Array:
+def reshard(x: jax.Array, moved: tuple[str, ...], in_spec: Spec, in_perm: tuple[int, ...],
+            out_spec: Spec, out_perm: tuple[int, ...], steps: tuple[tuple, ...]) -> jax.Array:
     """Inside shard_map: per-device block x of layout (in_spec, in_perm) as the block of layout
-    (out_spec, out_perm), the same global array.  `sizes`: the mesh axes the specs name, with
-    their sizes; `moved`: those whose place changes (a group: the devices that differ along
-    them, in the mesh's order); `steps`: the exchanges (axis, n, split, gather, order) it
-    replaces, for platforms without the custom call."""
+    (out_spec, out_perm), the same global array.  `moved`: the mesh axes whose place changes
+    (a group: the devices that differ along them); `steps`: the exchanges (axis, n, split,
+    gather, order) it replaces, for platforms without the custom call."""
     mesh = traced_mesh()
-    names = tuple(mesh.axis_names)
-    moved = tuple(m for m in names if m in moved)  # the mesh's order: `where`'s and the table's
+    moved = tuple(m for m in mesh.axis_names if m in moved)  # the mesh's order, as `where`'s
     if jax.process_count() > 1 and not all(within_processes(mesh, m) for m in moved):
         raise ValueError(f"`exchange`='local' cannot move mesh axes {moved} in one pass: their "
                          f"devices are in several processes (exchange='mixed' or 'auto' sends "
                          f"those through MPI)")
-    pos = group = jnp.asarray(0, jnp.int32)
-    for name, size in zip(names, mesh.axis_sizes):
-        index = jnp.asarray(jax.lax.axis_index(name), jnp.int32)
-        if name in moved:
-            pos = pos * size + index
-        else:
-            group = group * size + index
-    where = jnp.stack([pos, group])
-    return reshard_p.bind(x, where, sizes=tuple(sizes), moved=moved, in_spec=in_spec,
-                          in_perm=tuple(in_perm), out_spec=out_spec, out_perm=tuple(out_perm),
-                          steps=tuple(steps))
+    sizes = tuple(zip(mesh.axis_names, (int(n) for n in mesh.axis_sizes)))
+    return reshard_p.bind(x, coordinates(mesh, moved), sizes=sizes, moved=moved,
+                          in_spec=in_spec, in_perm=tuple(in_perm), out_spec=out_spec,
+                          out_perm=tuple(out_perm), steps=tuple(steps))
 
 
 reshard_p = Primitive(RESHARD_TARGET)
@@ -105,9 +95,9 @@ def _starts(coords: dict, spec: Spec, shape, sizes: dict) -> list[int]:
 
 
 def table(local_shape, sizes, moved, in_spec, in_perm, out_spec, out_perm):
-    """(n, table, source strides, destination strides, output block shape): per (destination i,
-    source p) of a group, the box of p's block in i's, as (source offset, destination offset,
-    dims per global axis), zeros where they do not meet (the other mesh axes' coordinates are
+    """(n, table, source strides, destination strides): per (destination i, source p) of a
+    group, the box of p's block in i's, as (source offset, destination offset, dims per global
+    axis), zeros where they do not meet (the other mesh axes' coordinates are
     alike within a group, so they are left at 0 on both sides)."""
     sizes = dict(sizes)
     shape = _global_shape(local_shape, in_spec, in_perm, sizes)
@@ -129,7 +119,7 @@ def table(local_shape, sizes, moved, in_spec, in_perm, out_spec, out_perm):
             rows += [sum((lv - a) * st for lv, a, st in zip(lo, s0, src)),
                      sum((lv - b) * st for lv, b, st in zip(lo, d0, dst))]
             rows += [h - lv for lv, h in zip(lo, hi)]
-    return len(groups), rows, src, dst, out_local
+    return len(groups), rows, src, dst
 
 
 def _abstract_eval(x, where, *, sizes, moved, in_spec, in_perm, out_spec, out_perm, steps):
@@ -171,7 +161,7 @@ def _cpu_lowering(ctx, x, where, *, sizes, moved, in_spec, in_perm, out_spec, ou
     if why is not None:
         raise ValueError(f"`exchange`='local' cannot run here: {why}")
     _malloc.configure()
-    n, rows, src, dst, _ = table(ctx.avals_in[0].shape, sizes, moved, in_spec, in_perm,
+    n, rows, src, dst = table(ctx.avals_in[0].shape, sizes, moved, in_spec, in_perm,
                                  out_spec, out_perm)
     return jax.ffi.ffi_lowering(RESHARD_TARGET)(
         ctx, x, where, n=np.int64(n), table=np.asarray(rows, np.int64),

@@ -36,7 +36,8 @@ import jax.numpy as jnp
 from .plan import Plan
 from .routes import find_route
 from .stages import (Exchange, Fft, Fit, Inverse, Permute, Reshard, Stage, Swap, Take, emit,
-                     forward_stages, pencil_problem, run_backward, run_forward, trailing)
+                     forward_stages, pencil_problem, run_backward, run_forward, run_route,
+                     run_route_back, trailing)
 
 __all__ = ["Chunked", "Pieces", "chunked_stages", "in_place", "route_groups",
            "route_in_pieces", "stages_of"]
@@ -75,23 +76,11 @@ class Pieces:
 
     def forward(self, k: jax.Array) -> jax.Array:
         cut = self._cut(k)
-        return _in_pieces(functools.partial(_run_flat, self.stages), k, cut, cut, self.chunks)
+        return _in_pieces(functools.partial(run_route, self.stages), k, cut, cut, self.chunks)
 
     def backward(self, k: jax.Array) -> jax.Array:
         cut = self._cut(k)
-        return _in_pieces(functools.partial(_back_flat, self.stages), k, cut, cut, self.chunks)
-
-
-def _run_flat(stages, k: jax.Array) -> jax.Array:
-    for stage in stages:
-        k = stage.forward(k)
-    return k
-
-
-def _back_flat(stages, k: jax.Array) -> jax.Array:
-    for stage in reversed(stages):
-        k = stage.backward(k)
-    return k
+        return _in_pieces(functools.partial(run_route_back, self.stages), k, cut, cut, self.chunks)
 
 
 def _in_pieces(f, k: jax.Array, cut: int, cut_out: int, chunks: int) -> jax.Array:

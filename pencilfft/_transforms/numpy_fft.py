@@ -36,7 +36,7 @@ from .plan import NORMS, fft_dtype, float_dtype, platform_of, check_chunks
 from .budget import check_route
 from .routes import Problem, find_route, largest_bytes, out_stored, spec_text
 from .chunks import route_groups, route_in_pieces
-from .stages import Exchange, Fit, Reshard, route_stages
+from .stages import Exchange, Fit, Reshard, route_stages, run_route
 
 __all__ = ["fftn", "ifftn", "rfftn", "irfftn", "fft2", "ifft2", "rfft2", "irfft2"]
 
@@ -302,12 +302,6 @@ def _planned(call: Call, sizes: tuple, in_spec: Spec, target: Spec | None, platf
     return route, stages, problem
 
 
-def _run_stages(stages, k):
-    for stage in stages:
-        k = stage.forward(k)
-    return k
-
-
 # ----------------------------------------------------------------------------------------------
 # Running it
 
@@ -322,7 +316,7 @@ def _local_plan(call: Call):
 def _local_body(call: Call, chunks: int = 1):
     """The whole transform on one device (jnp.fft's call on the block)."""
     stages = _local_plan(call)[1]
-    return functools.partial(_run_stages, route_in_pieces(stages, len(call.shape), chunks))
+    return functools.partial(run_route, route_in_pieces(stages, len(call.shape), chunks))
 
 
 def partition_spec(spec: Spec) -> P:
@@ -342,7 +336,7 @@ def _on_mesh(call: Call, mesh, in_spec_given: P, target: Spec | None, target_giv
                                       target, platform_of(mesh), even)
     out_spec = target_given if target_given is not None else partition_spec(route.spec)
     stages = route_in_pieces(stages, len(call.shape), chunks)
-    body = with_mesh(functools.partial(_run_stages, stages), mesh)
+    body = with_mesh(functools.partial(run_route, stages), mesh)
     return body, P(*in_spec_given), out_spec, problem.stored, out_stored(problem, route)
 
 

@@ -294,6 +294,20 @@ def run_backward(stages: tuple[Stage, ...], k: jax.Array) -> jax.Array:
     return x.reshape(batch + x.shape[1:])
 
 
+def run_route(stages, k: jax.Array) -> jax.Array:
+    """A route's stages (`route_stages`, jnp.fft's names) on a block as it is."""
+    for stage in stages:
+        k = stage.forward(k)
+    return k
+
+
+def run_route_back(stages, k: jax.Array) -> jax.Array:
+    """A route's stages reversed, each inverted, on a block as it is."""
+    for stage in reversed(stages):
+        k = stage.backward(k)
+    return k
+
+
 # ----------------------------------------------------------------------------------------------
 # The 3-D transforms' stage lists: the route of `routes.find_route`, emitted on a (B, ., ., .) block
 
@@ -556,7 +570,6 @@ class Reshard:
     `out_perm`).  `exchanges`: the ones it replaces (where the custom call does not exist)."""
 
     exchanges: tuple[Exchange, ...]
-    sizes: tuple[tuple[str, int], ...]
     in_spec: tuple[tuple[str, ...], ...]
     in_perm: tuple[int, ...]
     out_spec: tuple[tuple[str, ...], ...]
@@ -571,18 +584,18 @@ class Reshard:
         return tuple(e.axis_name for e in self.exchanges)
 
     def forward(self, k: jax.Array) -> jax.Array:
-        return _reshard.reshard(k, self.sizes, self._moved, self.in_spec, self.in_perm,
-                                self.out_spec, self.out_perm, self._steps)
+        return _reshard.reshard(k, self._moved, self.in_spec, self.in_perm, self.out_spec,
+                                self.out_perm, self._steps)
 
     def backward(self, k: jax.Array) -> jax.Array:
-        return _reshard.reshard(k, self.sizes, self._moved, self.out_spec, self.out_perm,
-                                self.in_spec, self.in_perm, _reshard.inverse_steps(self._steps))
+        return _reshard.reshard(k, self._moved, self.out_spec, self.out_perm, self.in_spec,
+                                self.in_perm, _reshard.inverse_steps(self._steps))
 
 
-def _fused(stages: list, perms: list, specs: list, sizes: tuple) -> list:
+def _fused(stages: list, perms: list, specs: dict) -> list:
     """Runs of two or more local exchanges (`Exchange`, "local", nothing between them) as one
-    `Reshard`: one pass over the block instead of one per exchange.  `perms[k]`, `specs[k]`:
-    the block's axis order and the layout before stage k and after it."""
+    `Reshard`: one pass over the block instead of one per exchange.  `perms[k]`: the block's
+    axis order before stage k and after it; `specs[k]`: the layout before and after exchange k."""
     out: list = []
     k = 0
     while k < len(stages):
@@ -591,7 +604,7 @@ def _fused(stages: list, perms: list, specs: list, sizes: tuple) -> list:
                and stages[end].algorithm == "local"):
             end += 1
         if end - k >= 2:
-            out.append(Reshard(tuple(stages[k:end]), sizes, specs[k][0], tuple(perms[k][0]),
+            out.append(Reshard(tuple(stages[k:end]), specs[k][0], tuple(perms[k][0]),
                                specs[end - 1][1], tuple(perms[end - 1][1])))
             k = end
         else:
@@ -600,8 +613,7 @@ def _fused(stages: list, perms: list, specs: list, sizes: tuple) -> list:
     return out
 
 
-def _contiguous(stages: list, ndim: int, specs: list | None = None,
-                sizes: tuple = ()) -> list:
+def _contiguous(stages: list, ndim: int, specs: dict | None = None) -> list:
     """The same route with every FFT's axes last in the block: each exchange also writes (its
     `order`, in the same pass) the axes the next FFT transforms last and the others in their
     global order before them, and the last one writes the global order back (a `Permute` where
@@ -632,7 +644,7 @@ def _contiguous(stages: list, ndim: int, specs: list | None = None,
             out.append(s)
         perms.append((before, list(perm)))
     if specs is not None:
-        out = _fused(out, perms, specs, sizes)
+        out = _fused(out, perms, specs)
     if perm != list(range(ndim)):
         out.append(Permute(tuple(perm.index(a) for a in range(ndim))))
     return out
@@ -645,14 +657,8 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
     stored = list(p.stored)
     spec = [tuple(s) for s in p.in_spec]
     done = frozenset()
-    specs: list = []  # the layout before and after each stage (`_fused`)
-
-    def snap(before: tuple) -> None:
-        while len(specs) < len(stages):
-            specs.append((before, tuple(spec)))
-
+    specs: dict = {}  # stage index -> the layout before and after that exchange (`_fused`)
     for step in route.steps:
-        before = tuple(spec)
         if step[0] == "fft":
             axes = step[1]
             done = done | set(axes)
@@ -665,7 +671,6 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
                           for i in axes)
             fft = Fft(axes, kinds, sizes, norm)
             stages.append(Inverse(fft) if inverse else fft)
-            snap(before)
             continue
         if step[0] == "swap":
             j = step[1]
@@ -673,13 +678,12 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
             spec[j] = spec[j][:-2] + (v, u)
             order = [m for m, _ in p.sizes]  # the mesh's order (Problem.sizes keeps it)
             stages.append(Swap((u, v), (p.size(u), p.size(v)), order.index(v) < order.index(u)))
-            snap(before)
             continue
         kind, m, *rest = step
         j, length = rest[-2], rest[-1]
         if not spec[j] and stored[j] != length:
             stages.append(Fit(j, length, stored[j]))
-            snap(before)
+        before = tuple(spec)
         stored[j] = length
         spec[j] = spec[j] + (m,)
         if kind == "take":
@@ -689,19 +693,17 @@ def route_stages(p: Problem, route: Route, norm: str, inverse: bool, algorithms:
             spec[i] = spec[i][:-1]
             stages.append(Exchange(m, p.size(m), split=j, gather=i,
                                    order=tuple(range(len(spec))), algorithm=algorithms[m]))
-            snap(before)
+            specs[len(stages) - 1] = (before, tuple(spec))
             n = exact_length(p, done, i)
             if not spec[i] and stored[i] != n:  # whole again: back to its exact length
                 stages.append(Fit(i, n, stored[i]))
                 stored[i] = n
-        snap(tuple(spec))  # (a Take)
     for i, s in enumerate(spec):  # whole axes back to their exact length
         if not s and stored[i] != route.lengths[i]:
             stages.append(Fit(i, route.lengths[i], stored[i]))
             stored[i] = route.lengths[i]
-    snap(tuple(spec))
     if not any(isinstance(s, Exchange) for s in stages):
         return tuple(stages)  # one device, or FFTs where the axes lie: nothing to write anew
-    return tuple(_contiguous(stages, len(p.stored), specs, p.sizes))
+    return tuple(_contiguous(stages, len(p.stored), specs))
 
 
