@@ -46,7 +46,7 @@ from .._exchange import mpi as _mpi_exchange
 from .._jax_private import concrete_mesh
 from .._transforms.fft import prfft3d
 from .._transforms.freq import wavenumbers
-from .._transforms.numpy_fft import Call, partition_spec, rfftn
+from .._transforms.numpy_fft import Call, partition_spec, rfftn, spec_entries
 from .._transforms.routes import find_route, spec_text
 from .._transforms.partitioned import LinearOp, place, run, tile, with_mesh
 from .._transforms.plan import fft_dtype, float_dtype, plan_forward
@@ -565,13 +565,6 @@ def _check_brick_shape(shape, mesh) -> None:
             f"two split the leading axes: pencils)")
 
 
-def _spec_tuple(spec, sizes: dict) -> tuple[tuple[str, ...], ...]:
-    """A field's spec as per-axis tuples of the mesh axes of size > 1 that split it."""
-    entries = tuple(spec) + (None,) * (3 - len(tuple(spec)))
-    return tuple(tuple(m for m in ((e,) if isinstance(e, str) else (e or ())) if sizes[m] > 1)
-                 for e in entries)
-
-
 def _assumed_spec(sizes: dict) -> tuple[tuple[str, ...], ...]:
     """Where the field's split is the partitioner's (an Auto mesh under jit): the mesh's axes
     of size > 1 in its order over X, Y and Z (the last array axis takes any left over)."""
@@ -610,7 +603,8 @@ def _brick_spectrum_of(field, field2, bins: BinPlan, mesh):
     program when called eagerly)."""
     sizes = tuple((m, int(n)) for m, n in mesh.shape.items())
     spec = _known_spec(field, mesh)
-    in_spec = _spec_tuple(spec, dict(sizes)) if spec is not None else _assumed_spec(dict(sizes))
+    in_spec = (spec_entries(spec, 3, dict(sizes), "field.sharding") if spec is not None
+               else _assumed_spec(dict(sizes)))
     target = brick_layout(tuple(field.shape), np.dtype(field.dtype).name, sizes, in_spec)
     # Where the mesh is known (a concrete field, an Explicit type, jax.set_mesh) the binning
     # runs in shard_map on it; else (jit, an Auto mesh, nothing in scope) the partitioner

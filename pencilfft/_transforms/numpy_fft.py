@@ -132,6 +132,12 @@ def _without_ones(spec: Spec, sizes: dict) -> Spec:
     return tuple(tuple(m for m in s if sizes[m] > 1) for s in spec)
 
 
+def spec_entries(spec, ndim: int, sizes: dict, argname: str) -> Spec:
+    """A PartitionSpec as the planner's spec: per array axis, the mesh axes of size > 1 that
+    split it (`_spec_tuple`'s checks, naming `argname`)."""
+    return _without_ones(_spec_tuple(spec, ndim, sizes, argname), sizes)
+
+
 def _default_spec(shape, mesh) -> P:
     """Where a numpy input goes on a mesh: mesh axis k over array axis k (the last array axis
     takes the mesh axes left over)."""
@@ -262,7 +268,7 @@ def _target(out_sharding, mesh, ndim: int, sizes: dict) -> tuple[Spec | None, P 
             raise ValueError(f"`out_sharding` {spec} splits the output, but `a` is on one "
                              f"device (no mesh): pass `mesh=` or place `a` with a NamedSharding")
         return None, spec
-    target = _without_ones(_spec_tuple(spec, ndim, sizes, "out_sharding"), sizes)
+    target = spec_entries(spec, ndim, sizes, "out_sharding")
     missing = [m for m, n in sizes.items() if n > 1 and not any(m in t for t in target)]
     if missing:
         raise ValueError(f"`out_sharding` {spec} leaves the output replicated over mesh axes "
@@ -403,7 +409,7 @@ class RouteOp(LinearOp):
             target, given = _target(self.target_given, mesh, ndim, sizes)
         else:  # the rule keeps every dimension's sharding: end where the input started
             given = P(*tuple(in_spec) + (None,) * (ndim - len(tuple(in_spec))))
-            target = _without_ones(_spec_tuple(given, ndim, sizes, "a.sharding"), sizes)
+            target = spec_entries(given, ndim, sizes, "a.sharding")
         # XLA's partitioner tiles an uneven split itself (blocks of ceil(n / P), the last one
         # padded), on the way in and out: the half axis of an rfftn that keeps the input's split
         # (Z // 2 + 1 over a mesh axis that splits Z), and the input of its irfftn.
@@ -458,7 +464,7 @@ def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, 
     _on_mesh(call, mesh, in_spec, target, target_given)
     if agree.spans_processes(mesh):  # one program on every process, or one error on each
         sizes = dict(mesh.shape)
-        spec = _without_ones(_spec_tuple(in_spec, len(call.shape), sizes, "a.sharding"), sizes)
+        spec = spec_entries(in_spec, len(call.shape), sizes, "a.sharding")
         stages = _planned(call, tuple(sizes.items()), spec, target, platform_of(mesh), True)[1]
         agree.same({"stages": stages, "chunks": chunks},
                    f"{caller} of a {call.shape} array split {in_spec}")
@@ -474,7 +480,7 @@ def _check_memory(call: Call, mesh, in_spec, target, a, caller: str, chunks) -> 
         route, stages, problem = _local_plan(call)
     else:
         sizes = dict(mesh.shape)
-        spec = _without_ones(_spec_tuple(in_spec, len(call.shape), sizes, "a.sharding"), sizes)
+        spec = spec_entries(in_spec, len(call.shape), sizes, "a.sharding")
         route, stages, problem = _planned(call, tuple(sizes.items()), spec, target,
                                           platform_of(mesh), True)
     n_in, n_out = int(np.prod(call.shape)), int(np.prod(call.out_shape))
