@@ -151,11 +151,11 @@ def _stage_calls(n: int) -> dict[str, tuple[Callable, Any]]:
     g = c(fwd._backward_fftw, k)
     out |= {"forward, whole": (c(fwd._forward_fftw, x), x), "inverse, whole": (g, k)}
     if fwd._split():
-        a1 = c(lambda a: kern.fft(a, "ifft", (3,), "backward", (n,)), k)
+        a1 = c(lambda a: kern.fft(a, "ifft", (3,), "backward", (n,), fwd._undo, extra=n * n), k)
         z = a1(k).block_until_ready()
-        a2 = c(lambda a: kern.fft(a, "ifft", (1, 2), "backward", (n, n), fwd._undo), z)
-        out |= {"inverse 1: 1-D FFT over X (contiguous)": (a1, k),
-                "inverse 2: 2-D FFT over (Y, Z), writing (B, X, Y, Z)": (a2, z)}
+        a2 = c(lambda a: kern.fft(a, "ifft", (2, 3), "forward", (n, n)), z)
+        out |= {"inverse 1: 1-D FFT over X, writing (B, X, Y, Z)": (a1, k),
+                "inverse 2: 2-D FFT over (Y, Z)": (a2, z)}
     return out
 
 

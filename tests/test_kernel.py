@@ -242,6 +242,43 @@ def test_chunked_scaling(monkeypatch, case, threads):
     assert rel_err(got, ref) < 1e-5, rel_err(got, ref)
 
 
+# A 1-D c2c whose output swaps its axis with the input's innermost one runs plane by plane in
+# cache-sized blocks, transposing through the cache (fftw.cc `PlaneWise`, issue 55): the forward
+# form (the axis written contiguous) and the inverse's (read contiguous), with a batch axis,
+# sizes no tile divides, several blocks per plane with a short last one (the 1024-point rows of
+# complex128: 64 rows a block, 200 = 3 x 64 + 8), scaled and not, on helper threads.
+PLANE_WISE = {  # name: (input shape, axis, order, norm, extra)
+    "forward-batch": ((2, 40, 24, 136), 1, (0, 2, 3, 1), "backward", 1),
+    "inverse-batch": ((2, 24, 136, 40), 3, (0, 3, 1, 2), "ortho", 1),
+    "forward-blocks": ((200, 3, 1024), 2, (2, 1, 0), "forward", 1),
+    "inverse-blocks": ((1024, 3, 200), 0, (2, 1, 0), "backward", 9),
+}
+
+
+@needs_fftw
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128], ids=["c64", "c128"])
+@pytest.mark.parametrize("case", list(PLANE_WISE))
+def test_plane_wise_transposed_call(monkeypatch, case, dtype, threads):
+    monkeypatch.setenv("PENCILFFT_FFTW_PLANNER", "estimate")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setenv("PENCILFFT_THREADS", str(threads * len(jax.local_devices(backend="cpu"))))
+    shape, axis, order, norm, extra = PLANE_WISE[case]
+    x = _data(np.float64, True, shape, seed=7).astype(dtype)
+    assert x.nbytes >= 1 << 20  # (smaller calls run FFTW's strided plan)
+    ifft = case.startswith("inverse")
+    fft_type = "ifft" if ifft else "fft"
+    f = jax.jit(lambda a: _kernel.fft(a, fft_type, (axis,), norm, (shape[axis],), order,
+                                      extra=extra))
+    got = np.asarray(f(x))
+    factor = _kernel._scale(norm, shape[axis] * extra, not ifft) / _kernel._scale(
+        norm, shape[axis], not ifft)
+    ref = np.transpose(_reference(fft_type, x, (axis,), norm, None), order) * factor
+    assert got.shape == ref.shape
+    assert rel_err(got, ref) < TOL[np.float32 if dtype == np.complex64 else np.float64] * 10
+
+
 @needs_fftw
 @pytest.mark.parametrize("kind", ["dct2", "dst3"])
 def test_chunked_r2r(monkeypatch, kind):

@@ -33,6 +33,9 @@
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -339,6 +342,174 @@ bool Execute(int32_t kind, int32_t sign, const Geometry& g, const std::vector<in
   return true;
 }
 
+// Helper threads of one calling thread, kept for its next calls.  Threads started per call
+// were measured to fault FFTW's buffers in from each new thread's fresh memory (917 page faults
+// per call at 256^3, issue 55); these live as long as the XLA thread that calls us.
+class Helpers {
+ public:
+  ~Helpers() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // fn(t) for t in [0, n): t == 0 on this thread, the others on helpers; returns when all ended.
+  void Run(int n, const std::function<void(int)>& fn) {
+    if (n <= 1) return fn(0);
+    while (static_cast<int>(threads_.size()) < n - 1)
+      threads_.emplace_back(&Helpers::Loop, this, static_cast<int>(threads_.size()) + 1);
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      fn_ = &fn;
+      active_ = n;
+      pending_ = n - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    fn(0);
+    std::unique_lock<std::mutex> lock(m_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+    fn_ = nullptr;
+  }
+
+ private:
+  void Loop(int id) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* fn;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (id >= active_) continue;
+        fn = fn_;
+      }
+      (*fn)(id);
+      std::lock_guard<std::mutex> lock(m_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int)>* fn_ = nullptr;
+  uint64_t generation_ = 0;
+  int active_ = 0, pending_ = 0;
+  bool stop_ = false;
+};
+thread_local Helpers helpers;
+
+// b[c * ldb + r] = s * a[r * lda + c] for r < rows, c < cols: a tiled transpose of complex
+// elements (pairs of Real), so that both sides move whole cache lines.
+template <typename Real>
+void Transpose(const Real* a, ptrdiff_t lda, ptrdiff_t rows, ptrdiff_t cols, Real* b,
+               ptrdiff_t ldb, Real s) {
+  constexpr ptrdiff_t kTile = 16;
+  for (ptrdiff_t r0 = 0; r0 < rows; r0 += kTile)
+    for (ptrdiff_t c0 = 0; c0 < cols; c0 += kTile) {
+      const ptrdiff_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+      for (ptrdiff_t c = c0; c < c1; ++c)
+        for (ptrdiff_t r = r0; r < r1; ++r) {
+          b[2 * (c * ldb + r)] = s * a[2 * (r * lda + c)];
+          b[2 * (c * ldb + r) + 1] = s * a[2 * (r * lda + c) + 1];
+        }
+    }
+}
+
+// A 1-D c2c along axis `a` whose output swaps `a` with the input's other innermost axis `c`
+// (the one-device transform's permuted calls: the forward's X writing (B, Y, Z, X), the
+// inverse's X reading it and writing (B, X, Y, Z)).  FFTW's plan for it reads or writes every
+// element at a stride of a whole plane: on AVX-512 with two threads the inverse's permuted call
+// was 1.26-1.47x the forward's (issue 55).  Here each plane (one index of every other axis) runs
+// in blocks of `c` that fit the cache: the forward transposes a block into the output, where `a`
+// is contiguous, and transforms it in place there; the inverse transforms a block into a
+// thread's scratch and transposes it into the output, scaling as it goes.  Blocks are shared
+// among `threads` (this thread and its helpers), each with one-thread plans.  Returns false
+// (nothing done) where the geometry is not this one.
+constexpr size_t kBlockBytes = size_t{1} << 20;  // a block's transform: about a core's L2
+constexpr size_t kPlaneWiseMin = size_t{1} << 20;
+
+template <typename Real>
+bool PlaneWise(int32_t sign, const std::vector<int64_t>& n, const std::vector<int64_t>& axes,
+               const std::vector<ptrdiff_t>& is, const std::vector<ptrdiff_t>& os, void* in,
+               void* out, size_t bytes, unsigned flags, int threads, double scale, bool& ok) {
+  const size_t rank = n.size();
+  if (axes.size() != 1 || in == out || bytes < kPlaneWiseMin) return false;
+  const int64_t a = axes[0];
+  int64_t ci = -1, co = -1;
+  for (size_t i = 0; i < rank; ++i) {
+    if (n[i] > 1 && is[i] == 1) ci = i;
+    if (n[i] > 1 && os[i] == 1) co = i;
+  }
+  const bool inverse = ci == a;  // reads `a` contiguous, writes `c` contiguous
+  if (ci < 0 || co < 0 || (ci == a) == (co == a) || n[a] < 8) return false;
+  const int64_t c = inverse ? co : ci;
+  if (n[c] < 8) return false;
+  const ptrdiff_t na = n[a], nc = n[c];
+  const size_t elem = 2 * sizeof(Real);
+  const ptrdiff_t cb = std::max<ptrdiff_t>(
+      1, std::min<ptrdiff_t>(nc, static_cast<ptrdiff_t>(kBlockBytes / (na * elem))));
+  const ptrdiff_t blocks = (nc + cb - 1) / cb;
+  std::vector<int64_t> planes;  // the other axes
+  int64_t count = 1;
+  for (size_t i = 0; i < rank; ++i)
+    if (static_cast<int64_t>(i) != a && static_cast<int64_t>(i) != c) {
+      planes.push_back(i);
+      count *= n[i];
+    }
+  const int64_t tasks = count * blocks;
+  const Real s = static_cast<Real>(scale);
+  Real* const x = static_cast<Real*>(in);
+  Real* const y = static_cast<Real*>(out);
+  std::atomic<bool> good{true};
+  auto work = [&](int t) {
+    const int64_t begin = tasks * t / threads, end = tasks * (t + 1) / threads;
+    Real* tmp = nullptr;
+    if (inverse) {
+      tmp = reinterpret_cast<Real*>(scratch.get(cb * na * elem));
+      if (!tmp) return void(good = false);
+    }
+    for (int64_t task = begin; task < end && good; ++task) {
+      int64_t p = task / blocks;
+      const ptrdiff_t c0 = (task % blocks) * cb, rows = std::min(cb, nc - c0);
+      ptrdiff_t io = c0 * is[c], oo = c0 * os[c];  // offsets in complex elements
+      for (size_t k = planes.size(); k-- > 0;) {
+        const int64_t i = planes[k];
+        io += (p % n[i]) * is[i];
+        oo += (p % n[i]) * os[i];
+        p /= n[i];
+      }
+      Real* src = x + 2 * io;
+      Real* dst = y + 2 * oo;
+      if (inverse) {  // transform rows of `a` into tmp (rows x na), then transpose into `out`
+        Geometry g{{{na, 1, 1}}, {{rows, is[c], na}}};
+        fftw_plan_t plan = Plan<Real>(kC2C, sign, g, {}, src, tmp,
+                                      ((rows - 1) * is[c] + na) * elem, rows * na * elem,
+                                      flags | kPreserveInput, 1);
+        if (!plan) return void(good = false);
+        ExecPlan<Real>(kC2C, plan, src, tmp);
+        Transpose<Real>(tmp, na, rows, na, dst, os[a], s);
+      } else {  // transpose into `out`, where `a` is contiguous, then transform it there
+        Transpose<Real>(src, is[a], na, rows, dst, os[c], Real(1));
+        Geometry g{{{na, 1, 1}}, {{rows, os[c], os[c]}}};
+        const size_t extent = ((rows - 1) * os[c] + na) * elem;
+        fftw_plan_t plan = Plan<Real>(kC2C, sign, g, {}, dst, dst, extent, extent, flags, 1);
+        if (!plan) return void(good = false);
+        ExecPlan<Real>(kC2C, plan, dst, dst);
+        if (s != Real(1))
+          for (ptrdiff_t r = 0; r < rows; ++r)
+            for (ptrdiff_t i = 0; i < 2 * na; ++i) dst[2 * r * os[c] + i] *= s;
+      }
+    }
+  };
+  helpers.Run(static_cast<int>(std::min<int64_t>(threads, tasks)), work);
+  ok = good;
+  return true;
+}
+
 template <typename Real>
 ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
                const std::vector<int64_t>& r2r_kinds, double scale, unsigned planner,
@@ -356,6 +527,10 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
     Geometry g = MakeGeometry(in_shape, axes, is, out_strides,
                               kind == kR2R && complex_data ? 2 : 1);
     // (strides in complex elements for c2c, in reals for r2r: MakeGeometry's unit)
+    bool ok = true;
+    if (kind == kC2C && PlaneWise<Real>(sign, in_shape, axes, is, out_strides, in, out,
+                                        out_bytes, flags, threads, scale, ok))
+      return ok ? ffi::Error::Success() : fail();
     const size_t unit = kind == kR2R ? sizeof(Real) : 2 * sizeof(Real);
     if (!Execute<Real>(kind, sign, g, r2r_kinds, in, out, in_bytes, out_bytes, flags, threads,
                        unit, unit, scale))

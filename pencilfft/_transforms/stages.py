@@ -80,10 +80,10 @@ class Fft:
 
     def _split(self) -> bool:
         """Whether the transform with an `order` runs as two calls: the last axes in place, then
-        the first one (a complex FFT) writing the order (backward: the first axis in place,
-        then the others writing the order back).  FFTW's one 3-D plan writing (B, Y, Z,
-        X) measured 1.3-1.8x slower than the 3-D FFT alone, and the two calls as fast as it
-        (benchmarks/RESULTS.md, issue 43)."""
+        the first one (a complex FFT) writing the order (backward: the first axis writing the
+        order back, then the others in place).  FFTW's one 3-D plan writing (B, Y, Z, X)
+        measured 1.3-1.8x slower than the 3-D FFT alone, and the two calls as fast as it
+        (benchmarks/RESULTS.md, issues 43 and 55)."""
         return (self.order is not None and self.fourier is not None and len(self.axes) > 1
                 and self.kinds[0] == "fft")
 
@@ -137,15 +137,16 @@ class Fft:
         # The transform commutes with moving axes: run it on k's own layout (each axis where
         # `order` put it) and write the output back in the computed order.
         if self._split():
-            # The first axis where it is (contiguous X), then the others (irfft last) writing
-            # the computed order: strided reads, contiguous writes, as forward.
-            # The first call unscaled, the second scaling for both (one scaling, not two:
-            # each is a pass over the block or chunks the call, issue 55).
-            k = _kernel.fft(k, "ifft", (self.order.index(self.axes[0]),), "forward",
-                            self.sizes[:1])
-            rest = tuple(self.order.index(a) for a in self.axes[1:])
-            return _kernel.fft(k, self._inverse, rest, self.norm, self.sizes[1:], self._undo,
-                               extra=self.sizes[0])
+            # The forward's mirror: the first axis where it is (contiguous X) writing the
+            # computed order (the kernel transforms it in cache-sized blocks and transposes
+            # them: fftw.cc `PlaneWise`), then the others (irfft last) on contiguous axes.
+            # The second call writing the order instead read every element at a plane's
+            # stride: 1.26-1.47x the forward on AVX-512 (issue 55).  The first call scales for
+            # both, as it transposes (a scaled call of its own is a pass over the block, or
+            # runs in chunks: fftw.cc `Execute`); the second is unscaled ("forward").
+            k = _kernel.fft(k, "ifft", (self.order.index(self.axes[0]),), self.norm,
+                            self.sizes[:1], self._undo, extra=math.prod(self.sizes[1:]))
+            return _kernel.fft(k, self._inverse, self.axes[1:], "forward", self.sizes[1:])
         axes = tuple(self.order.index(a) for a in self.axes)
         return _kernel.fft(k, self._inverse, axes, self.norm, self.sizes, self._undo)
 
