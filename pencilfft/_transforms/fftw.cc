@@ -43,6 +43,7 @@
 #include <vector>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -344,61 +345,70 @@ bool Execute(int32_t kind, int32_t sign, const Geometry& g, const std::vector<in
 
 // Helper threads of one calling thread, kept for its next calls.  Threads started per call
 // were measured to fault FFTW's buffers in from each new thread's fresh memory (917 page faults
-// per call at 256^3, issue 55); these live as long as the XLA thread that calls us.
+// per call at 256^3, issue 55); these live as long as the XLA thread that calls us.  A forked
+// child has none of them: it starts its own (the parent's state is left alone, never joined).
 class Helpers {
  public:
   ~Helpers() {
+    if (!state_ || state_->pid != getpid()) return;  // (none, or the parent's)
     {
-      std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
+      std::lock_guard<std::mutex> lock(state_->m);
+      state_->stop = true;
     }
-    wake_.notify_all();
-    for (auto& t : threads_) t.join();
+    state_->wake.notify_all();
+    for (auto& t : state_->threads) t.join();
+    delete state_;
   }
   // fn(t) for t in [0, n): t == 0 on this thread, the others on helpers; returns when all ended.
   void Run(int n, const std::function<void(int)>& fn) {
     if (n <= 1) return fn(0);
-    while (static_cast<int>(threads_.size()) < n - 1)
-      threads_.emplace_back(&Helpers::Loop, this, static_cast<int>(threads_.size()) + 1);
+    if (!state_ || state_->pid != getpid()) state_ = new State{getpid()};
+    State& s = *state_;
+    while (static_cast<int>(s.threads.size()) < n - 1)
+      s.threads.emplace_back(Loop, &s, static_cast<int>(s.threads.size()) + 1);
     {
-      std::lock_guard<std::mutex> lock(m_);
-      fn_ = &fn;
-      active_ = n;
-      pending_ = n - 1;
-      ++generation_;
+      std::lock_guard<std::mutex> lock(s.m);
+      s.fn = &fn;
+      s.active = n;
+      s.pending = n - 1;
+      ++s.generation;
     }
-    wake_.notify_all();
+    s.wake.notify_all();
     fn(0);
-    std::unique_lock<std::mutex> lock(m_);
-    done_.wait(lock, [this] { return pending_ == 0; });
-    fn_ = nullptr;
+    std::unique_lock<std::mutex> lock(s.m);
+    s.done.wait(lock, [&s] { return s.pending == 0; });
+    s.fn = nullptr;
   }
 
  private:
-  void Loop(int id) {
+  struct State {
+    pid_t pid;
+    std::vector<std::thread> threads;
+    std::mutex m;
+    std::condition_variable wake, done;
+    const std::function<void(int)>* fn = nullptr;
+    uint64_t generation = 0;
+    int active = 0, pending = 0;
+    bool stop = false;
+  };
+  static void Loop(State* s, int id) {
     uint64_t seen = 0;
     for (;;) {
       const std::function<void(int)>* fn;
       {
-        std::unique_lock<std::mutex> lock(m_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        if (id >= active_) continue;
-        fn = fn_;
+        std::unique_lock<std::mutex> lock(s->m);
+        s->wake.wait(lock, [&] { return s->stop || s->generation != seen; });
+        if (s->stop) return;
+        seen = s->generation;
+        if (id >= s->active) continue;
+        fn = s->fn;
       }
       (*fn)(id);
-      std::lock_guard<std::mutex> lock(m_);
-      if (--pending_ == 0) done_.notify_one();
+      std::lock_guard<std::mutex> lock(s->m);
+      if (--s->pending == 0) s->done.notify_one();
     }
   }
-  std::vector<std::thread> threads_;
-  std::mutex m_;
-  std::condition_variable wake_, done_;
-  const std::function<void(int)>* fn_ = nullptr;
-  uint64_t generation_ = 0;
-  int active_ = 0, pending_ = 0;
-  bool stop_ = false;
+  State* state_ = nullptr;
 };
 thread_local Helpers helpers;
 
