@@ -22,7 +22,9 @@
 // threaded planner (libfftw3[f]_omp from the same wheel, OpenMP from its bundled libgomp); the
 // count is part of the plan's key.  FFTW keeps a plan for 1 thread free of OpenMP: with as
 // many devices as cores nothing changes.  A scaling pass of its own (blocks under 16 MiB) is
-// split over as many std::threads.
+// split over as many std::threads.  A 1-D call that transposes (the one-device transform's
+// permuted calls, `PlaneWise`) runs in cache-sized blocks with one-thread plans, shared among
+// the calling thread and helper threads it keeps (`Helpers`).
 //
 // c2r over several axes: FFTW has no input-preserving multi-dimensional c2r, and XLA's input
 // buffer must not be overwritten, so it runs as a c2c over the leading axes into a per-thread
