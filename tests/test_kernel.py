@@ -49,6 +49,11 @@ def _reference(fft_type, x, axes, norm, sizes):
     return getattr(np.fft, fft_type + "n")(x, axes=axes, norm=norm)
 
 
+def _extra_points(norm: str, n: int, extra: int, forward: bool) -> float:
+    """How `extra` more points change an n-point transform's scale (kernel.fft's `extra`)."""
+    return _kernel._scale(norm, n * extra, forward) / _kernel._scale(norm, n, forward)
+
+
 def _input(fft_type, dtype, axes):
     if fft_type == "irfft":
         full = _data(dtype, False)
@@ -272,8 +277,7 @@ def test_plane_wise_transposed_call(monkeypatch, case, dtype, threads):
     f = jax.jit(lambda a: _kernel.fft(a, fft_type, (axis,), norm, (shape[axis],), order,
                                       extra=extra))
     got = np.asarray(f(x))
-    factor = _kernel._scale(norm, shape[axis] * extra, not ifft) / _kernel._scale(
-        norm, shape[axis], not ifft)
+    factor = _extra_points(norm, shape[axis], extra, not ifft)
     ref = np.transpose(_reference(fft_type, x, (axis,), norm, None), order) * factor
     assert got.shape == ref.shape
     assert rel_err(got, ref) < TOL[np.float32 if dtype == np.complex64 else np.float64] * 10
@@ -416,8 +420,7 @@ def test_extra_points_normalise_as_one_transform(monkeypatch, fft_type, norm, se
     extra = 7
     f = jax.jit(lambda a: _kernel.fft(a, fft_type, axes, norm, sizes, extra=extra))
     plain = _reference(fft_type, x, axes, norm, sizes)
-    n, forward = math.prod(sizes), fft_type in ("fft", "rfft")
-    factor = _kernel._scale(norm, n * extra, forward) / _kernel._scale(norm, n, forward)
+    factor = _extra_points(norm, math.prod(sizes), extra, fft_type in ("fft", "rfft"))
     assert factor != 1.0
     assert rel_err(f(x), plain * factor) < 1e-12
     g = jax.linear_transpose(f, x)

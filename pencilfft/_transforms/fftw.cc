@@ -511,9 +511,7 @@ bool PlaneWise(int32_t sign, const std::vector<int64_t>& n, const std::vector<in
         fftw_plan_t plan = Plan<Real>(kC2C, sign, g, {}, dst, dst, extent, extent, flags, 1);
         if (!plan) return void(good = false);
         ExecPlan<Real>(kC2C, plan, dst, dst);
-        if (s != Real(1))
-          for (ptrdiff_t r = 0; r < rows; ++r)
-            for (ptrdiff_t i = 0; i < 2 * na; ++i) dst[2 * r * os[c] + i] *= s;
+        for (ptrdiff_t r = 0; r < rows; ++r) Scale<Real>(dst + 2 * r * os[c], 2 * na, scale, 1);
       }
     }
   };
@@ -536,13 +534,13 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
   if (kind == kC2C || kind == kR2R) {
     // Out of place, XLA's input must survive (in place: the input was donated to us).
     unsigned flags = planner | (in == out ? 0u : kPreserveInput);
-    Geometry g = MakeGeometry(in_shape, axes, is, out_strides,
-                              kind == kR2R && complex_data ? 2 : 1);
-    // (strides in complex elements for c2c, in reals for r2r: MakeGeometry's unit)
     bool ok = true;
     if (kind == kC2C && PlaneWise<Real>(sign, in_shape, axes, is, out_strides, in, out,
                                         out_bytes, flags, threads, scale, ok))
       return ok ? ffi::Error::Success() : fail();
+    Geometry g = MakeGeometry(in_shape, axes, is, out_strides,
+                              kind == kR2R && complex_data ? 2 : 1);
+    // (strides in complex elements for c2c, in reals for r2r: MakeGeometry's unit)
     const size_t unit = kind == kR2R ? sizeof(Real) : 2 * sizeof(Real);
     if (!Execute<Real>(kind, sign, g, r2r_kinds, in, out, in_bytes, out_bytes, flags, threads,
                        unit, unit, scale))
