@@ -279,12 +279,16 @@ def test_chunked_scaling(monkeypatch, case, threads):
 # cache-sized blocks, transposing through the cache (fftw.cc `PlaneWise`, issue 55): the forward
 # form (the axis written contiguous) and the inverse's (read contiguous), with a batch axis,
 # sizes no tile divides, several blocks per plane with a short last one (the 1024-point rows of
-# complex128: 64 rows a block, 200 = 3 x 64 + 8), scaled and not, on helper threads.
+# complex128: 64 rows a block, 200 = 3 x 64 + 8), scaled and not, on helper threads, and with
+# fewer blocks in all than threads (2 planes of one block each on 3 threads: the third thread's
+# share was once cut from the blocks, and planes went untransformed).
 PLANE_WISE = {  # name: (input shape, axis, order, norm, extra)
     "forward-batch": ((2, 40, 24, 136), 1, (0, 2, 3, 1), "backward", 1),
     "inverse-batch": ((2, 24, 136, 40), 3, (0, 3, 1, 2), "ortho", 1),
     "forward-blocks": ((200, 3, 1024), 2, (2, 1, 0), "forward", 1),
     "inverse-blocks": ((1024, 3, 200), 0, (2, 1, 0), "backward", 9),
+    "forward-few-blocks": ((1, 256, 2, 256), 1, (0, 2, 3, 1), "backward", 1),
+    "inverse-few-blocks": ((1, 2, 256, 256), 3, (0, 3, 1, 2), "ortho", 1),
 }
 
 

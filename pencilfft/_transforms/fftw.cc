@@ -473,6 +473,8 @@ bool PlaneWise(int32_t sign, const std::vector<int64_t>& n, const std::vector<in
       count *= n[i];
     }
   const int64_t tasks = count * blocks;
+  // Split among the threads that run: with fewer blocks than `threads`, a split by `threads`
+  // left blocks to threads never started, and their planes untransformed.
   const int used = static_cast<int>(std::min<int64_t>(std::max(threads, 1), tasks));
   const Real s = static_cast<Real>(scale);
   Real* const x = static_cast<Real*>(in);
@@ -521,86 +523,6 @@ bool PlaneWise(int32_t sign, const std::vector<int64_t>& n, const std::vector<in
   return true;
 }
 
-// A c2c over axes (a, a+1, ..., rank-1) whose output moves `a` last, the others in order: the
-// one-device forward (B, X, Y, Z) -> (B, Y, Z, X) in one call, with no intermediate block (the
-// two calls it ran as held a temporary block of XLA's).  Per index of the leading axes, the
-// input is `na` rows of `m` contiguous elements and the output their transpose: pass 1 takes
-// `g` rows at a time (one cache line of output per column: 8 complex64, 4 complex128),
-// transforms them over the trailing axes into a thread's scratch and transposes them into the
-// output; pass 2 transforms the output's rows (contiguous `a`) in place, in cache-sized blocks,
-// and scales them there.  Tasks are shared among `threads` (this thread and its helpers), each
-// with one-thread plans.  The scratch (g rows: 4 MiB at 256^3, 64 MiB at 1024^3) is kept per
-// thread for its next calls.  Returns false (nothing done) where the geometry is not this one.
-template <typename Real>
-bool RowsThenColumns(int32_t sign, const std::vector<int64_t>& n,
-                     const std::vector<int64_t>& axes, const std::vector<ptrdiff_t>& is,
-                     const std::vector<ptrdiff_t>& os, void* in, void* out, unsigned flags,
-                     int threads, double scale, bool& ok) {
-  const int64_t rank = n.size();
-  if (axes.size() < 2 || in == out) return false;
-  const int64_t a = axes[0];
-  for (size_t k = 1; k < axes.size(); ++k)
-    if (axes[k] != a + static_cast<int64_t>(k)) return false;
-  if (axes.back() != rank - 1 || os[a] != 1) return false;
-  const ptrdiff_t na = n[a], m = is[a];  // (is: row-major, so is[a] = the trailing axes' size)
-  for (int64_t r = a + 1; r < rank; ++r)
-    if (os[r] != is[r] * na) return false;
-  for (int64_t h = 0; h < a; ++h)
-    if (os[h] != is[h]) return false;
-  if (na < 2 || m < 2) return false;
-  int64_t batch = 1;
-  for (int64_t h = 0; h < a; ++h) batch *= n[h];
-  const size_t elem = 2 * sizeof(Real);
-  const ptrdiff_t g = std::min<ptrdiff_t>(na, std::max<ptrdiff_t>(1, 64 / elem));
-  const ptrdiff_t groups = (na + g - 1) / g;
-  const ptrdiff_t cb = std::max<ptrdiff_t>(
-      1, std::min<ptrdiff_t>(m, static_cast<ptrdiff_t>(kBlockBytes / (na * elem))));
-  const ptrdiff_t blocks = (m + cb - 1) / cb;
-  std::vector<fftw_iodim64> dims;  // the trailing axes, as each row lays them out
-  for (int64_t r = a + 1; r < rank; ++r) dims.push_back({n[r], is[r], is[r]});
-  Real* const x = static_cast<Real*>(in);
-  Real* const y = static_cast<Real*>(out);
-  const ptrdiff_t block = na * m;  // complex elements per index of the leading axes
-  std::atomic<bool> good{true};
-  const int64_t tasks1 = batch * groups, tasks2 = batch * blocks;
-  const int used1 = static_cast<int>(std::min<int64_t>(std::max(threads, 1), tasks1));
-  const int used2 = static_cast<int>(std::min<int64_t>(std::max(threads, 1), tasks2));
-  auto rows = [&](int t) {  // pass 1: g rows transformed into tmp, then transposed into `out`
-    const int64_t begin = tasks1 * t / used1, end = tasks1 * (t + 1) / used1;
-    Real* tmp = reinterpret_cast<Real*>(scratch.get(g * m * elem));
-    if (!tmp) return void(good = false);
-    for (int64_t task = begin; task < end && good; ++task) {
-      const int64_t b = task / groups;
-      const ptrdiff_t r0 = (task % groups) * g, k = std::min(g, na - r0);
-      Real* src = x + 2 * (b * block + r0 * m);
-      Geometry geo{dims, {{k, m, m}}};
-      fftw_plan_t plan = Plan<Real>(kC2C, sign, geo, {}, src, tmp, k * m * elem, k * m * elem,
-                                    flags | kPreserveInput, 1);
-      if (!plan) return void(good = false);
-      ExecPlan<Real>(kC2C, plan, src, tmp);
-      Transpose<Real>(tmp, m, k, m, y + 2 * (b * block + r0), na, Real(1));
-    }
-  };
-  auto columns = [&](int t) {  // pass 2: the output's rows (`a`, contiguous) in place, scaled
-    const int64_t begin = tasks2 * t / used2, end = tasks2 * (t + 1) / used2;
-    for (int64_t task = begin; task < end && good; ++task) {
-      const int64_t b = task / blocks;
-      const ptrdiff_t c0 = (task % blocks) * cb, k = std::min(cb, m - c0);
-      Real* dst = y + 2 * (b * block + c0 * na);
-      Geometry geo{{{na, 1, 1}}, {{k, na, na}}};
-      fftw_plan_t plan =
-          Plan<Real>(kC2C, sign, geo, {}, dst, dst, k * na * elem, k * na * elem, flags, 1);
-      if (!plan) return void(good = false);
-      ExecPlan<Real>(kC2C, plan, dst, dst);
-      Scale<Real>(dst, 2 * k * na, scale, 1);
-    }
-  };
-  helpers.Run(used1, rows);
-  if (good) helpers.Run(used2, columns);
-  ok = good;
-  return true;
-}
-
 template <typename Real>
 ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
                const std::vector<int64_t>& r2r_kinds, double scale, unsigned planner,
@@ -618,9 +540,6 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
     bool ok = true;
     if (kind == kC2C && PlaneWise<Real>(sign, in_shape, axes, is, out_strides, in, out,
                                         out_bytes, flags, threads, scale, ok))
-      return ok ? ffi::Error::Success() : fail();
-    if (kind == kC2C && RowsThenColumns<Real>(sign, in_shape, axes, is, out_strides, in, out,
-                                              flags, threads, scale, ok))
       return ok ? ffi::Error::Success() : fail();
     Geometry g = MakeGeometry(in_shape, axes, is, out_strides,
                               kind == kR2R && complex_data ? 2 : 1);

@@ -103,24 +103,11 @@ class Fft:
         return k if self.order is None else jnp.transpose(k, self.order)
 
     def _forward_fftw(self, k: jax.Array) -> jax.Array:
-        if self._split() and self.fourier == "fft" and self._rows_then_columns():
-            # One call: the kernel transforms rows of (Y, Z) a few at a time into its scratch
-            # and transposes them into the output, then X in place there (fftw.cc
-            # `RowsThenColumns`): no intermediate block, where two calls held one.
-            return _kernel.fft(k, "fft", self.axes, self.norm, self.sizes, self.order)
         if self._split():  # (the first call unscaled, the second scaling for both: one pass)
             k = _kernel.fft(k, self.fourier, self.axes[1:], "backward", self.sizes[1:])
             return _kernel.fft(k, "fft", self.axes[:1], self.norm, self.sizes[:1], self.order,
                                extra=math.prod(self.sizes[1:]))
         return _kernel.fft(k, self.fourier, self.axes, self.norm, self.sizes, self.order)
-
-    def _rows_then_columns(self) -> bool:
-        """Whether the axes and order are those fftw.cc `RowsThenColumns` runs in one call:
-        the block's trailing axes, the first of them moved last, the others kept in order."""
-        a = self.axes[0]
-        ndim = len(self.order)
-        return (self.axes == tuple(range(a, ndim))
-                and self.order == (*range(a), *range(a + 1, ndim), a))
 
     def _forward_xla(self, k: jax.Array) -> jax.Array:
         return jnp.transpose(_kernel.fft(k, self.fourier, self.axes, self.norm, self.sizes),
