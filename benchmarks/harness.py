@@ -217,7 +217,10 @@ def machine_info() -> dict[str, Any]:
     """Where the numbers come from; stored in every record."""
     env = {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_JOB_PARTITION", "SLURM_JOB_NUM_NODES",
                                       "SLURM_NTASKS", "SLURM_JOB_CONSTRAINTS", "XLA_FLAGS",
-                                      "PENCILFFT_THREADS") if k in os.environ}
+                                      "PENCILFFT_THREADS", "PENCILFFT_MALLOC",
+                                      "PENCILFFT_FFTW_DIR", "PENCILFFT_FFTW_HUGE_PAGES",
+                                      "MALLOC_ARENA_MAX", "GLIBC_TUNABLES")
+           if k in os.environ}
     return {"hostname": socket.gethostname(), "platform": platform.platform(),
             "python": platform.python_version(), "cpu": cpu_info(), "cpu_count": os.cpu_count(),
             "cores": len(os.sched_getaffinity(0)),

@@ -51,6 +51,7 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "threads16": (device.threads_table, 1),
     "steady": (steady.steady_table, 1),
     "steady-stages": (steady.stages_table, 1),
+    "steady-heap": (steady.heap_table, 1),
     "pm-rss": (pm_rss.table, 1),
     "nd": (nd.table, 1),
 }

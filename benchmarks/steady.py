@@ -4,13 +4,16 @@
     python -m benchmarks.steady calls --shapes 256 --cores 1 --out benchmarks/data/steady.jsonl
     python -m benchmarks.steady rss --out benchmarks/data/steady.jsonl
     python -m benchmarks.steady stages --shapes 256 --out benchmarks/data/steady-stages.jsonl
+    python -m benchmarks.steady heap --shapes 256 --out benchmarks/data/steady-heap.jsonl
 
 `calls`: an N^3 complex64 forward + inverse under jit, `--calls` consecutive calls alone, then
 as many rounds of one loop where FFTW's own threaded in-place 3-D plan (the kernel's own FFTW
 library, through ctypes) and jnp.fft run their forward + inverse too (other jax work allocating between our
 calls); each call's time and page faults (getrusage: the kernel's memory work is in them).
 `rss`: `--calls` round trips cycling through `--rss-shapes` (a new shape every call), the
-process's resident memory after the first round of shapes and at the end.  `stages`: each
+process's resident memory after the first round of shapes and at the end.  `heap`: `--calls`
+rounds of jnp.fft then pencilfft from the first call on, glibc's heap after each (where it grows,
+the call faults its fresh pages in: the spikes).  `stages`: each
 local FFT call of the one-device forward and inverse alone (the kernel with the stages' very
 axes, order and norm), beside the whole transforms, FFTW's own 3-D plans and jnp.fft.
 Every record holds the machine's CPU model and flags (`harness.cpu_info`) and the load.
@@ -132,6 +135,39 @@ def rss(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str
             "seconds": time.perf_counter() - t0}]
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _heap_mib() -> tuple[float, float]:
+    """glibc's main heap (mallinfo2: `arena`, bytes got with brk) and what of it is free, MiB."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    m = libc.mallinfo2()
+    return m.arena / 2**20, m.fordblks / 2**20
+
+
+def heap(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
+    """`--calls` rounds of jnp.fft's forward + inverse, then pencilfft's, no warm-up: after each
+    pencilfft call the heap's size (glibc's mallinfo2), resident memory, time and faults; the
+    rounds where the heap grew are the spikes of the `calls` table (issue 55)."""
+    n = args.shapes[0][0]
+    x = jax.device_put(_grid(n))
+    ours = _pencilfft_pair(x)
+    fwd_j, inv_j = jax.jit(jnp.fft.fftn), jax.jit(jnp.fft.ifftn)
+    rounds = []
+    for _ in range(args.calls):
+        inv_j(fwd_j(x)).block_until_ready()
+        t, faults = _measure(ours)
+        rounds.append((t, faults, *_heap_mib(), _rss_mib()))
+    yield [{**_base("steady-heap", ctx, args), "shape": [n] * 3, "calls": args.calls,
+            "times_s": [r[0] for r in rounds], "faults": [r[1] for r in rounds],
+            "heap_mib": [r[2] for r in rounds], "heap_free_mib": [r[3] for r in rounds],
+            "rss_mib": [r[4] for r in rounds]}]
+
+
 def _stage_calls(n: int) -> dict[str, tuple[Callable, Any]]:
     """Each local FFT call of the one-device pfft3d/pifft3d, as the stages make it: name ->
     (compiled program, its input)."""
@@ -235,6 +271,32 @@ def steady_table(records: Sequence[dict[str, Any]]) -> str:
     return text
 
 
+def heap_table(records: Sequence[dict[str, Any]]) -> str:
+    """One row per run: where glibc's heap grew, how big it ended, and what those rounds cost."""
+    rows = []
+    for r in records:
+        h, t = r["heap_mib"], r["times_s"]
+        grew = [i for i in range(1, len(h)) if h[i] > h[i - 1]]
+        med = statistics.median(t[len(t) // 2:])
+        rows.append([fmt_dims(r["shape"]), r["versions"].get("git_commit", "")[:7], r["calls"],
+                     f"{h[0]:.0f}", f"{h[-1]:.0f}", f"{r['heap_free_mib'][-1]:.0f}",
+                     f"{r['rss_mib'][-1]:.0f}", ", ".join(map(str, grew)) or "none",
+                     f"{med * 1e3:.0f}",
+                     f"{max((t[i] for i in grew), default=0) / med:.2f}" if grew else "",
+                     ", ".join(f"{k}={v}" for k, v in r["machine"].get("env", {}).items()
+                               if k.startswith(("MALLOC_", "GLIBC_", "PENCILFFT_MALLOC"))),
+                     f"{r['machine'].get('loadavg_1m') or 0:.1f}"])
+    head = ["grid", "commit", "rounds", "heap after round 0 MiB", "heap at the end MiB",
+            "free in it MiB", "RSS at the end MiB", "rounds where the heap grew",
+            "median ms (second half)", "slowest growing round / median", "allocator settings",
+            "load"]
+    return harness.md_table(head, rows, "ll" + "r" * 5 + "l" + "r" * 2 + "lr", (
+        "complex64 forward + inverse on one CPU device, each round after jnp.fft's forward + "
+        "inverse, no warm-up (round 0 compiles nothing: both were compiled before); heap: "
+        "glibc's main heap (mallinfo2 `arena`), which grows when no free block of it can hold "
+        "a new one, and whose fresh pages fault on first touch."))
+
+
 def stages_table(records: Sequence[dict[str, Any]]) -> str:
     """One row per stage call: median and min ms, share of its transform, faults per call."""
     runs: dict[Any, list[dict[str, Any]]] = {}
@@ -264,8 +326,9 @@ def stages_table(records: Sequence[dict[str, Any]]) -> str:
 # The command line (benchmarks.harness.main)
 
 OPTIONS = dict(cores=None, shapes=["256"], repeats=9, warmup=3, out=None)
-PARTS = {"calls": (calls, "steady"), "rss": (rss, "steady"), "stages": (stages, "stages")}
-PART_DEFAULTS = {"rss": dict(calls=1000)}
+PARTS = {"calls": (calls, "steady"), "rss": (rss, "steady"), "stages": (stages, "stages"),
+         "heap": (heap, "heap")}
+PART_DEFAULTS = {"rss": dict(calls=1000), "heap": dict(calls=100)}
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -276,7 +339,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="rss: the grids cycled through")
 
 
-TABLES = {"steady": steady_table, "stages": stages_table}
+TABLES = {"steady": steady_table, "stages": stages_table, "heap": heap_table}
 
 
 if __name__ == "__main__":
