@@ -6,14 +6,12 @@ devices: no GPU needed) and returns {case name: text}.  The reference texts were
 `python tests/stablehlo_programs.py` from the code before the N-D planner (issue 54) into
 tests/data/pfft3d_stablehlo.json.gz, with the jax version they were lowered on: a different jax
 lowers differently, and the test skips there (rewrite the file on the new jax from a commit
-known to be right).  Rewritten three times since, on purpose, each time for the same two CPU
-programs alone, `pifft3d/one/transposed/cpu` and `pirfft3d/one/transposed/cpu` (every CUDA
-program and every other CPU program identical), all for issue 55: the one-device inverse's two
-FFTW calls scaled once, in the second call (`scale` attributes 1/8 and 1/64 -> 1 and 1/512);
-then the inverse became the forward's mirror, the 1-D call over X writing the computed order and
-scaling for both (`out_order` and `scale` move from the second call to the first); then
-pifft3d's second call (c2c) writes over the first's output (`output_operand_aliases`, the
-inverse holds no temporary block; pirfft3d's c2r call stays out of place).
+known to be right).  Rewritten twice since, on purpose, each time for the same two CPU programs
+alone, `pifft3d/one/transposed/cpu` and `pirfft3d/one/transposed/cpu` (every CUDA program and
+every other CPU program identical), both for issue 55: the one-device inverse's two FFTW calls
+scaled once, in the second call (`scale` attributes 1/8 and 1/64 -> 1 and 1/512); then the
+inverse became the forward's mirror, the 1-D call over X writing the computed order and
+scaling for both (`out_order` and `scale` move from the second call to the first).
 """
 from __future__ import annotations
 

@@ -74,23 +74,3 @@ def test_default_fits_where_jaxdecomp_fits(monkeypatch, pdims, layout, exchange)
     assert blocks(fwd, x, donate=True) <= 3.0 + 1e-3
     fwd = lambda v: pencilfft.pfft3d(v, layout=layout, exchange=exchange)  # noqa: E731
     assert blocks(fwd, x) - 1 <= 2.0 + 1e-3  # beside the input, even undonated
-
-
-@pytest.mark.skipif(pencilfft._transforms.kernel.kernel() != "fftw",
-                    reason="the fftw extra is not installed")
-@pytest.mark.parametrize("mesh_in_scope", [False, True], ids=["no-mesh", "1x1-explicit"])
-def test_one_device_inverse_holds_no_temporary(mesh_in_scope):
-    """One CPU device: pifft3d's second FFTW call writes over the first's output (XLA aliases it,
-    no copy), so the inverse holds its argument and output only; the forward one block more."""
-    one = N**3 * 8
-    k = jax.ShapeDtypeStruct((N,) * 3, np.complex64)
-    if mesh_in_scope:
-        mesh = jax.make_mesh((1, 1), ("x", "y"), devices=jax.devices()[:1])
-        k = jax.ShapeDtypeStruct(k.shape, k.dtype, sharding=pencilfft.k_space_sharding(mesh))
-    compiled = jax.jit(pencilfft.pifft3d).lower(k).compile()
-    m = compiled.memory_analysis()
-    assert (m.argument_size_in_bytes, m.output_size_in_bytes) == (one, one)
-    assert m.temp_size_in_bytes < 0.01 * one, m.temp_size_in_bytes
-    entry = compiled.as_text().split("\nENTRY ")[1].split("\n}")[0]
-    assert entry.count("output_to_operand_aliasing") == 1 and " copy(" not in entry
-    assert blocks(pencilfft.pfft3d, k) * BLOCK / one <= 3.0 + 1e-3

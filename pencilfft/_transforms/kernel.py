@@ -280,7 +280,7 @@ def _configure_malloc_on_cpu() -> None:
 
 def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
         sizes: tuple[int, ...], order: tuple[int, ...] | None = None,
-        extra: int = 1, in_place: bool = False) -> jax.Array:
+        extra: int = 1) -> jax.Array:
     """jnp.fft.{fftn, ifftn, rfftn, irfftn}(x, axes=axes, norm=norm) of a per-device block,
     then jnp.transpose(., order) if `order` is given: FFTW writes the output transposed
     through its strides, no pass of its own (the one-device transform's layout).
@@ -288,10 +288,7 @@ def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
     `sizes`: the real-space lengths of `axes` (irfft's output, the others' input).  The half
     axis of rfft/irfft is `axes[-1]`.  `extra`: more points the normalisation counts, those
     of the other call of a transform split in two (which runs unscaled): one scaling instead
-    of two.  `in_place`: on CPUs, a complex FFT without an `order` writes over its input's
-    buffer (XLA aliases the output to it) instead of a fresh one; only for an input the
-    transform made itself and uses once, where XLA needs no copy to allow it (a program's
-    argument, or a value used again, costs a copy: XLA keeps the program right either way)."""
+    of two."""
     x = jnp.asarray(x)
     axes = tuple(a % x.ndim for a in axes)
     if order is not None:
@@ -316,7 +313,7 @@ def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
             return _xla_fft(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes),
                             order=order, extra=extra)
     return local_fft_p.bind(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes),
-                            kind=None, order=order, extra=int(extra), in_place=bool(in_place))
+                            kind=None, order=order, extra=int(extra))
 
 
 def r2r(x: jax.Array, kind: str, axis: int, norm: str, forward: bool) -> jax.Array:
@@ -333,8 +330,7 @@ def r2r(x: jax.Array, kind: str, axis: int, norm: str, forward: bool) -> jax.Arr
         _configure_malloc_on_cpu()
         return _r2r.forward(x, kind, axis, norm)  # (and its error for too short an axis)
     return local_fft_p.bind(x, fft_type="r2r", axes=(axis,), norm=norm,
-                            sizes=(x.shape[axis],), kind=kind, order=None, extra=1,
-                            in_place=False)
+                            sizes=(x.shape[axis],), kind=kind, order=None, extra=1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,7 +354,7 @@ def _out_shape_dtype(shape, dtype, fft_type, axes, sizes, order=None):
     return tuple(shape), np.dtype(dtype)
 
 
-def _abstract_eval(x, *, fft_type, axes, norm, sizes, kind, order, extra, in_place):
+def _abstract_eval(x, *, fft_type, axes, norm, sizes, kind, order, extra):
     shape, dtype = _out_shape_dtype(x.shape, x.dtype, fft_type, axes, sizes, order)
     # update() keeps the input's sharding (Explicit meshes) and varying manual axes (shard_map)
     return x.update(shape=shape, dtype=dtype, weak_type=False)
@@ -381,15 +377,14 @@ def _mask(t, axis: int, n: int, dtype):
     return jnp.asarray(w.reshape(shape), dtype)
 
 
-def _transpose(ct, x, *, fft_type, axes, norm, sizes, kind, order, extra, in_place):
+def _transpose(ct, x, *, fft_type, axes, norm, sizes, kind, order, extra):
     """jax's lax.fft transposes (jax/_src/lax/fft.py), normalisation carried in `norm`; an
     output written in `order` has its cotangent put back in the computed order first."""
     if type(ct) is ad.Zero:
         return (ad.Zero(x.aval),)
     if order is not None:
         ct = jnp.transpose(ct, tuple(int(i) for i in np.argsort(order)))
-    # (a cotangent may be used again: no aliasing asked for, so no copy made for it)
-    params = dict(axes=axes, sizes=sizes, kind=None, order=None, extra=extra, in_place=False)
+    params = dict(axes=axes, sizes=sizes, kind=None, order=None, extra=extra)
     if fft_type in ("fft", "ifft"):  # the DFT matrix is symmetric: the same transform
         return (local_fft_p.bind(ct, fft_type=fft_type, norm=norm, **params),)
     if fft_type == "rfft":  # an irfft of conj(ct) / mask, scaled as the rfft was
@@ -409,7 +404,7 @@ def _transpose(ct, x, *, fft_type, axes, norm, sizes, kind, order, extra, in_pla
     if not np.allclose(g, go):
         ct = ct * jnp.asarray((g / go).reshape(shape), real)
     out = local_fft_p.bind(ct, fft_type="r2r", axes=axes, norm="ortho", sizes=sizes,
-                           kind=_r2r.INVERSE_KIND[kind], order=None, extra=1, in_place=False)
+                           kind=_r2r.INVERSE_KIND[kind], order=None, extra=1)
     return (out * jnp.asarray((c / co * h / ho).reshape(shape), real),)
 
 
@@ -420,8 +415,7 @@ def _batch(args, dims, *, axes, order, **params):
     return local_fft_p.bind(x, axes=tuple(a + 1 for a in axes), order=order, **params), 0
 
 
-def _default_lowering(ctx, x, in_place=False, **params):
-    del in_place  # (XLA's FFT: a fresh output, as before the kernel)
+def _default_lowering(ctx, x, **params):
     return mlir.lower_fun(functools.partial(_xla_fft, **params), multiple_results=False)(ctx, x)
 
 
@@ -432,25 +426,23 @@ def _fftw_usable(aval) -> bool:
     return dtype in (np.float32, np.float64, np.complex64, np.complex128) and kernel() == "fftw"
 
 
-def _cpu_lowering(ctx, x, *, fft_type, axes, norm, sizes, kind, order, extra, in_place):
+def _cpu_lowering(ctx, x, *, fft_type, axes, norm, sizes, kind, order, extra):
     _malloc.configure()  # a CPU program of pencilfft's: glibc keeps freed memory (`_malloc`)
     params = dict(fft_type=fft_type, axes=axes, norm=norm, sizes=sizes, kind=kind, order=order,
                   extra=extra)
     if not _fftw_usable(ctx.avals_in[0]):
         return _default_lowering(ctx, x, **params)
-    return mlir.lower_fun(functools.partial(_fftw, **params, in_place=in_place),
-                          multiple_results=False)(ctx, x)
+    return mlir.lower_fun(functools.partial(_fftw, **params), multiple_results=False)(ctx, x)
 
 
-def _fftw(x, *, fft_type, axes, norm, sizes, kind, order, extra, in_place=False):
+def _fftw(x, *, fft_type, axes, norm, sizes, kind, order, extra):
     """The CPU computation: weights (ortho DCT/DST ends only) around one FFTW call."""
     n = math.prod(sizes) * extra
     if fft_type != "r2r":
         code = {"fft": 0, "ifft": 0, "rfft": 1, "irfft": 2}[fft_type]
         return fftw_p.bind(x, code=code, sign=1 if fft_type == "ifft" else -1, axes=axes,
                            r2r_kinds=(0,), scale=_scale(norm, n, fft_type in ("fft", "rfft")),
-                           sizes=sizes, order=order,
-                           in_place=bool(in_place and code == 0 and order is None))
+                           sizes=sizes, order=order)
     assert order is None  # (r2r is never bound with an order)
     # FFTW's REDFT/RODFT are scipy's kinds under norm="backward" (2 sum h_n x_n trig, h the
     # half-weighted ends); other norms: y = c g_k sum h_n x_n trig = (c g_k / 2) FFTW(x h / h_b).
@@ -463,7 +455,7 @@ def _fftw(x, *, fft_type, axes, norm, sizes, kind, order, extra, in_place=False)
     if not np.allclose(h, hb):
         x = x * jnp.asarray((h / hb).reshape(shape), real)
     y = fftw_p.bind(x, code=3, sign=0, axes=axes, r2r_kinds=(_FFTW_R2R[kind],), scale=c / 2,
-                    sizes=sizes, order=None, in_place=False)
+                    sizes=sizes, order=None)
     if not np.allclose(g, 1.0):
         y = y * jnp.asarray(g.reshape(shape), real)
     return y
@@ -482,19 +474,17 @@ mlir.register_lowering(local_fft_p, _cpu_lowering, platform="cpu")
 fftw_p = Primitive("pencilfft_fftw")
 
 
-def _fftw_abstract_eval(x, *, code, sign, axes, r2r_kinds, scale, sizes, order, in_place):
+def _fftw_abstract_eval(x, *, code, sign, axes, r2r_kinds, scale, sizes, order):
     fft_type = {0: "fft", 1: "rfft", 2: "irfft", 3: "r2r"}[code]
     shape, dtype = _out_shape_dtype(x.shape, x.dtype, fft_type, axes, sizes, order)
     return x.update(shape=shape, dtype=dtype, weak_type=False)
 
 
-def _fftw_lowering(ctx, x, *, code, sign, axes, r2r_kinds, scale, sizes, order, in_place):
-    # Out of place unless the stages ask (`in_place`, a c2c call without an order): aliasing
-    # every c2c/r2r call was tried, and XLA then added copies where the input lives on
-    # (tests/test_hlo.py and test_memory_floor.py measured one more fusion and up to 0.9
-    # blocks more at the peak).  FFTW's plans for in == out are planned in place (fftw.cc).
-    aliases = {0: 0} if in_place else None
-    return jax.ffi.ffi_lowering(TARGET, operand_output_aliases=aliases)(
+def _fftw_lowering(ctx, x, *, code, sign, axes, r2r_kinds, scale, sizes, order):
+    # Out of place.  Aliasing the c2c/r2r output to the input (in place, no fresh output
+    # buffer) was tried: XLA then adds copies where the input lives on, and tests/test_hlo.py
+    # and test_memory_floor.py measured one more fusion and up to 0.9 blocks more at the peak.
+    return jax.ffi.ffi_lowering(TARGET)(
         ctx, x, kind=np.int32(code), sign=np.int32(sign), axes=np.asarray(axes, np.int64),
         r2r_kinds=np.asarray(r2r_kinds, np.int64), scale=np.float64(scale),
         planner=np.int32(PLANNERS[planner()]),

@@ -146,10 +146,11 @@ class Fft:
             # runs in chunks: fftw.cc `Execute`); the second is unscaled ("forward").
             k = _kernel.fft(k, "ifft", (self.order.index(self.axes[0]),), self.norm,
                             self.sizes[:1], self._undo, extra=math.prod(self.sizes[1:]))
-            # The second call writes over the first's output (c2c: in place), so the inverse
-            # holds no temporary block (memory_analysis: 1 block fewer than the forward).
-            return _kernel.fft(k, self._inverse, self.axes[1:], "forward", self.sizes[1:],
-                               in_place=True)
+            # The second call stays out of place.  Writing over the first call's output (its
+            # custom call aliased) saved the temporary block, but with the argument donated
+            # XLA must return the result in the argument's buffer and copied it there: 1.25x
+            # the time, and no memory saved (benchmarks/RESULTS.md, issue 55).
+            return _kernel.fft(k, self._inverse, self.axes[1:], "forward", self.sizes[1:])
         axes = tuple(self.order.index(a) for a in self.axes)
         return _kernel.fft(k, self._inverse, axes, self.norm, self.sizes, self._undo)
 
