@@ -44,7 +44,6 @@ import numpy as np
 from . import kernel as _kernel
 from .plan import FFT_KINDS, Plan
 from .routes import Problem, Route, exact_length, find_route
-from .._exchange import mixed as _mixed
 from .._exchange import reshard as _reshard
 from .transpose import transpose_blocks
 
@@ -282,50 +281,11 @@ class Move:
 Stage = Fft | Truncate | Pad | Exchange | Move
 
 
-def order_into_fft(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
-    """The same transform, with the `order` of each MPI exchange that a 1-D FFT follows moved
-    into that FFT (which then writes it, and its inverse reads it back): what `run_backward`
-    walks.
-
-    The exchange through MPI packs its chunks and applies `order` in XLA transposes around the
-    send (`transpose.transpose_blocks`); an order that moves the gathered axis innermost cost a
-    pass as long as the FFTs (stage by stage under `mpirun -np 2` at 256^3: the pack 47-51 ms,
-    the 2-D FFT 56-66 ms, benchmarks/RESULTS.md, issue 55).  Exchanged in its own order, the
-    block keeps its chunks contiguous (the pack and unpack are block copies, or nothing), and
-    the FFT over the gathered axis writes the order as it transforms (the kernel's `PlaneWise`:
-    in the cache).  Exchange(order) then Fft(axes) equals Exchange(identity) then Fft over
-    `order[a]` writing `order`.  Only exchanges through MPI ("mpi", and "mixed" along an axis
-    that spans processes: CPU processes, so no GPU program changes) and complex 1-D FFTs with
-    no order of their own."""
-    out: list[Stage] = []
-    for i, stage in enumerate(stages):
-        nxt = stages[i + 1] if i + 1 < len(stages) else None
-        if (isinstance(stage, Exchange) and _through_mpi(stage) and stage.n > 1
-                and stage.order != tuple(range(len(stage.order)))
-                and isinstance(nxt, Fft) and nxt.order is None and len(nxt.axes) == 1
-                and nxt.fourier == "fft"):
-            out.append(dataclasses.replace(stage, order=tuple(range(len(stage.order)))))
-        elif (isinstance(stage, Fft) and out and isinstance(stages[i - 1], Exchange)
-              and out[-1] != stages[i - 1]):
-            order = stages[i - 1].order
-            out.append(dataclasses.replace(stage, axes=tuple(order[a] for a in stage.axes),
-                                           order=order))
-        else:
-            out.append(stage)
-    return tuple(out)
-
-
-def _through_mpi(stage: Exchange) -> bool:
-    # ("mixed" is decided where the per-device body is traced, as `transpose_blocks` does)
-    return stage.algorithm == "mpi" or (stage.algorithm == "mixed"
-                                        and not _mixed.uses_local(stage.axis_name))
-
-
 def run_forward(stages: tuple[Stage, ...], x: jax.Array) -> jax.Array:
     """Real-space block (..., x, y, Z) -> k-space block, the leading axes flattened meanwhile."""
     batch = x.shape[:-3]
     k = x.reshape((-1,) + x.shape[-3:])
-    for stage in order_into_fft(stages):
+    for stage in stages:
         k = stage.forward(k)
     return k.reshape(batch + k.shape[1:])
 
@@ -334,7 +294,7 @@ def run_backward(stages: tuple[Stage, ...], k: jax.Array) -> jax.Array:
     """k-space block -> real-space block (..., x, y, Z): the stages reversed, each inverted."""
     batch = k.shape[:-3]
     x = k.reshape((-1,) + k.shape[-3:])
-    for stage in reversed(order_into_fft(stages)):
+    for stage in reversed(stages):
         x = stage.backward(x)
     return x.reshape(batch + x.shape[1:])
 
