@@ -79,7 +79,77 @@ def _programs(shape: tuple[int, int, int], pdims: tuple[int, int], comm) -> dict
         return b.reshape(block)
 
     calls["local FFTs"] = lambda: ffts(lb)
+    calls.update(_stage_calls(x, mesh))
     return calls
+
+
+def _stage_calls(x, mesh) -> dict[str, Callable]:
+    """pencilfft/mpi's forward and inverse, stage by stage ("stage fwd 1: FFT over (2, 3)", ...),
+    each on the block it gets in the transform; an exchange in its three parts: the pack into
+    chunk-major order and the unpack after it (`transpose._chunk_major` and `_interleave`,
+    through `kernel.permute` as `transpose_blocks` runs them for "mpi") around the MPI send."""
+    plan = private.plan_forward(x, norm="backward", layout="transposed", mesh=mesh,
+                                exchange="mpi")
+    stages = private.stages_of(plan)
+    spec = P(tuple(mesh.axis_names))
+    # Every device's block as one row of a global array: any block shape, B = 1 per device.
+    blocks = jax.jit(jax.shard_map(lambda v: v[None], mesh=mesh, in_specs=P("x", "y"),
+                                   out_specs=spec))(x)
+
+    def program(fn):
+        def body(b):
+            with private.in_mesh(mesh):
+                return fn(b)
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+    def pieces(stage):
+        """(label, function) of one stage: an mpi exchange as pack, send, unpack."""
+        if not isinstance(stage, private.Exchange):
+            axes = getattr(stage, "axes", None)
+            return [(f"{type(stage).__name__}" + (f" over {axes}" if axes else ""), stage.forward)]
+        e, n = stage, stage.n
+
+        def pack(b):
+            return private.chunk_major(b, n, e.split, e.order, private.kernel.permute)
+
+        def send(y):
+            return private.ALGORITHMS["mpi"].send(y, e.axis_name, n)
+
+        def unpack(y):
+            chunked = list(y.shape[1:])
+            chunked = [0] * len(e.order)
+            for i, ax in enumerate(e.order):
+                chunked[ax] = y.shape[1 + i]
+            return private.interleave(y, e.gather, e.order, chunked, chunked[e.gather] * n,
+                                      private.kernel.permute)
+
+        return [(f"pack for the exchange over {e.axis_name}", pack),
+                (f"MPI send over {e.axis_name}", send), ("unpack", unpack)]
+
+    calls: dict[str, Callable] = {}
+    for direction, seq in (("fwd", stages), ("inv", tuple(s.inverse() if isinstance(
+            s, private.Exchange) else _Backward(s) for s in reversed(stages)))):
+        b = blocks
+        i = 0
+        for stage in seq:
+            for label, fn in pieces(stage):
+                i += 1
+                f = program(fn)
+                arg = b
+                calls[f"stage {direction} {i}: {label}"] = lambda f=f, arg=arg: f(arg)
+                b = f(b)
+    return calls
+
+
+class _Backward:
+    """A stage's backward map as a forward one (for `_stage_calls`)."""
+
+    def __init__(self, stage):
+        self.stage = stage
+        self.axes = getattr(stage, "axes", None)
+
+    def forward(self, k):
+        return self.stage.backward(k)
 
 
 def _mpi4py_fft(comm, shape, pdims, local) -> Callable[[], None]:
@@ -138,7 +208,8 @@ def table(records: Sequence[dict]) -> str:
     cases = list(dict.fromkeys((tuple(r["shape"]), tuple(r["pdims"])) for r in records))
     by = {(tuple(r["shape"]), tuple(r["pdims"]), r["row"]): r["median_ms"] for r in records}
     rows = []
-    for row in ROWS:
+    stage_rows = [r["row"] for r in records if r["row"].startswith("stage ")]
+    for row in (*ROWS, *dict.fromkeys(stage_rows)):
         if not any((s, p, row) in by for s, p in cases):
             continue
         cells = []

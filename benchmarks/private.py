@@ -22,6 +22,8 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "Fft": ("pencilfft._transforms.stages", "Fft"),
     "stages_of": ("pencilfft._transforms.chunks", "stages_of"),
     "ALGORITHMS": ("pencilfft._exchange", "ALGORITHMS"),
+    "chunk_major": ("pencilfft._transforms.transpose", "_chunk_major"),
+    "interleave": ("pencilfft._transforms.transpose", "_interleave"),
     "in_mesh": ("pencilfft._exchange", "in_mesh"),
     "mpi_exchange": ("pencilfft._exchange.mpi", "exchange"),
     "srun_mpi_hint": ("pencilfft._processes.launch", "srun_mpi_hint"),

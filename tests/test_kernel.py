@@ -98,6 +98,30 @@ def test_r2r_values(kind, dtype):
 
 
 @needs_fftw
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128, np.float32],
+                         ids=["c64", "c128", "f32"])
+def test_permute(dtype):
+    """`permute`: jnp.transpose's values, a complex block through FFTW's rank-0 plan (the MPI
+    exchange's pack and unpack), real data through XLA's transpose; eagerly, under jit, vmap
+    and grad (its transpose is the inverse permutation)."""
+    x = _data(np.float64, True, (3, 4, 5, 6), seed=9).astype(dtype) if dtype != np.float32 \
+        else _data(np.float32, False, (3, 4, 5, 6), seed=9)
+    order = (2, 0, 3, 1)
+    ref = np.transpose(x, order)
+    f = jax.jit(lambda a: _kernel.permute(a, order))
+    assert (_kernel.TARGET in f.lower(x).as_text()) == (dtype != np.float32)
+    assert np.array_equal(np.asarray(f(x)), ref)
+    assert np.array_equal(np.asarray(_kernel.permute(x, order)), ref)
+    assert np.array_equal(np.asarray(jax.vmap(lambda a: _kernel.permute(a, (1, 2, 0)))(x)),
+                          np.transpose(x, (0, 2, 3, 1)))
+    w = _data(np.float64, False, ref.shape, seed=10).astype(np.float32)
+    grads = [jax.grad(lambda a, p=p: jnp.sum(jnp.abs(p(a, order)) ** 2 * w))(x)
+             for p in (_kernel.permute, jnp.transpose)]
+    assert rel_err(np.asarray(grads[0]), np.asarray(grads[1])) < TOL[np.float32]
+    assert np.abs(np.asarray(grads[0])).max() > 0.1  # (not a zero gradient)
+
+
+@needs_fftw
 @pytest.mark.parametrize("fft_type", ["fft", "ifft", "rfft", "irfft"])
 def test_kernel_equals_xla(monkeypatch, fft_type):
     x, sizes = _input(fft_type, np.float32, (1, 2))

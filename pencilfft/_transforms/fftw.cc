@@ -595,7 +595,8 @@ ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, i
                       : kind == kR2C ? !cplx && ocplx
                       : kind == kC2R ? cplx && !ocplx
                                      : cplx == ocplx);
-  if (!ok || axes.size() == 0)
+  // No axes: a c2c of rank 0, FFTW's copy, writing `out_order` (`kernel.permute`).
+  if (!ok || (axes.size() == 0 && kind != kC2C))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw: bad dtypes or axes");
   std::vector<int64_t> in_shape(x.dimensions().begin(), x.dimensions().end());
   std::vector<int64_t> y_shape(y->dimensions().begin(), y->dimensions().end());

@@ -51,7 +51,7 @@ from jax.interpreters import ad, batching, mlir
 from .._native import build as _native, malloc as _malloc, threads as _threads
 from . import r2r as _r2r, xla_fft
 
-__all__ = ["fft", "r2r", "kernel", "describe", "plan_count", "local_fft_p", "TARGET"]
+__all__ = ["fft", "permute", "r2r", "kernel", "describe", "plan_count", "local_fft_p", "TARGET"]
 
 TARGET = "pencilfft_fftw"  # the FFI target name: what a CPU program's custom call names
 KERNELS = ("auto", "fftw", "xla")
@@ -314,6 +314,21 @@ def fft(x: jax.Array, fft_type: str, axes: tuple[int, ...], norm: str,
                             order=order, extra=extra)
     return local_fft_p.bind(x, fft_type=fft_type, axes=axes, norm=norm, sizes=tuple(sizes),
                             kind=None, order=order, extra=int(extra))
+
+
+def permute(x: jax.Array, order: tuple[int, ...]) -> jax.Array:
+    """jnp.transpose(x, order); a complex block on CPUs through FFTW's rank-0 plan, a copy
+    that FFTW tiles for the cache.  XLA's CPU transpose of a (128, 32768) complex64 slab
+    took 41 ms where FFTW's took 14 and a plain copy 6 (one core; the MPI exchange's pack,
+    benchmarks/RESULTS.md, issue 55).  Elsewhere (real data, other platforms, the kernel
+    unavailable) the transpose itself."""
+    x = jnp.asarray(x)
+    order = tuple(int(a) % x.ndim for a in order)
+    if order == tuple(range(x.ndim)):
+        return x
+    if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.transpose(x, order)
+    return fft(x, "fft", (), "backward", (), order)
 
 
 def r2r(x: jax.Array, kind: str, axis: int, norm: str, forward: bool) -> jax.Array:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from . import kernel as _kernel
 from .._exchange import ALGORITHMS, PLAIN_ALLTOALL_MAX, local, mixed
 
 
@@ -46,12 +47,17 @@ def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, ga
     shape = x.shape
     chunked = list(shape)
     chunked[split] = shape[split] // n
-    y = _chunk_major(x, n, split, order)
+    # Around MPI's send (CPU processes), the two local passes through FFTW's rank-0 plan: XLA's
+    # CPU transpose that moves the gathered axis innermost took as long as the 2-D FFT under
+    # mpirun -np 2 (`kernel.permute`).  Elsewhere XLA's transposes, as they were.
+    permute = _kernel.permute if algorithm == "mpi" else jnp.transpose
+    y = _chunk_major(x, n, split, order, permute)
     y = ALGORITHMS[algorithm].send(y, axis_name, n)  # (c, ...) -> (c_src, ...)
-    return _interleave(y, gather, order, chunked, shape[gather] * n)
+    return _interleave(y, gather, order, chunked, shape[gather] * n, permute)
 
 
-def _chunk_major(x: jax.Array, n: int, split: int, order: tuple[int, ...]) -> jax.Array:
+def _chunk_major(x: jax.Array, n: int, split: int, order: tuple[int, ...],
+                 permute=jnp.transpose) -> jax.Array:
     """(c, *order): axis `split` cut into n chunks, the chunk index leading.
 
     Each peer's chunk is then one contiguous buffer, and after the exchange only the chunk index
@@ -60,14 +66,15 @@ def _chunk_major(x: jax.Array, n: int, split: int, order: tuple[int, ...]) -> ja
     shape = x.shape  # (split divisible by n: checked in `transpose_blocks`)
     y = x.reshape(shape[:split] + (n, shape[split] // n) + shape[split + 1:])
     pos = {ax: (ax if ax < split else ax + 1) for ax in range(x.ndim)}  # x axis -> y axis
-    return jnp.transpose(y, (split, *(pos[ax] for ax in order)))
+    return permute(y, (split, *(pos[ax] for ax in order)))
 
 
 def _interleave(y: jax.Array, gather: int, order: tuple[int, ...], chunked: list[int],
-                gathered: int) -> jax.Array:
+                gathered: int, permute=jnp.transpose) -> jax.Array:
     """(c_src, *order) -> *order with c_src merged into `gather` (just before it)."""
     g = order.index(gather)
-    y = jnp.moveaxis(y, 0, g)
+    rest = list(range(1, y.ndim))
+    y = permute(y, (*rest[:g], 0, *rest[g:]))  # (jnp.moveaxis(y, 0, g))
     out_shape = [chunked[ax] for ax in order]
     out_shape[g] = gathered
     return y.reshape(out_shape)
