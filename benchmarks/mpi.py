@@ -106,7 +106,8 @@ def _stage_calls(x, mesh) -> dict[str, Callable]:
         """(label, function) of one stage: an mpi exchange as pack, send, unpack."""
         if not isinstance(stage, private.Exchange):
             axes = getattr(stage, "axes", None)
-            return [(f"{type(stage).__name__}" + (f" over {axes}" if axes else ""), stage.forward)]
+            name = getattr(stage, "name", type(stage).__name__)
+            return [(name + (f" over {axes}" if axes else ""), stage.forward)]
         e, n = stage, stage.n
 
         def pack(b):
@@ -147,6 +148,7 @@ class _Backward:
     def __init__(self, stage):
         self.stage = stage
         self.axes = getattr(stage, "axes", None)
+        self.name = f"inverse {type(stage).__name__}"
 
     def forward(self, k):
         return self.stage.backward(k)
