@@ -97,6 +97,17 @@ def test_r2r_values(kind, dtype):
             assert rel_err(got, ref) < 5 * TOL[dtype], (complex_, axis, norm, forward)
 
 
+def test_permute_without_the_kernel(monkeypatch):
+    """With XLA's FFT (no fftw extra, or PENCILFFT_FFT_KERNEL=xla) `permute` is the transpose:
+    a c2c over no axes is no transform (jnp.fft.fftn would read the empty axes as all)."""
+    monkeypatch.setenv("PENCILFFT_FFT_KERNEL", "xla")
+    x = _data(np.float64, True, (2, 3, 4), seed=11).astype(np.complex64)
+    got = jax.jit(lambda a: _kernel.permute(a, (2, 0, 1)))(x)
+    assert np.array_equal(np.asarray(got), np.transpose(x, (2, 0, 1)))
+    same = jax.jit(lambda a: _kernel.fft(a, "fft", (), "backward", (), (1, 2, 0)))(x)
+    assert np.array_equal(np.asarray(same), np.transpose(x, (1, 2, 0)))
+
+
 @needs_fftw
 @pytest.mark.parametrize("dtype", [np.complex64, np.complex128, np.float32],
                          ids=["c64", "c128", "f32"])

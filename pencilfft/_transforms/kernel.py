@@ -266,6 +266,8 @@ def _xla_fft(x, *, fft_type: str, axes: tuple[int, ...], norm: str, sizes: tuple
 
 
 def _xla_fft_only(x, *, fft_type, axes, norm, sizes, kind):
+    if not axes:  # (`permute`'s c2c over no axes: jnp.fft.fftn would read () as every axis)
+        return x
     if fft_type in xla_fft.FFT_TYPES:  # jnp.fft's, its layouts pinned on CPUs (`xla_fft`)
         return xla_fft.fftn(x, fft_type, axes, norm, sizes if fft_type == "irfft" else None)
     return _r2r.forward(x, kind, axes[0], norm)
@@ -326,7 +328,7 @@ def permute(x: jax.Array, order: tuple[int, ...]) -> jax.Array:
     order = tuple(int(a) % x.ndim for a in order)
     if order == tuple(range(x.ndim)):
         return x
-    if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+    if not jnp.issubdtype(x.dtype, jnp.complexfloating) or kernel() != "fftw":
         return jnp.transpose(x, order)
     return fft(x, "fft", (), "backward", (), order)
 
