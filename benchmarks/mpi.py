@@ -117,8 +117,7 @@ def _stage_calls(x, mesh) -> dict[str, Callable]:
             return private.ALGORITHMS["mpi"].send(y, e.axis_name, n)
 
         def unpack(y):
-            chunked = list(y.shape[1:])
-            chunked = [0] * len(e.order)
+            chunked = [0] * len(e.order)  # the block's lengths before the exchange gathered
             for i, ax in enumerate(e.order):
                 chunked[ax] = y.shape[1 + i]
             return private.interleave(y, e.gather, e.order, chunked, chunked[e.gather] * n,

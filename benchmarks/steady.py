@@ -282,7 +282,7 @@ def heap_table(records: Sequence[dict[str, Any]]) -> str:
                      f"{h[0]:.0f}", f"{h[-1]:.0f}", f"{r['heap_free_mib'][-1]:.0f}",
                      f"{r['rss_mib'][-1]:.0f}", ", ".join(map(str, grew)) or "none",
                      f"{med * 1e3:.0f}",
-                     f"{max((t[i] for i in grew), default=0) / med:.2f}" if grew else "",
+                     f"{max(t[i] for i in grew) / med:.2f}" if grew else "",
                      ", ".join(f"{k}={v}" for k, v in r["machine"].get("env", {}).items()
                                if k.startswith(("MALLOC_", "GLIBC_", "PENCILFFT_MALLOC"))),
                      f"{r['machine'].get('loadavg_1m') or 0:.1f}"])

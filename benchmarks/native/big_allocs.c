@@ -13,19 +13,17 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <unistd.h>
 #include <sys/syscall.h>
-#include <malloc.h>
 static int (*real_pm)(void**, size_t, size_t);
-static void* (*real_malloc)(size_t);
 static void* (*real_aligned)(size_t, size_t);
 static void* (*real_memalign)(size_t, size_t);
 #define BIG (32u << 20)
 static void logit(const char* what, size_t a, size_t n, void* p) {
   char buf[200];
-  int k = snprintf(buf, sizeof buf, "%s tid=%ld main=%d align=%zu size=%zu p=%p\n", what,
-                   (long)syscall(SYS_gettid), (int)(syscall(SYS_gettid) == getpid()), a, n, p);
+  long tid = syscall(SYS_gettid);
+  int k = snprintf(buf, sizeof buf, "%s tid=%ld main=%d align=%zu size=%zu p=%p\n", what, tid,
+                   (int)(tid == getpid()), a, n, p);
   write(2, buf, k);
 }
 int posix_memalign(void** r, size_t a, size_t n) {
