@@ -18,6 +18,7 @@ measured (process 0 only) and prints the table.  Nothing may create jax's backen
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import datetime
 import json
@@ -227,7 +228,17 @@ def machine_info() -> dict[str, Any]:
             "threads_per_device": private.threads.threads_per_device(),
             "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
             "device_count": jax.device_count(), "local_device_count": jax.local_device_count(),
-            "process_count": jax.process_count(), "env": env}
+            "process_count": jax.process_count(), "libc": libc_version(), "env": env}
+
+
+def libc_version() -> str:
+    """The C library this process runs ("glibc 2.36"), not the one Python was built against."""
+    try:
+        lib = ctypes.CDLL(None)
+        lib.gnu_get_libc_version.restype = ctypes.c_char_p
+        return f"glibc {lib.gnu_get_libc_version().decode()}"
+    except (OSError, AttributeError):
+        return platform.libc_ver()[0] or "not glibc"
 
 
 def loadavg() -> float | None:

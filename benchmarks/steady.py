@@ -6,7 +6,8 @@
     python -m benchmarks.steady stages --shapes 256 --out benchmarks/data/steady-stages.jsonl
     python -m benchmarks.steady heap --shapes 256 --out benchmarks/data/steady-heap.jsonl
 
-`calls`: an N^3 complex64 forward + inverse under jit, `--calls` consecutive calls alone, then
+`calls`: an N^3 complex64 forward + inverse under jit, `--calls` consecutive calls alone (and of
+FFTW's own plan, the machine's noise floor), then
 as many rounds of one loop where FFTW's own threaded in-place 3-D plan (the kernel's own FFTW
 library, through ctypes) and jnp.fft run their forward + inverse too (other jax work allocating between our
 calls); each call's time and page faults (getrusage: the kernel's memory work is in them).
@@ -40,6 +41,9 @@ from benchmarks import harness, private
 from benchmarks.harness import fmt_dims
 
 CALL_VARIANTS = ("pencilfft", "fftw", "jnp.fft")
+# The interleaved loop's rounds, in turn: each of pencilfft and FFTW runs right after jnp.fft in
+# half of them (records before 2026-11-28 ran the first order only).
+INTERLEAVED_ORDERS = (("pencilfft", "fftw", "jnp.fft"), ("fftw", "pencilfft", "jnp.fft"))
 
 
 def _grid(n: int) -> np.ndarray:
@@ -109,15 +113,21 @@ def calls(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[s
     base = {**_base("steady-calls", ctx, args), "shape": [n] * 3, "calls": args.calls}
     harness.say(args, f"{n}^3 complex64 forward + inverse, {args.calls} calls alone, then "
                       f"interleaved; affinity {sorted(os.sched_getaffinity(0))}")
-    alone = [_measure(pair["pencilfft"]) for _ in range(args.calls)]
-    rounds: dict[str, list[tuple[float, int]]] = {v: [] for v in CALL_VARIANTS}
-    for _ in range(args.calls):
-        for v in CALL_VARIANTS:
-            rounds[v].append(_measure(pair[v]))
-    records = [{**base, "variant": "pencilfft", "loop": "alone", "times_s": [t for t, _ in alone],
-                "faults": [f for _, f in alone]}]
-    records += [{**base, "variant": v, "loop": "interleaved", "times_s": [t for t, _ in r],
-                 "faults": [f for _, f in r]} for v, r in rounds.items()]
+    # FFTW's own plan alone too: the noise floor of this machine's p90 and max.
+    alone = {v: [_measure(pair[v]) for _ in range(args.calls)] for v in ("pencilfft", "fftw")}
+    rounds: dict[str, list[tuple[float, int, str]]] = {v: [] for v in CALL_VARIANTS}
+    prev = "pencilfft"
+    for r in range(args.calls):
+        # What jnp.fft leaves running (its blocks' munmap, on XLA's threads) lands in whichever
+        # call comes next: pencilfft and FFTW take turns there, jnp.fft closes every round.
+        for v in INTERLEAVED_ORDERS[r % len(INTERLEAVED_ORDERS)]:
+            rounds[v].append((*_measure(pair[v]), prev))
+            prev = v
+    records = [{**base, "variant": v, "loop": "alone", "times_s": [t for t, _ in r],
+                "faults": [f for _, f in r]} for v, r in alone.items()]
+    records += [{**base, "variant": v, "loop": "interleaved", "times_s": [t for t, _, _ in r],
+                 "faults": [f for _, f, _ in r], "after": [a for _, _, a in r]}
+                for v, r in rounds.items()]
     yield records
 
 
@@ -236,6 +246,27 @@ def _fftw_name(record: dict[str, Any]) -> str:
     return m.group(0) if m else "fftw-3.3.5-sse2-avx"
 
 
+def _malloc_name(record: dict[str, Any]) -> str:
+    """The C library the run had ("glibc 2.36"), "+ tunables" where GLIBC_TUNABLES was set."""
+    machine = record.get("machine", {})
+    m = re.search(r"glibc \d+\.\d+", record.get("allocator", ""))
+    name = machine.get("libc") or (m.group(0) if m else "glibc")
+    return name + (" + tunables" if machine.get("env", {}).get("GLIBC_TUNABLES") else "")
+
+
+def _after_jnp(record: dict[str, Any]) -> str:
+    """Medians of the calls that ran right after jnp.fft and of the others, ms ("" where the
+    record has no such split)."""
+    after = record.get("after")
+    if not after:
+        return ""
+    split = [[t for t, a in zip(record["times_s"], after) if (a == "jnp.fft") == right]
+             for right in (True, False)]
+    if not all(split):
+        return ""
+    return " / ".join(f"{statistics.median(part) * 1e3:.0f}" for part in split)
+
+
 def steady_table(records: Sequence[dict[str, Any]]) -> str:
     """One row per loop (alone, interleaved) and variant: median, p90, max (and their ratios to
     the median), page faults per call; then the resident memory over many shapes."""
@@ -244,19 +275,25 @@ def steady_table(records: Sequence[dict[str, Any]]) -> str:
     for r in call_records:
         t = r["times_s"]
         med = statistics.median(t)
-        rows.append([fmt_dims(r["shape"]), r["affinity"], _fftw_name(r), r["loop"], r["variant"],
-                     f"{med * 1e3:.0f}", f"{_p90(t) * 1e3:.0f} ({_p90(t) / med:.2f}x)",
+        rows.append([fmt_dims(r["shape"]), r["affinity"], _fftw_name(r), _malloc_name(r),
+                     r["loop"], r["variant"],
+                     f"{med * 1e3:.0f}", _after_jnp(r),
+                     f"{_p90(t) * 1e3:.0f} ({_p90(t) / med:.2f}x)",
                      f"{max(t) * 1e3:.0f} ({max(t) / med:.2f}x)",
                      f"{statistics.median(r['faults']):.0f}", f"{max(r['faults'])}",
                      f"{r['machine'].get('loadavg_1m') or 0:.1f}"])
-    head = ["grid", "cores", "FFTW", "loop", "variant", "median ms", "p90 ms", "max ms",
-            "faults/call (median)", "faults (max)", "load"]
-    text = harness.md_table(head, rows, "lrlll" + "r" * 6, (
+    head = ["grid", "cores", "FFTW", "malloc", "loop", "variant", "median ms",
+            "right after jnp.fft / otherwise ms", "p90 ms", "max ms", "faults/call (median)",
+            "faults (max)", "load"]
+    text = harness.md_table(head, rows, "lrllll" + "r" * 7, (
         f"complex64 forward + inverse on one CPU device, {call_records[0]['calls'] if call_records else 0} "
         "calls per row; alone: consecutive calls; interleaved: one loop of FFTW's own threaded "
         "in-place 3-D plan (the kernel's FFTW library: pyFFTW's wheel's unless the FFTW column "
-        "names another), pencilfft and jnp.fft, each timed on its own; cores: the "
-        "process's affinity; load: the 1-minute load average when the run ended."
+        "names another), pencilfft and jnp.fft, each timed on its own, pencilfft and FFTW "
+        "taking turns right after jnp.fft (runs before 2026-11-28: pencilfft always; no split "
+        "then); cores: the process's affinity; load: the 1-minute load average when the run "
+        "ended; malloc: the C library, and GLIBC_TUNABLES where the run set them (then "
+        "pencilfft sets nothing)."
         if call_records else "")) if rows else ""
     rss_rows = [[", ".join(f"{n}^3" for n in r["shapes"]), r["calls"],
                  f"{r['rss_first_round_mib']:.0f}", f"{r['rss_end_mib']:.0f}",

@@ -9,6 +9,8 @@ errors.  No timing here (benchmarks/kernel.py `single`, RESULTS.md issue 43).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import subprocess
 import sys
@@ -269,6 +271,23 @@ def test_malloc_setting(monkeypatch):
         _malloc.configure()
     monkeypatch.setenv("PENCILFFT_MALLOC", "glibc")
     assert "glibc" in _malloc.describe()
+
+
+@pytest.mark.parametrize("version, old", [("2.28", True), ("2.36", True), ("2.37.9", True),
+                                          ("2.38", False), ("2.41", False), ("3.0", False),
+                                          ("unknown", False)])
+def test_which_glibc_fragments_aligned_blocks(version, old):
+    assert _malloc.fragments_aligned_blocks(version) is old
+
+
+def test_allocator_line_names_an_old_glibc():
+    """`pencilfft check`'s allocator line says when this glibc grows the heap in steps."""
+    if _malloc.setting() != "pencilfft" or _malloc._user_choice():
+        pytest.skip("the environment chose the allocator's settings")
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.gnu_get_libc_version.restype = ctypes.c_char_p
+    old = _malloc.fragments_aligned_blocks(libc.gnu_get_libc_version().decode())
+    assert ("glibc before 2.38" in _malloc.describe()) is old
 
 
 SCRIPT = """

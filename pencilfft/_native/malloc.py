@@ -13,7 +13,11 @@ settings with `mallopt` when pencilfft first lowers a CPU program:
   process for the next call instead of going back to the system.
 
 The cost: the process keeps what it freed (its resident memory stays near its peak until it
-exits) and a heap may fragment; benchmarks/RESULTS.md (issue 43) measures the peak.
+exits) and a heap may fragment; benchmarks/RESULTS.md (issue 43) measures the peak.  Before
+glibc 2.38 it does fragment: XLA's `posix_memalign(64, n)` leaves spare ends that the per-thread
+cache keeps, a freed block cannot take the next one of its size, and the heap grows in steps
+(issue 55).  Only an environment set before the process starts changes that
+(docs/howto/cpu-threads-and-allocator.md); `describe` says so on such a glibc.
 
 PENCILFFT_MALLOC = "pencilfft" (default: the settings above) or "glibc" (leave glibc's
 defaults), read when a CPU program is lowered; the settings, once made, last for the process.
@@ -27,8 +31,9 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import re
 
-__all__ = ["configure", "describe", "SETTINGS"]
+__all__ = ["configure", "describe", "fragments_aligned_blocks", "SETTINGS"]
 
 SETTINGS = ("pencilfft", "glibc")
 # mallopt(3)'s parameters (malloc.h)
@@ -75,7 +80,23 @@ def _apply() -> str:
     if not ok:
         return f"glibc {version}'s defaults (mallopt refused the settings)"
     return (f"freed memory kept (glibc {version}: mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1; "
-            f"PENCILFFT_MALLOC=glibc leaves glibc's defaults)")
+            f"PENCILFFT_MALLOC=glibc leaves glibc's defaults{_note(version)})")
+
+
+def _note(version: str) -> str:
+    return ("; glibc before 2.38 reuses a freed block for XLA's next aligned block of its size "
+            "only by chance, so the heap may grow in steps over a loop's first calls: "
+            "docs/howto/cpu-threads-and-allocator.md" if fragments_aligned_blocks(version) else "")
+
+
+def fragments_aligned_blocks(version: str) -> bool:
+    """Whether this glibc (its version string, "2.36") serves `posix_memalign` the old way.
+
+    Before 2.38, `posix_memalign(64, n)` (how XLA takes every buffer) asks for n + 96 bytes and
+    frees the spare ends into the per-thread cache, where small allocations take them; a freed
+    block's hole is then too small for the next block of the same size (issue 55)."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return bool(m) and (int(m.group(1)), int(m.group(2))) < (2, 38)
 
 
 def configure() -> str:
@@ -99,4 +120,11 @@ def describe() -> str:
     user = _user_choice()
     if user is not None:
         return f"the environment's ({user} is set; pencilfft changes nothing)"
-    return "freed memory kept once pencilfft lowers a CPU program (PENCILFFT_MALLOC=pencilfft)"
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.gnu_get_libc_version.restype = ctypes.c_char_p
+        note = _note(libc.gnu_get_libc_version().decode())
+    except (OSError, AttributeError):
+        note = ""
+    return ("freed memory kept once pencilfft lowers a CPU program "
+            f"(PENCILFFT_MALLOC=pencilfft{note})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -235,3 +236,17 @@ def test_kinds_benchmark_times_every_kind_beside_scipy(tmp_path):
                for row, s in (("pencilfft 3/2", 0.002), ("mpi4py-fft 3/2", 0.003))]
     text = kinds.dealias_table(product)
     assert "| 8x8x8 | float32 | mpi4py-fft 3/2 | 3 (1.50) | 1 |" in text
+
+
+def test_heapmap_walks_the_heap_after_round_trips(capsys):
+    """benchmarks.heapmap: the round trips run and the walk reaches the heap's top chunk."""
+    import platform
+
+    from benchmarks import heapmap
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc's chunk layout only")
+    assert heapmap.main(["--shapes", "16", "--calls", "2", "--interleaved"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("glibc 2.") and "heap grew in rounds:" in out
+    assert re.search(r"\n +[0-9.]+ MiB  (in use|free|top) +\d+ B", out), out
+    assert "\nwalk ended at " in out

@@ -85,6 +85,21 @@ def test_table_marks_the_ratio_to_mpi4py_fft():
     assert "pencilfft/pairwise" not in text  # rows without data are left out
 
 
+def test_steady_table_splits_the_calls_right_after_jnp_fft():
+    """The interleaved rows say what the calls right after jnp.fft took apart from the others
+    (jnp.fft's unmapping runs into the next call): medians of 30 and 10 ms here."""
+    from benchmarks import steady
+
+    base = dict(tool="steady-calls", shape=[8, 8, 8], affinity=2, calls=4, loop="interleaved",
+                machine={"loadavg_1m": 0.5}, faults=[0, 0, 0, 0])
+    rows = [dict(base, variant="pencilfft", times_s=[0.03, 0.01, 0.03, 0.01],
+                 after=["jnp.fft", "fftw", "jnp.fft", "fftw"]),
+            dict(base, variant="fftw", times_s=[0.01] * 4)]  # before the split: no column
+    lines = steady.steady_table(rows).splitlines()
+    assert "| interleaved | pencilfft | 20 | 30 / 10 | 30 (1.50x) |" in lines[2]
+    assert "| interleaved | fftw | 10 |  | 10 (1.00x) |" in lines[3]
+
+
 def test_mpi_benchmark_runs_under_mpirun(tmp_path):
     import subprocess
     import sys
