@@ -116,7 +116,7 @@ def calls(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[s
     # FFTW's own plan alone too: the noise floor of this machine's p90 and max.
     alone = {v: [_measure(pair[v]) for _ in range(args.calls)] for v in ("pencilfft", "fftw")}
     rounds: dict[str, list[tuple[float, int, str]]] = {v: [] for v in CALL_VARIANTS}
-    prev = "pencilfft"
+    prev = list(alone)[-1]
     for r in range(args.calls):
         # What jnp.fft leaves running (its blocks' munmap, on XLA's threads) lands in whichever
         # call comes next: pencilfft and FFTW take turns there, jnp.fft closes every round.
