@@ -35,8 +35,8 @@ export PENCILFFT_TEST_QUICK=$QUICK  # tests/conftest.py keeps only QUICK_FILES w
 PYTEST=("$PY" -m pytest -q -p pencilfft_mpi_plugin -p no:cacheprovider)
 # Each step's limit: 1800 s for the step in one process, 900 s for each mpirun step, 1200 s
 # for Slurm (PENCILFFT_STEP_TIMEOUT sets all of them), so that stuck steps still end within
-# CI's 90 minutes.  Measured on an idle 2-core VM (2026-11-27), in a fresh clone: 533 s in
-# one process, 155 s under -np 2, 157 s under -np 4, 29 s for Slurm; about 15 minutes with the
+# CI's 90 minutes.  Measured on an idle 2-core VM (2026-11-28), in a fresh clone: 529 s in
+# one process, 122 s under -np 2, 130 s under -np 4, 29 s for Slurm; about 14 minutes with the
 # install (1-2 min).  -np 4 runs only what a 2-D grid of processes changes
 # (tests/conftest.py, PROCESS_GRID_FILES).  The Slurm step's 1200 s cover a slow apt-get (its
 # own time-outs: 300 s each).
