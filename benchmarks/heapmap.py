@@ -98,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=30, help="round trips before the walk")
     p.add_argument("--interleaved", action="store_true", help="jnp.fft's round trip before each")
     args = p.parse_args(argv)
-    libc = ctypes.CDLL("libc.so.6")
-    libc.gnu_get_libc_version.restype = ctypes.c_char_p
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.gnu_get_libc_version.restype = ctypes.c_char_p
+    except (OSError, AttributeError):
+        raise SystemExit("benchmarks.heapmap walks glibc's heap on Linux: no glibc here") from None
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
     version = libc.gnu_get_libc_version().decode()
