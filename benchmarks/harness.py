@@ -18,7 +18,6 @@ measured (process 0 only) and prints the table.  Nothing may create jax's backen
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import datetime
 import json
@@ -233,12 +232,8 @@ def machine_info() -> dict[str, Any]:
 
 def libc_version() -> str:
     """The C library this process runs ("glibc 2.36"), not the one Python was built against."""
-    try:
-        lib = ctypes.CDLL(None)
-        lib.gnu_get_libc_version.restype = ctypes.c_char_p
-        return f"glibc {lib.gnu_get_libc_version().decode()}"
-    except (OSError, AttributeError):
-        return platform.libc_ver()[0] or "not glibc"
+    version = private.malloc.glibc_version()
+    return f"glibc {version}" if version else (platform.libc_ver()[0] or "not glibc")
 
 
 def loadavg() -> float | None:

@@ -27,7 +27,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from benchmarks import steady
+from benchmarks import private, steady
 
 _BIG = 1 << 20
 
@@ -98,14 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=30, help="round trips before the walk")
     p.add_argument("--interleaved", action="store_true", help="jnp.fft's round trip before each")
     args = p.parse_args(argv)
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.gnu_get_libc_version.restype = ctypes.c_char_p
-    except (OSError, AttributeError):
-        raise SystemExit("benchmarks.heapmap walks glibc's heap on Linux: no glibc here") from None
+    version = private.malloc.glibc_version()
+    if version is None:
+        raise SystemExit("benchmarks.heapmap walks glibc's heap on Linux: no glibc here")
+    libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
-    version = libc.gnu_get_libc_version().decode()
     x = jax.device_put(steady._grid(args.shapes))
     ours = steady._pencilfft_pair(x)
     fwd_j, inv_j = jax.jit(jnp.fft.fftn), jax.jit(jnp.fft.ifftn)

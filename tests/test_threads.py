@@ -9,8 +9,6 @@ errors.  No timing here (benchmarks/kernel.py `single`, RESULTS.md issue 43).
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import subprocess
 import sys
@@ -284,9 +282,10 @@ def test_allocator_line_names_an_old_glibc():
     """`pencilfft check`'s allocator line says when this glibc grows the heap in steps."""
     if _malloc.setting() != "pencilfft" or _malloc._user_choice():
         pytest.skip("the environment chose the allocator's settings")
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    libc.gnu_get_libc_version.restype = ctypes.c_char_p
-    old = _malloc.fragments_aligned_blocks(libc.gnu_get_libc_version().decode())
+    version = _malloc.glibc_version()
+    if version is None:
+        pytest.skip("not glibc")
+    old = _malloc.fragments_aligned_blocks(version)
     assert ("glibc before 2.38" in _malloc.describe()) is old
 
 

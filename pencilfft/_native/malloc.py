@@ -33,7 +33,7 @@ import functools
 import os
 import re
 
-__all__ = ["configure", "describe", "fragments_aligned_blocks", "SETTINGS"]
+__all__ = ["configure", "describe", "fragments_aligned_blocks", "glibc_version", "SETTINGS"]
 
 SETTINGS = ("pencilfft", "glibc")
 # mallopt(3)'s parameters (malloc.h)
@@ -68,19 +68,34 @@ def _apply() -> str:
     user = _user_choice()
     if user is not None:
         return f"the environment's ({user} is set; pencilfft changes nothing)"
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version.restype = ctypes.c_char_p
-        version = libc.gnu_get_libc_version().decode()
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    libc, version = _glibc(), glibc_version()
+    if libc is None or version is None:
         return "the C library's defaults (not glibc: nothing to set)"
+    mallopt = libc.mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     ok = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, -1) == 1
     if not ok:
         return f"glibc {version}'s defaults (mallopt refused the settings)"
     return (f"freed memory kept (glibc {version}: mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1; "
             f"PENCILFFT_MALLOC=glibc leaves glibc's defaults{_note(version)})")
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The process's glibc, or None where the C library is another (or has no mallopt)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.gnu_get_libc_version.restype = ctypes.c_char_p
+        libc.mallopt  # noqa: B018 (glibc's; looked up here so that a lack of it says "not glibc")
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def glibc_version() -> str | None:
+    """The running glibc's version ("2.36"), None where the C library is not glibc."""
+    libc = _glibc()
+    return libc.gnu_get_libc_version().decode() if libc is not None else None
 
 
 def _note(version: str) -> str:
@@ -120,11 +135,7 @@ def describe() -> str:
     user = _user_choice()
     if user is not None:
         return f"the environment's ({user} is set; pencilfft changes nothing)"
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version.restype = ctypes.c_char_p
-        note = _note(libc.gnu_get_libc_version().decode())
-    except (OSError, AttributeError):
-        note = ""
+    version = glibc_version()
+    note = _note(version) if version is not None else ""
     return ("freed memory kept once pencilfft lowers a CPU program "
             f"(PENCILFFT_MALLOC=pencilfft{note})")
