@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -114,12 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.interleaved:
             inv_j(fwd_j(x)).block_until_ready()
         before = steady._heap_mib()[0]
-        t0 = time.perf_counter()
-        ours()
-        ms = (time.perf_counter() - t0) * 1e3
+        seconds, _ = steady._measure(ours)
         after = steady._heap_mib()[0]
         if after > before:
-            grew.append(f"{i} (+{after - before:.1f} MiB, {ms:.0f} ms)")
+            grew.append(f"{i} (+{after - before:.1f} MiB, {seconds * 1e3:.0f} ms)")
     heap, free = steady._heap_mib()
     print(f"heap grew in rounds: {', '.join(grew) or 'none'}")
     print(f"heap {heap:.0f} MiB, of it free {free:.0f} MiB (mallinfo2)")
