@@ -5,13 +5,17 @@ Marked `mpirun`: only there do processes differ (in one process the value is its
 """
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
-from conftest import MPIRUN, RANK
+from conftest import MPIRUN, RANK, clean_env
 from pencilfft._processes import agree as _agree, memory as _memory
 
 
@@ -209,12 +213,43 @@ _NAMED = {
 }
 
 
+# What the message leads with, in the user's words (issue 68): the argument that differs, or
+# the setting (for the dtype: JAX_ENABLE_X64 on one process, the same numpy data on all).
+_OTHERS = r"on process(es)? 1\b"
+_LEADS = {
+    "shape": rf"x\.shape: \(16, 16, 16\) on process 0, \(16, 16, 8\) {_OTHERS}",
+    "batch": rf"x\.shape: \(16, 16, 16\) on process 0, \(2, 16, 16, 16\) {_OTHERS}",
+    "dtype": rf"jax_enable_x64: False on process 0, True {_OTHERS}",
+    "transform": rf"function: 'pencilfft\.pfft3d' on process 0, 'pencilfft\.pifft3d' {_OTHERS}",
+    "norm": rf"norm: 'backward' on process 0, 'ortho' {_OTHERS}",
+    "layout": rf"layout: 'transposed' on process 0, 'natural' {_OTHERS}",
+    "chunks": rf"chunks: 'auto' on process 0, 2 {_OTHERS}",
+    "padding": rf"padding: 1 on process 0, 1\.5 {_OTHERS}",
+    "mesh axis names": rf"mesh: '\(x=4 Explicit, y=2 Explicit\) devices \w+' on process 0, "
+                       rf"'\(a=4 Explicit, b=2 Explicit\) devices \w+' {_OTHERS}",
+    "mesh axis types": rf"mesh: '\(x=4 Explicit, y=2 Explicit\) devices \w+' on process 0, "
+                       rf"'\(x=4 Auto, y=2 Auto\) devices \w+' {_OTHERS}",
+    "mesh devices": rf"mesh: '\(x=4 Explicit, y=2 Explicit\) devices (\w+)' on process 0, "
+                    rf"'\(x=4 Explicit, y=2 Explicit\) devices (?!\1)\w+' {_OTHERS}",
+}
+
+
+def _leads_with(text: str, lead: str) -> None:
+    """`text` names `lead` first (among what the user gave that differs), before the plans'
+    fields that follow from it."""
+    head, found, _ = text.partition(". So their plans differ: ")
+    assert found, text
+    lead_rows = head.partition("would wait for each other forever in its exchanges: ")[2]
+    assert re.search(lead, lead_rows), (lead, head)
+
+
 @MPIRUN
 @pytest.mark.parametrize("differ", list(_NAMED))
 def test_a_plan_that_differs_in_anything_fails_alike_on_every_process(differ):
     """Issue 57: one rank with another global shape, or with float64 data where the others
     had float32 (JAX_ENABLE_X64 on one rank), hung in silence until killed.  Now every process
-    raises DifferentPlansError at the call, naming each process's value."""
+    raises DifferentPlansError at the call, naming each process's value; issue 68: first the
+    argument that differs in the user's words, then the plan's fields."""
     func, x, kwargs = _transform_call(differ, mine=RANK > 0)
     if jax.process_count() == 1:
         pytest.skip("one process: nothing to differ from")
@@ -223,6 +258,91 @@ def test_a_plan_that_differs_in_anything_fails_alike_on_every_process(differ):
         func(x, **kwargs)
     x64 = "False" if differ == "dtype" else "True"
     assert f"jax_enable_x64: process 0: {x64}, process 1: True" in str(info.value)
+    _leads_with(str(info.value), _LEADS[differ])
+
+
+# The N-D names (issue 68): every decision they make is compared, the dtype from jax's 64-bit
+# switch included, and the message leads with the argument, then the stages.
+_ND_LEADS = {
+    "x64": rf"jax_enable_x64: False on process 0, True {_OTHERS}",
+    "data dtype": rf"a\.dtype: 'complex64' on process 0, 'complex128' {_OTHERS}",
+    "norm": rf"norm: None on process 0, 'ortho' {_OTHERS}",
+    "axes": rf"axes: None on process 0, \(0, 1\) {_OTHERS}",
+    "out_sharding": rf"out_sharding: None on process 0, P\('y', 'x'\) {_OTHERS}",
+    "chunks": rf"chunks: 'auto' on process 0, 2 {_OTHERS}",
+    "function": rf"function: 'pencilfft\.fftn' on process 0, 'pencilfft\.ifftn' {_OTHERS}",
+}
+# ... and the decisions that follow from it.
+_ND_DECIDED = {"x64": r"in_dtype: process 0: 'complex64', process 1: 'complex128'",
+               "data dtype": r"in_dtype: process 0: 'complex64', process 1: 'complex128'",
+               "norm": r"norm: process 0: 'backward', process 1: 'ortho'.*stages: process 0: ",
+               "axes": r"axes: process 0: \(0, 1, 2\), process 1: \(0, 1\)",
+               "out_sharding": r"stages: process 0: ",
+               "chunks": r"chunks: process 0: 'auto', process 1: 2",
+               "function": r"inverse: process 0: False, process 1: True"}
+
+
+@MPIRUN
+@pytest.mark.parametrize("how", ["eager", "jit"])
+@pytest.mark.parametrize("differ", list(_ND_LEADS))
+def test_an_nd_call_that_differs_fails_alike_on_every_process(differ, how):
+    """Issue 68: rank 1 with JAX_ENABLE_X64 and complex128 data, rank 0 complex64: fftn passed
+    the agreement on both (it compared the stages and the chunk count only) and both hung in
+    block_until_ready.  Now every decision of the N-D names is compared, before any exchange,
+    and the message leads with what the user gave that differs."""
+    import numpy as np
+
+    import pencilfft
+    from conftest import make_mesh, put_global
+
+    if jax.process_count() == 1:
+        pytest.skip("one process: nothing to differ from")
+    mine = RANK > 0
+    mesh = make_mesh((4, 2))
+    dtype = np.complex128 if mine and differ == "data dtype" else np.complex64
+    with jax.enable_x64(differ != "x64" or mine):
+        data = np.zeros((8, 8, 16), np.complex128 if differ == "x64" else dtype)
+        a = put_global(data, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x", "y")))
+        func, kwargs = pencilfft.fftn, {}
+        if mine:
+            func = pencilfft.ifftn if differ == "function" else func
+            kwargs = {"norm": {"norm": "ortho"}, "axes": {"axes": (0, 1)},
+                      "out_sharding": {"out_sharding": jax.sharding.PartitionSpec("y", "x")},
+                      "chunks": {"chunks": 2}}.get(differ, {})
+        f = func if how == "eager" else jax.jit(lambda v: func(v, **kwargs))
+        with pytest.raises(_agree.DifferentPlansError, match=_ND_DECIDED[differ]) as info:
+            f(a, **kwargs) if how == "eager" else f(a)
+    text = str(info.value)
+    assert "processes of this job decided fftn of a (8, 8, 16) array split " in text \
+        or "processes of this job decided ifftn" in text or differ == "function", text
+    _leads_with(text, _ND_LEADS[differ])
+
+
+def test_a_rank_started_with_jax_enable_x64_fails_alike_in_the_nd_names():
+    """Issue 68, as the probe ran it: under mpirun, rank 1 started with JAX_ENABLE_X64=1
+    (complex128 data there, complex64 on rank 0); fftn passed the agreement on both ranks and
+    both waited in block_until_ready until killed.  Now both raise DifferentPlansError at the
+    call, eagerly and under jax.jit, leading with the dtype and the 64-bit switch."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip(f"no mpirun next to {sys.executable}")
+    child = [sys.executable, str(Path(__file__).parent / "mp" / "agree_child.py")]
+    # MPMD: rank 1 alone gets JAX_ENABLE_X64=1 (Hydra's per-program -env, as MPICH's mpirun).
+    argv = [str(mpirun), "-np", "1", *child, ":", "-np", "1", "-env", "JAX_ENABLE_X64", "1",
+            *child]
+    try:
+        done = subprocess.run(argv, env=clean_env(4), capture_output=True, text=True,
+                              timeout=120)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the ranks still ran after 120 s (waiting in an exchange?):\n{e.stdout}")
+    reports = [json.loads(m) for m in re.findall(r"REPORT (\{[^{}]*\})", done.stdout)]
+    assert sorted((r["rank"], r["call"]) for r in reports) == [
+        (0, "fftn"), (0, "jit(ifftn)"), (1, "fftn"), (1, "jit(ifftn)")], done.stdout + done.stderr
+    for r in reports:
+        assert r["x64"] == (r["rank"] == 1) and r["error"], r
+        _leads_with(r["error"], r"a\.dtype: 'complex64' on process 0, 'complex128' on process 1; "
+                                r"jax_enable_x64: False on process 0, True on process 1")
+        assert "in_dtype: process 0: 'complex64', process 1: 'complex128'" in r["error"], r
 
 
 def test_plan_decisions_are_every_field_of_the_plan():
@@ -257,6 +377,15 @@ def test_same_reads_back_every_value():
     """The message each process sends is parsed back only when it differs."""
     text = _agree._RECORD.join(
         (_agree._FIELD.join(f"{k}{_agree._PAIR}{v!r}" for k, v in {"a": (1, 2), "b": "x"}.items()),
-         f"S{_agree._PAIR}'y'"))
+         f"S{_agree._PAIR}'y'", f"x.shape{_agree._PAIR}(4, 4)"))
     assert _agree._parsed(text) == {"decisions": {"a": "(1, 2)", "b": "'x'"},
-                                    "settings": {"S": "'y'"}}
+                                    "settings": {"S": "'y'"}, "arguments": {"x.shape": "(4, 4)"}}
+
+
+def test_each_value_is_named_with_the_processes_that_had_it():
+    """The lead of the message: each value once, with its processes, short at any count."""
+    assert _agree._by_value(["'a'", "'b'"]) == "'a' on process 0, 'b' on process 1"
+    assert _agree._by_value(["1", "2", "2", "2", "1", "2"]) == \
+        "1 on processes 0, 4, 2 on processes 1-3, 5"
+    assert _agree._ranks([0, 1]) == "processes 0, 1"
+    assert _agree.shown(np.dtype("complex64")) == "'complex64'"

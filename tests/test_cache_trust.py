@@ -7,14 +7,19 @@ warning names the folder and why, and the handler is built in a private folder a
 lock never follows a planted symbolic link (it truncated the root-owned file it pointed at).  A
 library cut or replaced after its check is not what is loaded: the checked bytes are (no
 SIGBUS).  The default folder is this user's, made 0700, and what a build writes is not left
-writable by the group under a umask of 002."""
+writable by the group under a umask of 002.  An ACL that lets another user write the folder,
+the library or a folder above counts as the mode does, and so does the folder's default ACL
+(issue 68); a compiler's output swapped for a link is never followed; folders made for the
+cache are 0700 under any umask."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -27,7 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import pencilfft
 from conftest import MULTI_PROCESS, make_mesh, put_global, random_field, reference, rel_err, tol
 from pencilfft._exchange import local as _local_exchange
-from pencilfft._native import build as _native
+from pencilfft._native import build as _native, trust
 from pencilfft._transforms import kernel as _fft_kernel
 
 pytestmark = [
@@ -82,7 +87,8 @@ def _private(tmp_path) -> pathlib.Path:
 def _plant(library: pathlib.Path, data: bytes) -> None:
     """`data` as the cached library, with the record that its size and sha256 are right."""
     library.write_bytes(data)
-    library.with_name(library.name + ".sha256").write_text(_native._fingerprint(library))
+    record = library.with_name(library.name + ".sha256")
+    record.write_text(_native._fingerprint_of(library.read_bytes()))
 
 
 def _untrusted_warnings(caught) -> list[str]:
@@ -145,6 +151,107 @@ def test_a_planted_library_never_runs(tiny, planted, monkeypatch, case):
         assert _native.load(tiny / "tiny.cc").pencilfft_tiny() == 42
         assert not _untrusted_warnings(caught)  # warned once
     assert library.read_bytes() == data  # nothing was written where it is not ours
+
+
+def _grant_write(path: pathlib.Path, uid: int, default: bool = False) -> None:
+    """Give user `uid` rwx on `path` through its POSIX ACL, as `setfacl -m u:UID:rwx` (or its
+    default ACL, `setfacl -d -m ...`), written as the extended attribute the kernel keeps it in
+    (linux/posix_acl_xattr.h): no setfacl needed.  Skips where the file system has no ACLs."""
+    if not hasattr(os, "setxattr"):
+        pytest.skip("no extended attributes here (not Linux): no POSIX ACLs to try")
+    mode, anyone = stat.S_IMODE(path.stat().st_mode), 0xFFFFFFFF  # ACL_UNDEFINED_ID
+    entries = [(0x01, mode >> 6 & 7, anyone), (0x02, 7, uid), (0x04, mode >> 3 & 7, anyone),
+               (0x10, 7, anyone), (0x20, mode & 7, anyone)]  # owner, user, group, mask, others
+    acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+    try:
+        os.setxattr(path, "system.posix_acl_default" if default else "system.posix_acl_access",
+                    acl)
+    except OSError as e:
+        if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            pytest.skip(f"the file system of {path} has no POSIX ACLs ({e})")
+        raise
+
+
+# where user nobody gets write through an ACL -> what the warning says
+ACL_CASES = {
+    "folder": "its ACL lets user {nobody} write the folder (owner ",
+    "default of the folder": "its default ACL lets user {nobody} write what is made in the "
+                             "folder (owner ",
+    "library": "its ACL lets user {nobody} write the library: ",
+    "folder above": "whose ACL lets user {nobody} write it without the sticky bit (owner ",
+}
+
+
+@pytest.mark.parametrize("case", ACL_CASES)
+def test_an_acl_that_lets_another_user_write_counts(tiny, planted, monkeypatch, case):
+    """Issue 68: a 0700 cache folder of root's whose ACL gave user nobody rwx (`drwxrwx---+`:
+    the ACL's mask reads as group write, and root's group passed as a private group) was used
+    without a warning, and nobody could plant a library.  Now the ACL counts as the mode does,
+    for the folder, its default ACL (what is made in it), the library and the folders above."""
+    data, marker = planted
+    folder = tiny / "cache"
+    if case == "folder above":
+        (tiny / "shared").mkdir(mode=0o700)
+        folder = tiny / "shared" / "cache"
+        monkeypatch.setenv("PENCILFFT_CACHE_DIR", str(folder))
+    folder.mkdir(mode=0o700)
+    library = _native.library_path(tiny / "tiny.cc")
+    _plant(library, data)
+    target = {"folder": folder, "default of the folder": folder, "library": library,
+              "folder above": tiny / "shared"}[case]
+    _grant_write(target, NOBODY, default=case.startswith("default"))
+    if case == "folder":  # the mode of issue 68's folder: the mask shows as the group's
+        assert stat.filemode(folder.stat().st_mode) == "drwxrwx---"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _native.load(tiny / "tiny.cc").pencilfft_tiny() == 42
+        assert not marker.exists(), "the planted library ran"
+    (message,) = _untrusted_warnings(caught)
+    assert ACL_CASES[case].format(nobody=trust._user(NOBODY)) in message, message
+    assert f"are built and kept in {_private(tiny)} instead" in message
+    assert library.read_bytes() == data  # nothing was written where it is not ours
+
+
+def test_a_compiler_output_swapped_for_a_link_is_not_followed(tiny, monkeypatch):
+    """Issue 68: another user who could write the cache folder swapped the rebuild's temporary
+    output for a link to a root-only file, and the build's os.chmod followed it and made that
+    file 755.  A compiler that leaves a link to such a file stands for the swap: the link is
+    never followed (the mode is set through the descriptor of the output, opened without
+    following links), the file keeps its mode, and the build fails with the reason."""
+    victim = tiny / "victim"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    swapper = tiny / "swapper"
+    swapper.write_text(f"#!{sys.executable}\n"
+                       "import os, sys\n"
+                       f"os.symlink({str(victim)!r}, sys.argv[sys.argv.index('-o') + 1])\n")
+    swapper.chmod(0o700)
+    monkeypatch.setenv("PENCILFFT_CXX", str(swapper))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(_native.BuildError, match=r"the compiler's output .*\.tmp became a "
+                                                     r"symbolic link"):
+            _native.load(tiny / "tiny.cc")
+    assert "became a symbolic link" in _untrusted_warnings(caught)[0]
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert victim.read_text() == "secret\n"
+
+
+def test_missing_folders_above_are_made_private_under_any_umask(tiny, monkeypatch):
+    """Issue 68: under a umask of 000 the cache made a missing $XDG_CACHE_HOME (the folder
+    above its own) mode 777 and left it so.  Now each folder made for the cache is 0700 less
+    the umask; one that exists keeps its mode."""
+    monkeypatch.delenv("PENCILFFT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tiny / "home" / "xdg"))
+    (tiny / "home").mkdir(mode=0o755)
+    old = os.umask(0)
+    try:
+        assert _native.load(tiny / "tiny.cc").pencilfft_tiny() == 42
+    finally:
+        os.umask(old)
+    for folder, mode in ((tiny / "home", 0o755), (tiny / "home" / "xdg", 0o700),
+                         (tiny / "home" / "xdg" / "pencilfft", 0o700)):
+        assert stat.S_IMODE(folder.stat().st_mode) == mode, folder
 
 
 @pytest.mark.skipif(MULTI_PROCESS, reason="one process holds every device")
@@ -222,7 +329,7 @@ def meddle_then_load(*args):
             f.truncate(1000)
     else:
         library.write_bytes(open(planted, "rb").read())
-        build._record(library).write_text(build._fingerprint(library))
+        build._record(library).write_text(build._fingerprint_of(library.read_bytes()))
     return load_copy(*args)
 build._load_copy = meddle_then_load
 print(build.load(source).pencilfft_tiny())

@@ -5,11 +5,19 @@ for every (split, gather, order) the stages use and a few more, dtypes of 4 to 1
 jit, vmap and grad (its transpose is the inverse exchange); "auto" picks it in one process on
 CPUs, and then the programs hold our call and no XLA collective; the rendezvous survives
 independent exchanges in one program and runs queued back to back; the program lowered for GPUs
-is XLA's all_to_all; a device that never comes fails the exchange instead of hanging it.  The
-transforms themselves are tested with it everywhere else (it is what
-"auto" runs in the single-process step).
+is XLA's all_to_all; a device that never comes fails the exchange instead of hanging it (early
+where nothing in the process runs), one that comes after its call failed fails at once, and a
+loop of 1,000 calls that never waits for its results ends (issue 68).  The transforms themselves
+are tested with it everywhere else (it is what "auto" runs in the single-process step).
 """
 from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +26,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pencilfft
-from conftest import MULTI_PROCESS, make_mesh, put_global, random_field, reference, tol
+from conftest import (MULTI_PROCESS, clean_env, make_mesh, put_global, random_field, reference,
+                      tol)
 from pencilfft import _exchange
 from pencilfft._transforms import transpose as _transpose
 from pencilfft._exchange import local as _local_exchange
@@ -104,20 +113,136 @@ def test_independent_exchanges_and_queued_calls():
         np.testing.assert_allclose(np.asarray(kb), ref_b, rtol=0, atol=1e-3)
 
 
-def test_a_device_that_never_comes_fails_instead_of_hanging(mesh, monkeypatch):
-    """Devices at x == 0 skip the exchange (a cond on the coordinate): the others' round
-    fails after PENCILFFT_LOCAL_TIMEOUT seconds, naming who never came."""
-    monkeypatch.setenv("PENCILFFT_LOCAL_TIMEOUT", "2")  # read by the watchdog at every scan
-    def skip(v):
-        exchanged = lambda u: _local_exchange.exchange(u, "x", 4, 1, 1, (0, 1, 2, 3))  # noqa: E731
-        return jax.lax.cond(jax.lax.axis_index("x") == 0, lambda u: u, exchanged, v)
+def _skip_at_x0(v):
+    """The devices at x == 0 skip the exchange (a cond on the coordinate); the others wait."""
+    exchanged = lambda u: _local_exchange.exchange(u, "x", 4, 1, 1, (0, 1, 2, 3))  # noqa: E731
+    return jax.lax.cond(jax.lax.axis_index("x") == 0, lambda u: u, exchanged, v)
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+def test_a_device_that_never_comes_fails_instead_of_hanging(mesh, monkeypatch, busy):
+    """The others' round fails, naming who waited for whom and the likely cause: after half of
+    PENCILFFT_LOCAL_TIMEOUT while no thread of the process runs (nothing is on its way: what a
+    loop that runs too far ahead on a small machine does, see the next test), after all of it
+    while something runs (here a Python thread that spins)."""
+    monkeypatch.setenv("PENCILFFT_LOCAL_TIMEOUT", "6")  # read by the watchdog at every scan
     x = put_global(random_field((2, 16, 8, 8), np.float32), NamedSharding(mesh, P(None, "x", "y")))
-    with pytest.raises(Exception, match=r"DEADLINE_EXCEEDED: pencilfft local exchange: the devices "
-                                        r"at coordinate\(s\) 0 along the mesh axis never reached "
-                                        r"this exchange within 2 s \(PENCILFFT_LOCAL_TIMEOUT\)"):
-        np.asarray(_mapped(mesh, skip)(x))
+    call = _mapped(mesh, _skip_at_x0).lower(x).compile()
+    done = threading.Event()
+
+    def spin():
+        while not done.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin)
+    if busy:
+        spinner.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(Exception) as failure:
+            np.asarray(call(x))
+    finally:
+        done.set()
+    waited = time.monotonic() - start
+    cause = (r"which never reached this exchange within PENCILFFT_LOCAL_TIMEOUT \(6 s\)" if busy
+             else "while no thread of this process ran: those devices never started")
+    assert re.search(r"DEADLINE_EXCEEDED: pencilfft local exchange: in call -?\d+ of this "
+                     r"program \(XLA's run id\), devices \d+, \d+, \d+ \(coordinate\(s\) 1, 2, 3 "
+                     r"along the exchange's mesh axes\) waited \d+ s for the devices at "
+                     r"coordinate\(s\) 0, " + cause, str(failure.value)), str(failure.value)
+    assert "PJRT_NPROC" in str(failure.value)  # the way out of XLA's thread pool
+    assert (6 <= waited < 12) if busy else (3 <= waited < 6), waited
 
 
+# A child process: 1,000 asynchronous round trips, or a device that comes late.
+_CHILD = r"""
+import json, re, sys, time
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import pencilfft
+
+def result(start, fn):
+    try:
+        out = fn()
+    except Exception as e:  # XLA prefixes the error of every call that took a failed input
+        return {"seconds": time.monotonic() - start,
+                "error": re.sub(r"(Error dispatching computation: )+", "", str(e))}
+    return {"seconds": time.monotonic() - start, **out}
+
+def loop(calls):
+    # A brick -> brick round trip at 64^3 on a (2, 2, 2) mesh, jitted, called `calls` times
+    # without waiting for a result (as a time-stepping loop does), then the result.
+    mesh = jax.make_mesh((2, 2, 2), ("x", "y", "z"))
+    rng = np.random.default_rng(0)
+    x0 = (rng.standard_normal((64,) * 3) + 1j * rng.standard_normal((64,) * 3)).astype(np.complex64)
+    f = jax.jit(lambda a: pencilfft.ifftn(pencilfft.fftn(a)))
+    y = jax.block_until_ready(f(jax.device_put(x0, NamedSharding(mesh, P("x", "y", "z")))))
+    def run():
+        nonlocal y
+        for _ in range(calls):
+            y = f(y)
+        ref = np.fft.ifftn(np.fft.fftn(x0.astype(np.complex128)))  # numpy's round trip
+        return {"rel_err": float(np.abs(np.asarray(y) - ref).max() / np.abs(ref).max())}
+    return result(time.monotonic(), run)
+
+def late(delay):
+    # The devices at x == 0 sleep `delay` s (a host callback) before the exchange.
+    from pencilfft._exchange import local
+    from pencilfft._transforms.partitioned import with_mesh
+    mesh = jax.make_mesh((4, 2), ("x", "y"))
+    def nap(u, i):
+        if i == 0:
+            time.sleep(delay)
+        return u
+    def body(v):
+        v = jax.pure_callback(nap, jax.typeof(v), v, jax.lax.axis_index("x"))
+        return local.exchange(v, "x", 4, 1, 1, (0, 1, 2, 3))
+    spec = P(None, "x", "y")
+    f = jax.jit(jax.shard_map(with_mesh(body, mesh), mesh=mesh, in_specs=spec, out_specs=spec))
+    x = jax.device_put(np.ones((2, 16, 8, 8), np.float32), NamedSharding(mesh, spec))
+    call = f.lower(x).compile()
+    return result(time.monotonic(), lambda: {"sum": float(np.asarray(call(x)).sum())})
+
+what, arg = sys.argv[1], float(sys.argv[2])
+print("RESULT " + json.dumps(loop(int(arg)) if what == "loop" else late(arg)), flush=True)
+"""
+
+
+def _child(what: str, arg: float, timeout: float, **env: str) -> dict:
+    """`_CHILD` in a process of its own with 8 devices: its result (a hang fails the test)."""
+    done = subprocess.run([sys.executable, "-c", _CHILD, what, str(arg)], env=clean_env(8, **env),
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_a_device_that_comes_after_its_call_failed_fails_at_once():
+    """Devices at x == 0 come 4 s late, after the others gave up on them (2 s while nothing ran):
+    they fail as they come, instead of waiting in a round of their own for devices that already
+    failed (2 s more)."""
+    out = _child("late", 4, timeout=300, PENCILFFT_LOCAL_TIMEOUT="4")
+    assert re.search(r"waited \d+ s for the devices at coordinate\(s\) 0, while no thread",
+                     out.get("error", "")), out
+    assert 4 <= out["seconds"] < 5.5, out
+
+
+def test_a_thousand_asynchronous_round_trips_end_within_40_s():
+    """Issue 68: 1,000 brick round trips dispatched without waiting.  XLA's CPU client runs
+    each device's part of a call on one of max(cores, devices) threads, and a call dispatched
+    32 calls ahead of the results waits on one of them: where there are fewer than twice as
+    many cores as devices (this project's 2-core machine) the devices still to start find none.
+    XLA's own all_to_all then aborts the process after 40 s; the local exchange failed after
+    PENCILFFT_LOCAL_TIMEOUT (600 s), twice.  Now the loop completes, right (many cores, or
+    jaxlib 0.12, whose client no longer hangs), or fails after 20 s in which nothing ran,
+    saying why and the way out, within XLA's 40 s."""
+    out = _child("loop", 1000, timeout=600)
+    assert out["seconds"] < 40, out
+    if "error" in out:
+        assert "while no thread of this process ran: those devices never started" in out["error"]
+        assert "set PJRT_NPROC to at least twice the number of devices" in out["error"], out
+    else:
+        assert out["rel_err"] < 1000 * tol(np.complex64), out  # a round trip's error, 1000 times
 def test_other_platforms_lower_to_all_to_all(mesh):
     """Never chosen off CPUs, and a program lowered for GPUs does not name it."""
     f = _mapped(mesh, lambda v: _local_exchange.exchange(v, "x", 4, 3, 2, (0, 3, 1, 2)))

@@ -112,7 +112,7 @@ def test_a_sound_library_that_does_not_load_is_rebuilt(tiny):
     _native.load(tiny / "tiny.cc")
     built = _native.library_path(tiny / "tiny.cc")
     built.write_bytes(b"not a library" * 100)
-    built.with_name(built.name + ".sha256").write_text(_native._fingerprint(built))
+    built.with_name(built.name + ".sha256").write_text(_native._fingerprint_of(built.read_bytes()))
     done = _load_in_a_fresh_process(tiny)
     assert done.returncode == 0 and done.stdout.strip() == "42", done.stderr
     (line,) = _rebuild_warnings(done.stderr)

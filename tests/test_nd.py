@@ -142,6 +142,71 @@ def test_out_sharding_is_honoured(out, named):
     _close(k, np.fft.fftn(data.astype(np.complex128)))
 
 
+@pytest.mark.parametrize("auto", [False, True], ids=["explicit", "auto"])
+@pytest.mark.parametrize("where", ["devices 4-7", "reversed"])
+def test_out_sharding_on_other_devices_is_moved_there(where, auto):
+    """Issue 68: an `out_sharding` on a mesh of the same axis names and sizes but of other
+    devices (4-7 for an input on 0-3, or the same devices reversed) was ignored: the result
+    stayed on the input's devices.  Eagerly it is moved there (block by block); under jax.jit,
+    where a program runs on one set of devices, jax refuses it when it compiles, as it refuses
+    jax.device_put onto other devices there, naming pencilfft's step."""
+    devices = np.array(jax.devices()[:8])
+    kind = (AxisType.Auto if auto else AxisType.Explicit,) * 2
+    here = jax.sharding.Mesh(devices[:4].reshape(2, 2), ("x", "y"), axis_types=kind)
+    there = devices[4:] if where == "devices 4-7" else devices[:4][::-1]
+    there = jax.sharding.Mesh(there.reshape(2, 2), ("x", "y"), axis_types=kind)
+    data = random_field((8, 8, 8), np.complex64, 11)
+    a = put_global(data, NamedSharding(here, P("x", "y")))
+    target = NamedSharding(there, P(None, "x", "y"))
+    k = pencilfft.fftn(a, out_sharding=target)
+    assert k.sharding.is_equivalent_to(target, 3)
+    assert [s.device.id for s in k.addressable_shards] == [d.id for d in there.devices.flat]
+    _close(k, np.fft.fftn(data.astype(np.complex128)))
+    with pytest.raises(ValueError, match=r"incompatible devices.* \(_to_out_sharding\)"):
+        jax.jit(lambda v: pencilfft.fftn(v, out_sharding=target))(a)
+
+
+# jnp.fft's results over no axes (issue 68: rfftn and irfftn raised an IndexError): its input
+# cast (to complex; rfftn: to a real inexact dtype, half precision kept), and irfftn with
+# `s` = () crops the last axis to n // 2 + 1 as jnp does.
+NO_AXES = [("fftn", {"axes": ()}, np.float32), ("ifftn", {"axes": ()}, np.int32),
+           ("rfftn", {"axes": ()}, np.float32), ("rfftn", {"axes": ()}, np.float16),
+           ("irfftn", {"axes": ()}, np.float32), ("irfftn", {"s": ()}, np.complex64)]
+
+
+@pytest.mark.parametrize("name,kw,dtype", NO_AXES,
+                         ids=[f"{n}-{next(iter(k))}-{np.dtype(d).name}" for n, k, d in NO_AXES])
+def test_no_axes_is_jnps_result(name, kw, dtype):
+    mesh = mesh_of((4, 2), ("x", "y"))
+    data = (np.arange(8 * 4 * 6).reshape(8, 4, 6) % 7).astype(dtype)
+    want = getattr(jnp.fft, name)(data, **kw)
+    for a in (data, put_global(data, NamedSharding(mesh, P("x", "y")))):
+        got = getattr(pencilfft, name)(a, **kw)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(to_numpy(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("func", ["rfftn", "rfft2"])
+@pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
+def test_half_precision_rfftn_is_refused_as_jnp_refuses_it(func, dtype):
+    """Issue 68: rfftn of float16 or bfloat16 returned complex64 where jnp raises."""
+    data = np.ones((4, 4, 8), dtype)
+    with pytest.raises(ValueError) as jnps:
+        getattr(jnp.fft, func)(data)
+    with pytest.raises(ValueError, match=re.escape(str(jnps.value)) + r": `a` of " + func):
+        getattr(pencilfft, func)(data)
+
+
+@pytest.mark.parametrize("axes", [(), (0,), (0, 1, 2)])
+def test_the_2d_forms_take_two_axes_as_jnps(axes):
+    with pytest.raises(ValueError, match="only supports 2 axes"):
+        jnp.fft.fft2(np.ones((4, 4, 4), np.complex64), axes=axes)
+    for func in ("fft2", "irfft2"):
+        with pytest.raises(ValueError, match=rf"`axes` = {re.escape(str(axes))}: {func} "
+                                             rf"transforms 2 axes"):
+            getattr(pencilfft, func)(np.ones((4, 4, 4), np.complex64), axes=axes)
+
+
 def test_default_layouts_and_their_exchanges():
     """The layouts docs/howto/any-layout.md lists: the cheapest fully distributed one."""
     rows = [
@@ -237,6 +302,28 @@ def test_grad_vmap_jvp(auto):
     stack = put_global(np.stack([data, 2 * data]), NamedSharding(mesh, P(None, "a", "b", "c")))
     v = jax.jit(jax.vmap(pencilfft.fftn))(stack)
     _close(v, np.stack([ref, 2 * ref]))
+
+
+@pytest.mark.parametrize("auto", [False, True], ids=["explicit", "auto"])
+def test_two_meshes_in_one_jit(auto):
+    """Issue 68: a brick on a (2, 2, 2) mesh and a pencil on a (4, 2) mesh of the same devices
+    in one jax.jit.  On Explicit meshes each transform runs in shard_map on its own mesh: both
+    right.  On Auto meshes the transforms go through jax's custom_partitioning, which jax
+    lowers on one mesh per program: jax refuses it, as docs/howto/any-layout.md says (and
+    says what to do)."""
+    brick, pencil = mesh_of((2, 2, 2), ("a", "b", "c"), auto), mesh_of((4, 2), ("x", "y"), auto)
+    data = random_field((8, 8, 8), np.complex64, 12)
+    a = put_global(data, NamedSharding(brick, P("a", "b", "c")))
+    b = put_global(data, NamedSharding(pencil, P("x", "y")))
+    both = jax.jit(lambda u, v: (pencilfft.fftn(u), pencilfft.fftn(v)))
+    if auto:
+        with pytest.raises(ValueError, match="mesh should be the same across the entire program"):
+            both(a, b)
+        return
+    ref = np.fft.fftn(data.astype(np.complex128))
+    for k, mesh in zip(both(a, b), (brick, pencil)):
+        _close(k, ref)
+        assert k.sharding.mesh.shape == mesh.shape
 
 
 def test_one_device_and_numpy_inputs():

@@ -567,6 +567,15 @@ def test_complex_field_readout(dtype):
         pencilfft.readout(np.full(CAT_SHAPE, "a"), jnp.zeros(CAT_SHAPE + (3,)))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_])
+def test_a_field_of_integers_or_bools_is_refused(dtype):
+    """Issue 68: readout took an int32 or bool field (cast to float32) where painting.md says
+    any dtype but real or complex is a TypeError naming `field`; now it is, at the call."""
+    with pytest.raises(TypeError, match=rf"`field` must hold real or complex numbers .*got "
+                                        rf"dtype {np.dtype(dtype).name}"):
+        pencilfft.readout(np.ones(CAT_SHAPE, dtype), jnp.zeros(CAT_SHAPE + (3,)))
+
+
 def _advice(message):
     """The max_displacement an error message advises, or None."""
     found = re.search(r"pass max_displacement >= ([0-9.e+-]+)", message)

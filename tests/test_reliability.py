@@ -17,6 +17,7 @@ import errno
 import faulthandler
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -471,6 +472,68 @@ def test_builtin_exit_ends_the_job_and_a_threads_exit_does_not():
             in done.stderr), done.stderr
 
 
+@pytest.mark.parametrize("launcher", ["mpirun", "coordinator"])
+def test_children_of_multiprocessing_do_not_join_the_job(launcher):
+    """Issue 68: with initialize() at the top of the script, as the docs show, a spawned child
+    (or a ProcessPoolExecutor worker) ran it again: under mpirun it died starting MPI
+    (PMI_Init failed, status 15 instead of 5), and with a coordinator jax's coordination
+    service aborted the parent ("a different incarnation").  Now a child of multiprocessing
+    (spawn under mpirun, a forkserver pool with a coordinator) starts nothing; sys.exit
+    pickles (spawn's target, a pool's task); the job goes on; and a job of one process exits
+    as Python does, its atexit handlers run (it left through os._exit)."""
+    argv = [sys.executable, str(CHILD), "spawn"]
+    env = clean_env(4)
+    if launcher == "mpirun":
+        mpirun = Path(sys.executable).parent / "mpirun"
+        if not mpirun.exists():
+            pytest.skip(f"no mpirun next to {sys.executable}")
+        argv = [str(mpirun), "-np", "2", *argv]
+    else:
+        argv.append("coordinator")
+        env["PENCILFFT_TEST_COORDINATOR"] = f"127.0.0.1:{_free_port()}"
+    # A session of its own: a child left behind (a forkserver that the aborted parent left,
+    # before) holds the output open and is ended with the rest.
+    job = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        out, err = job.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        out, err = job.communicate()
+        pytest.fail(f"still running after 240 s:\n{out}\n{err}")
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    done = subprocess.CompletedProcess(argv, job.returncode, out, err)
+    reports = _reports(done.stdout)
+    ranks = sorted((r for r in reports if "rank" in r), key=lambda r: r["rank"])
+    size = 2 if launcher == "mpirun" else 1
+    assert [r["rank"] for r in ranks] == list(range(size)), done.stdout + done.stderr
+    for r in ranks:
+        assert r["count"] == size and r["total"] == new_array((4, 4, 2)).sum(), r
+    if launcher == "mpirun":  # a spawned Process(target=sys.exit, args=(5,)) on each rank
+        assert [r["spawned"] for r in ranks] == [5, 5], done.stderr[-3000:]
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:  # a forkserver pool's worker
+        (r,) = ranks
+        assert r["work"] == [False, False, 6.0], r  # jax.distributed, MPI, its own sum
+        assert r["pool_exit"] == ["SystemExit", 6], r
+        # sys.exit(3) in a job of one process: Python's own exit, atexit handlers and all
+        assert done.returncode == 3, done.stderr[-3000:]
+        assert {"atexit_ran": True} in reports, done.stdout
+        assert "ending every process" not in done.stderr, done.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_ranks_that_differ_end_the_mpi_job_naming_the_difference():
     """Issue 57: under mpirun, a rank started with JAX_ENABLE_X64=1 (float64 data planned as
     complex128 where the other rank planned complex64), or planning another global shape, hung
@@ -531,22 +594,19 @@ def test_callback_watch_ends_a_stuck_process_only(monkeypatch, capsys):
     program that goes on alone (or waits in its own code)."""
     import logging
 
-    from pencilfft._processes import launch as _distributed
+    from pencilfft._processes import callback_watch, ending
 
-    ended = []
-    monkeypatch.setattr(_distributed, "_stop_stdout_filter", lambda: None)
-    monkeypatch.setattr(_distributed, "_wait_until_read", lambda: None)
-    monkeypatch.setattr(_distributed, "_abort_job", lambda status: ended.append(status))
-    monkeypatch.setattr(_distributed.jax, "process_count", lambda: 2)
-    monkeypatch.setattr(_distributed, "_CALLBACK_GRACE_S", 0.1)
+    ended = _no_ending(monkeypatch)
+    monkeypatch.setattr(callback_watch.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(callback_watch, "GRACE_S", 0.1)
     logger = logging.getLogger("jax._src.debugging")
     seen = []
     logger.addHandler(seen_handler := logging.Handler())
     seen_handler.emit = seen.append
     try:
-        _distributed._install_callback_watch()
-        _distributed._install_callback_watch()
-        assert sum(isinstance(f, _distributed._CallbackWatch) for f in logger.filters) == 1
+        callback_watch.install()
+        callback_watch.install()
+        assert sum(isinstance(f, callback_watch._CallbackWatch) for f in logger.filters) == 1
 
         def fail():
             logger.error("jax.debug.callback failed")
@@ -568,57 +628,121 @@ def test_callback_watch_ends_a_stuck_process_only(monkeypatch, capsys):
         assert ended == [1]
     finally:
         logger.removeHandler(seen_handler)
-        _distributed._remove_callback_watch()
-    assert not any(isinstance(f, _distributed._CallbackWatch) for f in logger.filters)
+        callback_watch.remove()
+    assert not any(isinstance(f, callback_watch._CallbackWatch) for f in logger.filters)
+
+
+def _no_ending(monkeypatch) -> list[int]:
+    """What `ending` would end the job with, recorded instead (nothing is ended)."""
+    from pencilfft._processes import ending
+
+    ended = []
+    monkeypatch.setattr(ending, "stop_stdout_filter", lambda: None)
+    monkeypatch.setattr(ending, "wait_until_read", lambda timeout: None)
+    monkeypatch.setattr(ending, "abort_job", lambda status: ended.append(status))
+    return ended
 
 
 def test_sys_exit_hook_reads_the_status_only_at_the_top(monkeypatch, capsys):
-    """The wrapped sys.exit's SystemExit ends the job only when the interpreter reads its
-    code (no Python caller); caught and read by Python code, it is a plain SystemExit."""
-    from pencilfft._processes import launch as _distributed
+    """sys.exit's stand-in raises a SystemExit that ends the job only when the interpreter reads
+    its code (no Python caller), in a job of several processes; caught and read by Python
+    code, it is a plain SystemExit, as the built-in's.  It pickles (issue 68: a spawned
+    `Process(target=sys.exit)` raised AttributeError, and the abort hook ended the parent)."""
+    from pencilfft._processes import exits
 
-    ended = []
-    monkeypatch.setattr(_distributed, "_stop_stdout_filter", lambda: None)
-    monkeypatch.setattr(_distributed, "_wait_until_read", lambda: None)
-    monkeypatch.setattr(_distributed, "_abort_job", lambda status: ended.append(status))
+    ended = _no_ending(monkeypatch)
     monkeypatch.setattr(sys, "exit", sys.exit)  # both restored afterwards, whatever happens
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     member = SystemExit.__dict__["code"]
     try:
         for watched in (True, False):  # SystemExit watched, or (elsewhere) _JobExit instead
-            _distributed._remove_abort_hook()
+            exits.remove()
+            previous = sys.exit
             if not watched:
-                monkeypatch.setattr(_distributed, "_set_system_exit_code", lambda d: False)
-            _distributed._install_exit_hook()
-            wrapped = sys.exit
-            _distributed._install_exit_hook()  # once
-            assert sys.exit is wrapped and wrapped._pencilfft_exit
+                monkeypatch.setattr(exits, "_set_system_exit_code", lambda d: False)
+            exits.install_exit_watch()
+            exits.install_exit_watch()  # once
+            assert sys.exit is exits.exit
+            assert pickle.loads(pickle.dumps(sys.exit)) is sys.exit
             assert (SystemExit.__dict__["code"] is not member) == watched
             for status, code, args in ((3, 3, (3,)), (None, None, ()), ("bye", "bye", ("bye",)),
-                                       ((1, 2), (1, 2), (1, 2))):
+                                       ((1, 2), (1, 2), (1, 2)), ((), None, ()),
+                                       ((3,), 3, (3,))):
                 with pytest.raises(SystemExit) as info:
                     sys.exit(status)
                 assert info.value.code == code and info.value.args == args  # as the built-in's
                 assert (type(info.value) is SystemExit) == watched
                 with pytest.raises(SystemExit) as info:
                     raise SystemExit(status)
-                assert info.value.code == code
+                assert info.value.code == status
             assert ended == []  # read from Python: nothing ended
-            _distributed._remove_abort_hook()
-            assert sys.exit is wrapped._pencilfft_previous
+            exits.remove()
+            assert sys.exit is previous
             assert SystemExit.__dict__["code"] is member
     finally:
-        _distributed._unwatch_system_exit()
-    # As the interpreter reads it at the very end: the job ends with the status.
-    for code, status in ((3, 3), (256 + 7, 7), ("bye", 1)):
-        _distributed._end_job_on_exit(code)
+        exits._unwatch_system_exit()
+    # As the interpreter reads it at the very end, in a job of several processes: the job
+    # ends with the status Python gives.
+    monkeypatch.setattr(exits, "_job_size", lambda: 2)
+    for code, status in ((3, 3), (256 + 7, 7), ("bye", 1), (-1, 255), ((3,), 1), (2 ** 70, 255)):
+        exits._end_job_on_exit(code)
         assert ended[-1] == status
     for clean in (0, None, 256):
-        _distributed._end_job_on_exit(clean)
-    assert ended == [3, 7, 1]
+        exits._end_job_on_exit(clean)
+    assert ended == [3, 7, 1, 255, 1, 255]
     err = capsys.readouterr().err
     assert f"pencilfft: process {RANK} of {N} exits with status 3 (sys.exit)" in err
-    assert "bye\npencilfft: process" in err  # a message is printed, as Python does
+    assert "bye\npencilfft: process" in err and "(3,)\npencilfft: process" in err  # as Python
+    # A job of one process (issue 68: os._exit, atexit handlers skipped): nothing ended here,
+    # Python's own exit goes on.
+    monkeypatch.setattr(exits, "_job_size", lambda: 1)
+    exits._end_job_on_exit(3)
+    assert ended == [3, 7, 1, 255, 1, 255] and capsys.readouterr().err == ""
+
+
+# Statuses a program may exit with: None, integers (beyond a byte, negative, a bool), text,
+# tuples (Python 3.11 and 3.12 differ for (): status 1 and 0; for (3,): 1 and 3).  Each costs a
+# child that leaves through Python's own exit (0.3 s of CPU with jax imported).
+STATUSES = ["None", "3", "263", "-1", "True", "'bye'", "()", "(3,)", "(1, 2)"]
+
+
+@pytest.fixture(scope="module")
+def exits_with_hooks(tmp_path_factory) -> dict:
+    """{(status, way, job): (exit status, standard error)} of a process with the exit hooks of
+    `initialize`, for each of STATUSES, each way a program ends with it and each job (one
+    child importing pencilfft, forked per case: tests/mp/reliability_child.py statuses)."""
+    folder = tmp_path_factory.mktemp("statuses")
+    done, _ = _run([sys.executable, str(CHILD), "statuses", str(folder), *STATUSES],
+                   clean_env(1), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = _reports(done.stdout)
+    assert reports[0] == {"exit_pickles": True, "wrapped": True}, reports[0]
+    return {(STATUSES[r["i"]], r["way"], r["job"]):
+            (r["status"], (folder / f"{r['i']}-{r['way']}-{r['job']}").read_text())
+            for r in reports[1:]}
+
+
+@pytest.mark.parametrize("status", STATUSES)
+def test_exit_keeps_pythons_semantics(exits_with_hooks, status):
+    """Issue 68: the wrapped sys.exit exited 0 for sys.exit(()) (Python: prints "()", status
+    1 on 3.11) and 3 for sys.exit((3,)) (Python 3.11: 1), and a job of one process left every
+    non-zero exit through os._exit.  Now each way to exit gives what plain Python gives, on
+    this interpreter: alone, the same status and output; as one process of several, the same
+    status and output, then the line saying the job ends."""
+    from reliability_child import WAYS
+
+    for way, statement in WAYS.items():
+        plain = subprocess.run([sys.executable, "-c", statement.replace("STATUS", status)],
+                               capture_output=True, text=True, timeout=60, env=clean_env(1))
+        assert exits_with_hooks[status, way, "one"] == (plain.returncode, plain.stderr), way
+        code, err = exits_with_hooks[status, way, "several"]
+        assert code == plain.returncode, way
+        if code == 0:
+            assert err == plain.stderr == "", way
+        else:
+            assert err.startswith(plain.stderr + "pencilfft: process 0 of 2 exits with status "
+                                  f"{code} ({'sys.exit' if way == 'sys.exit' else 'SystemExit'}); "
+                                  "ending every process of the job"), (way, err)
 
 
 def _alive(pid: int) -> bool:
@@ -726,30 +850,35 @@ def test_run_sh_stops_its_step_when_stopped(tmp_path, sig):
 
 
 def test_abort_hook_prints_then_waits_then_aborts(monkeypatch, capsys):
-    from pencilfft._processes import launch as _distributed
+    from pencilfft._processes import ending, exits
 
     calls = []
-    monkeypatch.setattr(_distributed, "_wait_until_read", lambda: calls.append("wait"))
-    monkeypatch.setattr(_distributed, "_abort_job", lambda: calls.append("abort"))
+    monkeypatch.setattr(ending, "wait_until_read", lambda timeout: calls.append("wait"))
+    monkeypatch.setattr(ending, "abort_job", lambda status: calls.append(f"abort {status}"))
     # gloo's filter forwards what it holds before the launcher is waited for
-    monkeypatch.setattr(_distributed, "_stop_stdout_filter", lambda: calls.append("unfilter"))
-    hook = _distributed._make_abort_hook(lambda *a: calls.append("traceback"), 1, 2)
+    monkeypatch.setattr(ending, "stop_stdout_filter", lambda: calls.append("unfilter"))
+    hook = exits._make_abort_hook(lambda *a: calls.append("traceback"), 1, 2)
     hook(RuntimeError, RuntimeError("boom"), None)
-    assert calls == ["traceback", "unfilter", "wait", "abort"]
+    assert calls == ["traceback", "unfilter", "wait", "abort 1"]
     assert "pencilfft: uncaught RuntimeError in process 1 of 2; aborting" in capsys.readouterr().err
+    # A job of one process (issue 68): the traceback, then Python's own exit, atexit and all.
+    calls.clear()
+    exits._make_abort_hook(lambda *a: calls.append("traceback"), 0, 1)(
+        RuntimeError, RuntimeError("boom"), None)
+    assert calls == ["traceback"] and capsys.readouterr().err == ""
 
 
 def test_stop_job_says_why_then_ends_with_128_plus_the_signal(monkeypatch, capsys):
-    from pencilfft._processes import launch as _distributed
+    from pencilfft._processes import ending, signals
 
     calls = []
-    monkeypatch.setattr(_distributed, "_stop_stdout_filter", lambda: calls.append("unfilter"))
-    monkeypatch.setattr(_distributed, "_wait_until_read", lambda timeout: calls.append("wait"))
-    monkeypatch.setattr(_distributed, "_abort_job", lambda status: calls.append(status))
+    monkeypatch.setattr(ending, "stop_stdout_filter", lambda: calls.append("unfilter"))
+    monkeypatch.setattr(ending, "wait_until_read", lambda timeout: calls.append("wait"))
+    monkeypatch.setattr(ending, "abort_job", lambda status: calls.append(status))
     try:
-        _distributed._stop_job(signal.SIGTERM)
+        signals.stop_job(signal.SIGTERM)
     finally:
-        _distributed._SignalState.stopping.release()  # a real signal may still come
+        signals._SignalState.stopping.release()  # a real signal may still come
     assert calls == ["unfilter", "wait", 143]
     assert (f"pencilfft: process {RANK} of {N} received SIGTERM; ending every process of the job "
             "(exit status 143") in capsys.readouterr().err
@@ -759,7 +888,7 @@ def test_abort_waits_until_the_launcher_read_the_output():
     """The launcher kills its own forwarder with the job: the traceback's end was lost before."""
     import threading
 
-    from pencilfft._processes.launch import _wait_until_read
+    from pencilfft._processes.ending import wait_until_read
 
     read_end, write_end = os.pipe()
     try:
@@ -768,7 +897,7 @@ def test_abort_waits_until_the_launcher_read_the_output():
         reader = threading.Timer(0.3, lambda: got.append(os.read(read_end, 100)))
         start = time.monotonic()
         reader.start()
-        _wait_until_read((write_end,), timeout=20)
+        wait_until_read((write_end,), timeout=20)
         waited = time.monotonic() - start
         reader.join()
         assert got == [b"RuntimeError: boom\n"]
@@ -776,14 +905,14 @@ def test_abort_waits_until_the_launcher_read_the_output():
 
         os.write(write_end, b"nobody reads this")  # a stuck reader: give up after the timeout
         start = time.monotonic()
-        _wait_until_read((write_end,), timeout=0.3)
+        wait_until_read((write_end,), timeout=0.3)
         assert 0.25 < time.monotonic() - start < 10
     finally:
         os.close(read_end)
         os.close(write_end)
     with tempfile.TemporaryFile() as f:  # not a pipe: nothing to wait for
         start = time.monotonic()
-        _wait_until_read((f.fileno(),), timeout=20)
+        wait_until_read((f.fileno(),), timeout=20)
         assert time.monotonic() - start < 10
 
 

@@ -1,5 +1,5 @@
 // pencilfft's exchange between the CPU devices of one process (exchange="local",
-// pencilfft/_local_exchange.py).
+// pencilfft/_exchange/local.py).
 //
 // The devices of one process share its memory, yet XLA's all_to_all between them runs as
 // three passes over the block (the chunks sliced out, exchanged through per-peer buffers,
@@ -9,18 +9,26 @@
 // straight from every peer's input, chunk i of axis `split` of peer p landing at position p of
 // axis `gather`, the axes already in `order`.
 //
-// The rendezvous.  The instantiate stage makes one state per call of the compiled program
-// (XLA's thunk), shared by the devices that run the program; a call's arrivals meet there,
-// per group (the devices with the same coordinates on the other mesh axes), and are matched
-// by the device's coordinate along the axis, round after round (the k-th arrival of a device
-// belongs to round k).  The handler is asynchronous: a device that arrives returns a future at
-// once, so XLA's thread goes on with other ready work, and independent exchanges that devices
-// reach in different orders never wait for each other.  When the last device of a group
-// arrives, the copies (one task per destination device and peer) go to a pool of threads of
-// ours, one per core this process may use (`_threads.available_cores()`); when all are done
-// the futures are completed, each on a thread of its own (see `Pool`).  No device's input is
-// released before every copy that reads it is done.  A round that does not fill within PENCILFFT_LOCAL_TIMEOUT seconds
-// (default 600) fails with an error naming the devices that never came, instead of hanging.
+// The rendezvous.  The instantiate stage makes one state per exchange of the compiled program
+// (XLA's thunk), shared by every call of the program; a call's arrivals meet there, per call
+// (XLA's run id, the same on all the devices of one call) and group (the devices with the same
+// coordinates on the other mesh axes), and are matched by the device's coordinate along the
+// axis, round after round (the k-th arrival of a device in a call belongs to round k: a loop
+// may run the exchange several times).  The handler is asynchronous: a device that arrives
+// returns a future at once, so XLA's thread goes on with other ready work, and independent
+// exchanges that devices reach in different orders never wait for each other.  When the last
+// device of a group arrives, the copies (one task per destination device and peer) go to a
+// pool of threads of ours, one per core this process may use (`_threads.available_cores()`);
+// when all are done the futures are completed, each on a thread of its own (see `Pool`).  No
+// device's input is released before every copy that reads it is done.
+//
+// Never a silent wait.  A round that does not fill within PENCILFFT_LOCAL_TIMEOUT seconds
+// (default 600), or, in a one-process job, within half of that (20 s by default) in which no
+// thread of the process ran
+// (then nothing is on its way: the devices missing never started their part of the call,
+// which is what XLA's CPU client does to a loop that runs 32 calls ahead of its results on
+// fewer cores than twice its devices, `Expired`), fails with an error that says who waited for
+// whom and why; so does every other round of that call, and any device of it that comes later.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -28,6 +36,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <functional>
 #include <map>
@@ -37,6 +46,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#ifdef __linux__
+#include <sched.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -216,16 +229,22 @@ struct Round {
   std::vector<char*> out;
   std::vector<ffi::Promise> promises;
   std::vector<bool> present;
+  std::vector<int32_t> device;  // XLA's device ordinal of each coordinate that came
   int64_t arrived = 0;
   Geometry geometry;
   std::chrono::steady_clock::time_point since;
 };
 
-// One call of a compiled program (FFI state made at XLA's instantiate stage, once per thunk).
+// A round's key: the run of the program (XLA's run id, one per call of a compiled program, the
+// same on all its devices) and the group.
+using Key = std::pair<int64_t, int64_t>;
+
+// One exchange of a compiled program (FFI state made at XLA's instantiate stage, once per
+// thunk), shared by every call of that program.
 struct Instance {
   static ffi::TypeId id;  // given by XLA when Python registers the type
   std::mutex mutex;
-  std::map<int64_t, std::deque<Round>> groups;  // group -> rounds not yet full, oldest first
+  std::map<Key, std::deque<Round>> rounds;  // rounds not yet full, oldest first
   Instance();
   ~Instance();
 };
@@ -238,45 +257,179 @@ std::set<Instance*>& registry() {
   return *r;
 }
 
-double Timeout() {
-  const char* text = std::getenv("PENCILFFT_LOCAL_TIMEOUT");
-  const double value = text ? std::atof(text) : 0.0;
-  return value > 0 ? value : 600.0;
+// The runs whose rounds failed lately, and why: a device of such a run that arrives afterwards
+// (it started late, or its peers gave up before it came) fails at once instead of waiting for
+// peers that will never come.  A run id names one call of one program; two programs' ids meet
+// only by chance, so a failure is remembered briefly (`kFailedKeep`: late devices come as soon
+// as the failure frees XLA's threads) and only the newest few.
+constexpr size_t kFailedRuns = 64;
+constexpr double kFailedKeep = 120.0;  // seconds
+struct FailedRunRecord {
+  int64_t run;
+  std::string why;
+  std::chrono::steady_clock::time_point when;
+};
+std::mutex failed_mutex;
+std::atomic<bool> any_failed{false};  // the fast path of every arrival: nothing ever failed
+std::deque<FailedRunRecord>& failed_runs() {
+  static auto* f = new std::deque<FailedRunRecord>();
+  return *f;
 }
 
+bool FailedRun(int64_t run, std::string* why) {
+  if (!any_failed.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(failed_mutex);
+  const auto now = std::chrono::steady_clock::now();
+  while (!failed_runs().empty() &&
+         std::chrono::duration<double>(now - failed_runs().front().when).count() > kFailedKeep)
+    failed_runs().pop_front();
+  for (const FailedRunRecord& record : failed_runs()) {
+    if (record.run == run) {
+      *why = record.why;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether this process is the whole job (set by Python at lowering, `_exchange.local`): only
+// then can "no thread of this process runs" mean that the missing devices will never come
+// (in a job of several processes they may be waiting, idle, for another process).
+std::atomic<int> job_processes{0};  // 0: not told yet
+
+// How long a round may wait: PENCILFFT_LOCAL_TIMEOUT seconds (600 when unset), and, in a
+// one-process job, while no thread of this process runs, half of that (20 s when unset: XLA's
+// own collectives on CPUs say they may be stuck after 20 s).  A device that waits for something
+// outside the process (a host callback that sleeps or reads a slow disk) looks idle too: a
+// larger PENCILFFT_LOCAL_TIMEOUT lets it.
+struct Limits {
+  double any, idle;
+};
+
+Limits Timeouts() {
+  const char* text = std::getenv("PENCILFFT_LOCAL_TIMEOUT");
+  const double value = text ? std::atof(text) : 0.0;
+  return value > 0 ? Limits{value, value / 2} : Limits{600.0, 20.0};
+}
+
+double ProcessCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+int Cores() {  // the cores this process may run on
+#ifdef __linux__
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+#endif
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+std::string Join(const std::vector<int64_t>& values) {
+  std::string out;
+  for (int64_t v : values) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return out;
+}
+
+// Why a round failed, for its devices: who waited, for whom, how long, and the likely cause.
+std::string Expired(int64_t run, const Round& round, double waited, bool idle, double limit) {
+  std::vector<int64_t> missing, came, devices;
+  for (size_t i = 0; i < round.present.size(); ++i) {
+    (round.present[i] ? came : missing).push_back(static_cast<int64_t>(i));
+    if (round.present[i]) devices.push_back(round.device[i]);
+  }
+  std::string text = "pencilfft local exchange: in call " + std::to_string(run) +
+                     " of this program (XLA's run id), devices " + Join(devices) +
+                     " (coordinate(s) " + Join(came) +
+                     " along the exchange's mesh axes) waited " +
+                     std::to_string(static_cast<int>(waited)) +
+                     " s for the devices at coordinate(s) " + Join(missing) + ", ";
+  text += idle ? "while no thread of this process ran: those devices never started their part "
+                 "of this call, or stopped before this exchange (a failed or skipped branch), "
+                 "or wait for something outside this process (a host callback: "
+                 "PENCILFFT_LOCAL_TIMEOUT=T lets them take T/2 s). "
+               : "which never reached this exchange within PENCILFFT_LOCAL_TIMEOUT (" +
+                     std::to_string(static_cast<int>(limit)) +
+                     " s): did their part of this call fail, take another branch, or never "
+                     "start? ";
+  text += "A part that never starts is XLA's CPU client's doing, not this exchange's: it runs "
+          "each device's part of a call on one of max(cores, devices) threads (this process "
+          "may use " + std::to_string(Cores()) +
+          " cores), and a call dispatched while 32 before it are unfinished waits on one of "
+          "those threads, so a loop that never waits for its results can hold them all while "
+          "parts still wait to start, wherever there are fewer than twice as many cores as "
+          "devices (jax's own collectives hang the same way). Wait for a result every 10 calls "
+          "or so (jax.block_until_ready), or set PJRT_NPROC to at least twice the number of "
+          "devices before jax starts.";
+  return text;
+}
+
+// Rounds that waited too long fail (their devices get the reason), and so does every other
+// round of their run: the run cannot complete once some of its devices have failed.
 void Watch() {
+  using Clock = std::chrono::steady_clock;
+  auto last = Clock::now();
+  double last_cpu = ProcessCpuSeconds();
+  double idle_for = 0.0;  // seconds in a row in which no thread of this process ran
   for (;;) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    const auto now = std::chrono::steady_clock::now();
-    const double limit = Timeout();
-    std::vector<Round> expired;
+    const auto now = Clock::now();
+    const double cpu = ProcessCpuSeconds();
+    const double step = std::chrono::duration<double>(now - last).count();
+    // Idle: less than 1% of a core used.  A step much longer than the 1 s slept (the process
+    // was stopped, or starved) says nothing about the missing devices: start again.
+    idle_for = (step < 3.0 && cpu - last_cpu < 0.01 * step) ? idle_for + step : 0.0;
+    last = now;
+    last_cpu = cpu;
+    const auto [limit, idle_limit] = Timeouts();
+    const bool one_process = job_processes.load() == 1;
+    std::vector<std::pair<int64_t, Round>> expired;
     {
       std::lock_guard<std::mutex> lock(registry_mutex);
+      std::vector<std::pair<int64_t, std::string>> failing;  // runs failed in this scan
       for (Instance* instance : registry()) {
         std::lock_guard<std::mutex> inner(instance->mutex);
-        for (auto& [group, rounds] : instance->groups) {
-          while (!rounds.empty() &&
-                 std::chrono::duration<double>(now - rounds.front().since).count() > limit) {
-            expired.push_back(std::move(rounds.front()));
-            rounds.pop_front();
+        for (auto& [key, rounds] : instance->rounds) {
+          for (const Round& round : rounds) {
+            const double waited = std::chrono::duration<double>(now - round.since).count();
+            const bool idle = one_process && idle_for >= idle_limit && waited >= idle_limit;
+            if (waited > limit || idle) {
+              failing.emplace_back(key.first, Expired(key.first, round, waited, idle, limit));
+              break;
+            }
           }
         }
       }
+      for (auto& [run, why] : failing) {
+        std::string known;
+        if (FailedRun(run, &known)) continue;
+        std::lock_guard<std::mutex> failed(failed_mutex);
+        failed_runs().push_back({run, std::move(why), now});
+        if (failed_runs().size() > kFailedRuns) failed_runs().pop_front();
+        any_failed.store(true, std::memory_order_release);
+      }
+      // Every waiting round of a failed run goes (those of runs failed before too: a device
+      // that arrived while its run was being failed).
+      for (Instance* instance : registry()) {
+        std::lock_guard<std::mutex> inner(instance->mutex);
+        for (auto it = instance->rounds.begin(); it != instance->rounds.end();) {
+          std::string why;
+          if (!FailedRun(it->first.first, &why)) {
+            ++it;
+            continue;
+          }
+          for (Round& round : it->second) expired.emplace_back(it->first.first, std::move(round));
+          it = instance->rounds.erase(it);
+        }
+      }
     }
-    for (Round& round : expired) {
-      std::string missing;
-      for (size_t i = 0; i < round.present.size(); ++i)
-        if (!round.present[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+    for (auto& [run, round] : expired) {
+      std::string why;
+      FailedRun(run, &why);
       for (size_t i = 0; i < round.present.size(); ++i) {
-        if (!round.present[i]) continue;
-        round.promises[i].SetError(ffi::Error(
-            ffi::ErrorCode::kDeadlineExceeded,
-            "pencilfft local exchange: the devices at coordinate(s) " + missing +
-                " along the mesh axis never reached this exchange within " +
-                std::to_string(static_cast<int>(limit)) +
-                " s (PENCILFFT_LOCAL_TIMEOUT); did their program fail, or were programs "
-                "dispatched from two Python threads at once (jax's CPU collectives and this "
-                "exchange need one dispatching thread)?"));
+        if (round.present[i])
+          round.promises[i].SetError(ffi::Error(ffi::ErrorCode::kDeadlineExceeded, why));
       }
     }
   }
@@ -352,16 +505,26 @@ std::string Start(const ffi::AnyBuffer& x, ffi::Result<ffi::AnyBuffer>& y,
   return "";
 }
 
-// One device's arrival at its group's first round it has not joined yet; the last one to
-// arrive dispatches the round's copies.
+// One device's arrival at the first round of its group in this call (`run`) that it has not
+// joined yet (a call may run an exchange several times, in a loop); the last one to arrive
+// dispatches the round's copies.  A device of a call whose rounds failed fails at once.
 ffi::Future Arrive(Instance* instance, const ffi::AnyBuffer& x, ffi::Result<ffi::AnyBuffer>& y,
-                   int64_t n, int64_t pos, int64_t group, Geometry g, int64_t threads) {
+                   int64_t n, int64_t pos, int64_t group, Geometry g, int64_t threads,
+                   int64_t run, int32_t device) {
+  if (std::string why; FailedRun(run, &why)) {
+    ffi::Promise promise;
+    promise.SetError(ffi::Error(
+        ffi::ErrorCode::kDeadlineExceeded,
+        "pencilfft local exchange: device " + std::to_string(device) +
+            " came to this exchange after the other devices of its call had given up: " + why));
+    return ffi::Future(promise);
+  }
   ffi::Promise promise;
   ffi::Future future(promise);
   std::shared_ptr<Round> full;
   {
     std::lock_guard<std::mutex> lock(instance->mutex);
-    auto& rounds = instance->groups[group];
+    auto& rounds = instance->rounds[Key{run, group}];
     auto it = rounds.begin();
     while (it != rounds.end() && it->present[pos]) ++it;
     if (it == rounds.end()) {
@@ -370,6 +533,7 @@ ffi::Future Arrive(Instance* instance, const ffi::AnyBuffer& x, ffi::Result<ffi:
       fresh.out.assign(n, nullptr);
       fresh.promises.resize(n);
       fresh.present.assign(n, false);
+      fresh.device.assign(n, -1);
       fresh.geometry = std::move(g);
       fresh.since = std::chrono::steady_clock::now();
       rounds.push_back(std::move(fresh));
@@ -379,18 +543,21 @@ ffi::Future Arrive(Instance* instance, const ffi::AnyBuffer& x, ffi::Result<ffi:
     it->out[pos] = static_cast<char*>(y->untyped_data());
     it->promises[pos] = promise;
     it->present[pos] = true;
+    it->device[pos] = device;
     if (++it->arrived == n) {  // the first round not yet full: this one, the front
       full = std::make_shared<Round>(std::move(*it));
       rounds.erase(it);
+      if (rounds.empty()) instance->rounds.erase(Key{run, group});
     }
   }
   if (full) Dispatch(std::move(full), static_cast<int>(std::max<int64_t>(threads, 1)));
   return future;
 }
 
-ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
-                     ffi::Result<ffi::AnyBuffer> y, int64_t n, int64_t split, int64_t gather,
-                     ffi::Span<const int64_t> order, int64_t threads) {
+ffi::Future Exchange(Instance* instance, ffi::RunId run, int32_t device, ffi::AnyBuffer x,
+                     ffi::Buffer<ffi::S32> where, ffi::Result<ffi::AnyBuffer> y, int64_t n,
+                     int64_t split, int64_t gather, ffi::Span<const int64_t> order,
+                     int64_t threads) {
   const auto shape = x.dimensions();
   const int rank = static_cast<int>(shape.size());
   if (rank < 1 || rank > kMaxRank || static_cast<int>(order.size()) != rank || n < 1 ||
@@ -421,15 +588,16 @@ ffi::Future Exchange(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32>
   g.src_chunk = g.dims[split] * g.src[split];
   g.dst_peer = g.dims[gather] * g.dst[gather];
 
-  return Arrive(instance, x, y, n, pos, group, std::move(g), threads);
+  return Arrive(instance, x, y, n, pos, group, std::move(g), threads, run.run_id, device);
 }
 
 // Several exchanges in one pass (`_exchange.local.reshard`): the devices of a group (those
 // with the same coordinates on the mesh axes the exchanges leave alone) trade the boxes of
 // their blocks that `table` names; `src_strides`/`dst_strides`: the blocks' strides of each
 // global axis, the order `table`'s dims are in.
-ffi::Future Reshard(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
-                    ffi::Result<ffi::AnyBuffer> y, int64_t n, ffi::Span<const int64_t> table,
+ffi::Future Reshard(Instance* instance, ffi::RunId run, int32_t device, ffi::AnyBuffer x,
+                    ffi::Buffer<ffi::S32> where, ffi::Result<ffi::AnyBuffer> y, int64_t n,
+                    ffi::Span<const int64_t> table,
                     ffi::Span<const int64_t> src_strides, ffi::Span<const int64_t> dst_strides,
                     int64_t threads) {
   const int rank = static_cast<int>(src_strides.size());
@@ -460,7 +628,7 @@ ffi::Future Reshard(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> 
     g.dst[k] = dst_strides[k];
   }
   g.table.assign(table.begin(), table.end());
-  return Arrive(instance, x, y, n, pos, group, std::move(g), threads);
+  return Arrive(instance, x, y, n, pos, group, std::move(g), threads, run.run_id, device);
 }
 
 }  // namespace
@@ -470,6 +638,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftLocalInstantiate, Instantiate, ffi::Ffi::
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftLocalExchange, Exchange,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::State<Instance>>()
+                                  .Ctx<ffi::RunId>()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
@@ -482,6 +652,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftLocalExchange, Exchange,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftLocalReshard, Reshard,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::State<Instance>>()
+                                  .Ctx<ffi::RunId>()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
@@ -497,3 +669,6 @@ static XLA_FFI_TypeInfo instance_type_info = {XLA_FFI_TypeInfo_STRUCT_SIZE, null
                                               DeleteInstance};
 extern "C" void* pencilfft_local_instance_type_id() { return &Instance::id; }
 extern "C" void* pencilfft_local_instance_type_info() { return &instance_type_info; }
+// How many processes the job has (`_exchange.local`, at every lowering: jax's count is fixed once
+// its backend is up).
+extern "C" void pencilfft_local_job(int processes) { job_processes.store(processes); }

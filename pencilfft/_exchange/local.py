@@ -17,6 +17,15 @@ CPUs).
 A run of these exchanges with nothing between them (an N-D route's) is one pass too:
 `reshard`, the same rendezvous with a table of boxes instead of one chunk per peer.
 
+The devices of one call meet by XLA's run id, and never wait in silence (`local.cc`): a round
+that some device never reaches fails after PENCILFFT_LOCAL_TIMEOUT seconds (600 by default),
+or in a one-process job after half of that (20 s by default) in which no thread of the process
+ran, saying which devices waited for which, and why that happens: XLA's CPU client runs each
+device's part of a call on one of max(cores, devices) threads, and a call dispatched 32 calls
+ahead of the results waits on one of them, so a loop that never waits for its results can hold
+every thread while some devices of an earlier call have not started (issue 68; XLA's own
+all_to_all hangs the same way, and aborts the process after 40 s).
+
 "auto" takes it on CPUs when the job is one process (every device of every exchange is then
 in this process) and a C++ compiler is found; a compiler that fails warns once and leaves
 XLA's collectives.  The plain install never needs a compiler.
@@ -36,7 +45,7 @@ from jax.interpreters import batching, mlir
 from .._native import build as _native, malloc as _malloc, threads as _threads
 from ._common import coordinates, def_linear, traced_mesh, within_processes
 
-__all__ = ["auto", "build_failure", "exchange", "unavailable_reason", "TARGET"]
+__all__ = ["auto", "build_failure", "exchange", "ready_to_lower", "unavailable_reason", "TARGET"]
 
 TARGET = "pencilfft_local_exchange"
 RESHARD_TARGET = "pencilfft_local_reshard"  # several exchanges in one pass (`reshard`)
@@ -138,12 +147,22 @@ def _batch(args, dims, *, n, split, gather, order, axis_name):
                            order=(0, *(ax + 1 for ax in order)), axis_name=axis_name), 0
 
 
-def _cpu_lowering(ctx, x, where, *, n, split, gather, order, axis_name):
-    del axis_name
+def ready_to_lower() -> None:
+    """What both custom calls' CPU lowerings do first: refuse if the handler cannot run, tell
+    the handler how many processes the job has (only in a one-process job does "no thread of
+    this process runs" mean that missing devices are not on their way: its watchdog then fails
+    a round after half of PENCILFFT_LOCAL_TIMEOUT, 20 s by default, see `local.cc`), and set up
+    glibc's malloc (`_malloc`)."""
     why = unavailable_reason(None, "cpu")
     if why is not None:
         raise ValueError(f"`exchange`='local' cannot run here: {why}")
+    _library().pencilfft_local_job(jax.process_count())  # fixed once jax's backend is up
     _malloc.configure()  # glibc keeps freed memory: fresh blocks do not fault (`_malloc`)
+
+
+def _cpu_lowering(ctx, x, where, *, n, split, gather, order, axis_name):
+    del axis_name
+    ready_to_lower()
     # threads: the copying pool's size, every core of the process (one round is all devices')
     return jax.ffi.ffi_lowering(TARGET)(  # a pure map: XLA may merge or drop it
         ctx, x, where, n=np.int64(n), split=np.int64(split), gather=np.int64(gather),

@@ -25,7 +25,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from .._native import malloc as _malloc, threads as _threads
+from .._native import threads as _threads
 from . import local
 from ._common import coordinates, def_linear, traced_mesh, within_processes
 
@@ -157,10 +157,7 @@ def _batch(args, dims, *, sizes, moved, in_spec, in_perm, out_spec, out_perm, st
 
 def _cpu_lowering(ctx, x, where, *, sizes, moved, in_spec, in_perm, out_spec, out_perm, steps):
     del steps
-    why = local.unavailable_reason(None, "cpu")
-    if why is not None:
-        raise ValueError(f"`exchange`='local' cannot run here: {why}")
-    _malloc.configure()
+    local.ready_to_lower()
     n, rows, src, dst = table(ctx.avals_in[0].shape, sizes, moved, in_spec, in_perm,
                                  out_spec, out_perm)
     return jax.ffi.ffi_lowering(RESHARD_TARGET)(

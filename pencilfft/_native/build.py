@@ -10,10 +10,13 @@ built once per machine and environment, not once per process: the ranks of an mp
 start together build it once under a file lock, and the others wait for it.
 
 Only a cache that this user alone can write is used (`trust`: ssh's and pip's rule): a folder
-or file owned by another user (root excepted) or writable by its group or others, or in a folder
-others can write without the sticky bit, is never loaded from; one warning, and the handlers go
-to a private folder instead (issue 57: a library planted in a folder of mode 777 ran inside
-root's process).  The default folder is this user's, made 0700.
+or file owned by another user (root excepted) or writable by its group or others (by its mode
+or its ACL), or in a folder others can write without the sticky bit, is never loaded from; one
+warning, and the handlers go to a private folder instead (issue 57: a library planted in a
+folder of mode 777 ran inside root's process).  The default folder is this user's, made 0700,
+and so is each folder above it that is made for it.  What a build writes is never reached
+through a symbolic link: its mode is changed through the descriptor it was opened with, and it
+is moved into place only while it is the file that was checked.
 
 A cached library is checked before it is loaded: each build writes, beside the library, its
 size and sha256 (`<library>.sha256`), and a library that does not match them (cut short by a
@@ -210,10 +213,6 @@ def _record(library: pathlib.Path) -> pathlib.Path:
     return library.with_name(library.name + ".sha256")
 
 
-def _fingerprint(path: pathlib.Path) -> str:
-    return _fingerprint_of(path.read_bytes())
-
-
 def _fingerprint_of(data: bytes) -> str:
     return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
 
@@ -229,7 +228,7 @@ def _open_trusted(path: pathlib.Path, flags: int, what: str) -> tuple[int, os.st
             raise trust.Untrusted(f"{what} {path} is a symbolic link") from e
         raise
     st = os.fstat(fd)
-    why = trust.file_problem(st, what)
+    why = trust.file_problem(st, what, fd)
     if why is not None:
         os.close(fd)
         raise trust.Untrusted(f"{why}: {path} ({trust.owner_and_mode(st)})")
@@ -316,11 +315,25 @@ def _private(configured: pathlib.Path, avoid: pathlib.Path | None, why: str) -> 
     return private
 
 
+def _make_folders(folder: pathlib.Path) -> None:
+    """`folder` and each missing folder above it, made 0700 less the umask: never wider, where
+    pathlib's `parents=True` made those above 0777 less the umask (under a umask of 000, a
+    $XDG_CACHE_HOME that anyone could write, and so replace the cache in: issue 68).  A folder
+    that exists is left as it is."""
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except FileNotFoundError:
+        if folder.parent == folder:
+            raise
+        _make_folders(folder.parent)
+        folder.mkdir(mode=0o700, exist_ok=True)
+
+
 def _trusted_folder(configured: pathlib.Path) -> pathlib.Path:
-    """The real path of the cache folder, made 0700 if it is missing, when it follows the rule
-    (`trust`); else a private folder, after one warning."""
+    """The real path of the cache folder, made 0700 if it is missing (and each folder above it
+    that is), when it follows the rule (`trust`); else a private folder, after one warning."""
     with _cache_errors(configured):
-        configured.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _make_folders(configured)
         # the real path from here on: a symbolic link swapped after the check cannot redirect
         real = pathlib.Path(os.path.realpath(configured))
         why = trust.folder_problem(real)
@@ -473,7 +486,13 @@ def _build(command: list[str], output: pathlib.Path, origin: str = "") -> None:
     """Compile into a temporary file, record its size and sha256, then move both into place
     (the library first: a reader that sees the new library with the old record finds them
     apart and waits for the lock, which this build holds).  Neither is left writable by the
-    group or others (a umask of 002 would), which `trust` would refuse."""
+    group or others (a umask of 002 would), which `trust` would refuse.
+
+    The compiler's output is opened once, never through a symbolic link: its mode is changed
+    (`fchmod`) and its bytes recorded through that descriptor, and it is moved into place only
+    while it is still that file.  A link or a file of another user there means someone else
+    writes the folder (issue 68: a link swapped in for it made os.chmod open up the root-only
+    file it pointed at): `trust.Untrusted`, and `load` goes to a private folder."""
     tmp = output.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)  # a killed build's leftover must not pass for this one's output
     try:
@@ -483,17 +502,37 @@ def _build(command: list[str], output: pathlib.Path, origin: str = "") -> None:
     if done.returncode:
         raise BuildError(f"{shlex.join(command)} failed ({done.returncode}{origin}):\n"
                          f"{done.stderr.strip()[-4000:]}")
-    if not tmp.is_file():  # not a compiler at all (PENCILFFT_CXX=true, say)
+    try:
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:  # not a compiler at all (PENCILFFT_CXX=true, say)
         raise BuildError(f"{shlex.join(command)} succeeded but wrote no {tmp} (is {command[0]!r} "
-                         f"a C++ compiler?{origin})")
-    os.chmod(tmp, stat.S_IMODE(os.lstat(tmp).st_mode) & ~0o022)
+                         f"a C++ compiler?{origin})") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise trust.Untrusted(f"the compiler's output {tmp} became a symbolic link: someone "
+                                  f"else writes the cache folder") from e
+        raise
+    with os.fdopen(fd, "rb") as f:
+        built = os.fstat(fd)
+        if built.st_uid != os.geteuid():
+            raise trust.Untrusted(f"the compiler's output {tmp} is not this user's "
+                                  f"({trust.owner_and_mode(built)}): someone else writes the "
+                                  f"cache folder")
+        if not stat.S_ISREG(built.st_mode):
+            raise BuildError(f"{shlex.join(command)} wrote {tmp}, which is not a regular file")
+        os.fchmod(fd, stat.S_IMODE(built.st_mode) & ~0o022)
+        fingerprint = _fingerprint_of(f.read())
     record = _record(output)
     record_tmp = record.with_name(record.name + ".tmp")
     record_tmp.unlink(missing_ok=True)
     fd = os.open(record_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o644)
     with os.fdopen(fd, "w") as f:
-        f.write(_fingerprint(tmp) + "\n")
+        f.write(fingerprint + "\n")
+    now = os.lstat(tmp)
+    if (now.st_dev, now.st_ino) != (built.st_dev, built.st_ino):
+        raise trust.Untrusted(f"the compiler's output {tmp} was replaced while it was recorded: "
+                              f"someone else writes the cache folder")
     os.replace(tmp, output)  # atomic: a reader never sees half a library
     os.replace(record_tmp, record)
 

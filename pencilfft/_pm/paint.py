@@ -347,9 +347,10 @@ def _check_field(field, grid) -> None:
         within = "" if grid is None else f" with (X, Y, Z) = {grid} (dx's lattice)"
         raise ValueError(f"`field` must have shape (..., X, Y, Z){within}; got shape "
                          f"{tuple(field.shape)}")
-    if not (jnp.issubdtype(field.dtype, jnp.number) or jnp.issubdtype(field.dtype, jnp.bool_)):
-        raise TypeError(f"`field` must hold real or complex numbers (read in the precision of "
-                        f"the positions or better); got dtype {field.dtype}")
+    if not jnp.issubdtype(field.dtype, jnp.inexact):  # integers and bools too: no cast
+        raise TypeError(f"`field` must hold real or complex numbers (a floating or complex "
+                        f"dtype, read in the precision of the positions or better); got dtype "
+                        f"{field.dtype}")
 
 
 def _mesh_for(x, mesh):
@@ -710,7 +711,8 @@ def readout(field, dx, window: str = "cic", *, max_displacement: float | None = 
       field: global shape (..., X, Y, Z), split like a real-space field over (X, Y) (a brick:
         over (X, Y, Z)); leading
         axes are channels (e.g. the 3 force components), read with the same weights.  Real or
-        complex (readout is linear: the real and imaginary parts are read alike).
+        complex (readout is linear: the real and imaginary parts are read alike); any other
+        dtype (integers, bools) is a TypeError naming `field`.
       dx: displacements (X, Y, Z, 3), as in `paint`.
       window, max_displacement, mesh: as in `paint`.
 

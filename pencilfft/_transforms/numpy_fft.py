@@ -25,13 +25,14 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import _exchange
 from .._jax_private import is_traced_argument
 from .._processes import agree
 from .._decomposition.mesh import find_mesh, has_explicit_axes, is_tracer, typed_mesh
 from .partitioned import LinearOp, apply, place, with_mesh
+from .fft import agree_on, array_arguments
 from .plan import NORMS, fft_dtype, float_dtype, platform_of, check_chunks
 from .budget import check_route
 from .routes import Problem, find_route, largest_bytes, out_stored, spec_text
@@ -102,6 +103,26 @@ def _check_norm(norm) -> str:
     if norm not in NORMS:
         raise ValueError(f"`norm` must be None or one of {NORMS}; got {norm!r}")
     return norm
+
+
+_HALF = (np.dtype(np.float16), np.dtype(jnp.bfloat16))
+
+
+def _untransformed(shape, s, inverse, caller, norm, dtype, exchange) -> Call:
+    """The call of a transform over no axes (`axes` = ()): jnp.fft's result, which transforms
+    nothing but casts (fftn, ifftn, irfftn: to complex; rfftn: to a real inexact dtype, half
+    precision kept) and, for irfftn with `s` = (), crops the last axis to n // 2 + 1 as if it
+    were the half axis.  Its dtype and shape are jnp's own (`jax.eval_shape` of the jnp call);
+    the data are moved as a transform of no axes moves them (`Call` "c2c")."""
+    jnp_fft = getattr(jnp.fft, caller)
+    out = jax.eval_shape(lambda v: jnp_fft(v, s=s, axes=(), norm=norm),
+                         jax.ShapeDtypeStruct(shape, dtype))
+    if 0 in shape:
+        raise ValueError(f"`a` has a zero-length axis (shape {shape})")
+    if out.shape != shape:  # the crop of irfftn's `s` = (): the input is sliced first
+        shape = tuple(out.shape)
+    return Call(shape, (), "c2c", inverse, shape, shape, norm, np.dtype(out.dtype),
+                np.dtype(out.dtype), exchange)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,12 +240,25 @@ class Call:
 def _call(a, s, axes, norm, kind, inverse, caller, default_axes, exchange) -> Call:
     shape = tuple(np.shape(a))
     axes, s = _axes_and_s(shape, s, axes, default_axes, caller)
+    if default_axes is _last_two and len(axes) != 2:
+        raise ValueError(f"`axes` = {axes}: {caller} transforms 2 axes, as jnp.fft.{caller} "
+                         f"(which only supports 2 axes); use {caller[:-1]}n for any other number")
     norm = _check_norm(norm)
     dtype = np.dtype(a.dtype)
     cdtype = fft_dtype(dtype, "a")
     if kind == "r2c" and np.issubdtype(dtype, np.complexfloating):
         raise TypeError(f"`a` must be real for {caller} (jnp.fft.{caller} takes real input); "
                         f"got dtype {dtype}")
+    if exchange not in _exchange.EXCHANGES:
+        raise ValueError(f"`exchange` must be one of {_exchange.EXCHANGES}; got {exchange!r}")
+    if not axes:
+        return _untransformed(shape, s, inverse, caller, norm, dtype, exchange)
+    if kind == "r2c" and dtype in _HALF:
+        # jnp's own words first (its ValueError, from XLA's real-to-complex FFT); integers and
+        # bools are cast to float32 as jnp casts them, half precision is not.
+        raise ValueError(f"RFFT input must be float32 or float64, got {dtype}: `a` of "
+                         f"{caller}, as jnp.fft.{caller} refuses it; cast it first, e.g. "
+                         f"a.astype(np.float32)")
     fit = list(shape)
     after = list(shape)
     for k, i in enumerate(axes):
@@ -243,8 +277,6 @@ def _call(a, s, axes, norm, kind, inverse, caller, default_axes, exchange) -> Ca
         raise ValueError(f"`a` has a zero-length axis (shape {shape})")
     in_dtype = float_dtype(cdtype) if kind == "r2c" else cdtype
     out_dtype = float_dtype(cdtype) if kind == "c2r" else cdtype
-    if exchange not in _exchange.EXCHANGES:
-        raise ValueError(f"`exchange` must be one of {_exchange.EXCHANGES}; got {exchange!r}")
     return Call(shape, axes, kind, inverse, tuple(fit), tuple(after), norm, np.dtype(in_dtype),
                 np.dtype(out_dtype), exchange)
 
@@ -431,26 +463,44 @@ class RouteOp(LinearOp):
 def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, inverse,
                caller, default_axes):
     a = _array(a, caller)
+    given = {"s": s, "axes": axes, "norm": norm, "out_sharding": out_sharding,
+             "exchange": exchange, "chunks": chunks}
     chunks = check_chunks(chunks)
     if mesh is not None and not hasattr(mesh, "axis_names"):
         raise TypeError(f"`mesh` must be a jax.sharding.Mesh; got {type(mesh).__name__}")
     call = _call(a, s, axes, norm, kind, inverse, caller, default_axes, exchange)
     found, in_spec, compiler = _input_layout(a, mesh)
+    user_a = a
+
+    def arguments(where) -> dict:
+        """What the user gave, by the names the user knows (where processes differ)."""
+        return {"function": f"pencilfft.{caller}", **array_arguments(user_a, "a"), **given,
+                "mesh": where}
+
+    if call.shape != tuple(np.shape(a)):  # irfftn's `s` = () over no axes: jnp's crop
+        a = a[..., :call.shape[-1]]
     if compiler:
         if out_sharding is not None and not isinstance(out_sharding, (P, NamedSharding)):
             _target(out_sharding, None, len(call.shape), {})
-        given = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
-        y = apply(RouteOp(call, given, chunks=1 if chunks == "auto" else chunks),
+        given_spec = out_sharding.spec if isinstance(out_sharding, NamedSharding) else out_sharding
+        typed = typed_mesh(a)
+        where = found if found is not None else typed
+        if agree.spans_processes(where):  # once per trace: the partitioner plans the route
+            agree_on(where, f"{caller} of a {call.shape} array", arguments(where),
+                     {**agree.plan_decisions(call, a), "mesh": where,
+                      "out_sharding": out_sharding, "chunks": chunks})
+        y = apply(RouteOp(call, given_spec, chunks=1 if chunks == "auto" else chunks),
                   a.astype(call.in_dtype))
-        if given is not None:  # the partitioner hands this sharding to the op's result
-            typed = typed_mesh(a) if not isinstance(out_sharding, NamedSharding) else None
-            sharding = out_sharding if typed is None else NamedSharding(typed, given)
-            y = jax.lax.with_sharding_constraint(y, sharding)
+        if given_spec is not None:  # the partitioner hands this sharding to the op's result
+            if isinstance(out_sharding, NamedSharding) or typed is None:
+                return _to_out_sharding(y, out_sharding)
+            return _to_out_sharding(y, NamedSharding(typed, given_spec))
         return y
     if found is None:
         _target(out_sharding, None, len(call.shape), {})
         chunks = _check_memory(call, None, None, None, a, caller, chunks)
-        return _one_device(jnp.asarray(a), call=call, chunks=chunks)
+        y = _one_device(jnp.asarray(a), call=call, chunks=chunks)
+        return y if out_sharding is None else _to_out_sharding(y, out_sharding)
     mesh = found
     sizes = dict(mesh.shape)
     target, target_given = _target(out_sharding, mesh, len(call.shape), sizes)
@@ -458,19 +508,58 @@ def _transform(a, s, axes, norm, out_sharding, mesh, exchange, chunks, *, kind, 
         raise ValueError("internal: no input layout")
     _spec_tuple(in_spec, len(call.shape), sizes, "a.sharding")
     in_spec = P(*tuple(in_spec))
-    if not is_tracer(a) and not isinstance(getattr(a, "sharding", None), NamedSharding):
-        a = place(a, NamedSharding(mesh, in_spec))
     # Validate at the call (the route, the sizes, the memory), not inside XLA.
     _on_mesh(call, mesh, in_spec, target, target_given)
     if agree.spans_processes(mesh):  # one program on every process, or one error on each
-        sizes = dict(mesh.shape)
         spec = spec_entries(in_spec, len(call.shape), sizes, "a.sharding")
         stages = _planned(call, tuple(sizes.items()), spec, target, platform_of(mesh), True)[1]
-        agree.same({"stages": stages, "chunks": chunks},
-                   f"{caller} of a {call.shape} array split {in_spec}")
+        agree_on(mesh, f"{caller} of a {call.shape} array split {in_spec}", arguments(mesh),
+                 {**agree.plan_decisions(call, a), "mesh": mesh, "in_spec": in_spec,
+                  "out_sharding": out_sharding, "chunks": chunks, "stages": stages})
+    if not is_tracer(a) and not isinstance(getattr(a, "sharding", None), NamedSharding):
+        a = place(a, NamedSharding(mesh, in_spec))
     chunks = _check_memory(call, mesh, in_spec, target, a, caller, chunks)
-    return _shard_mapped(a, call=call, mesh=mesh, in_spec=in_spec, target=target,
-                         target_given=target_given, chunks=chunks)
+    y = _shard_mapped(a, call=call, mesh=mesh, in_spec=in_spec, target=target,
+                      target_given=target_given, chunks=chunks)
+    if isinstance(out_sharding, NamedSharding) and isinstance(out_sharding.mesh, Mesh):
+        return _to_out_sharding(y, out_sharding)
+    return y
+
+
+def _to_out_sharding(y, out_sharding):
+    """y (computed on the input's devices) on `out_sharding`, which may name other devices
+    than the input's, or the same in another order (a mesh of the same axis names and sizes):
+    a concrete array is moved there by `jax.device_put`, block by block (each device's block
+    to the device that holds it in `out_sharding`: nothing is gathered); on the same devices
+    nothing moves.  Under jax.jit a program runs on one set of devices: the result is
+    constrained to `out_sharding`, and jax refuses, when it compiles the program, one on other
+    devices than the input's ("Received incompatible devices for jitted computation ... at
+    ... (_to_out_sharding)"), as it refuses jax.device_put onto them there; outside jit the
+    move works.  A PartitionSpec is on the input's mesh: under jit the result is constrained
+    to it (the partitioner's path), else it is there already."""
+    if not isinstance(out_sharding, NamedSharding):  # a PartitionSpec: on the input's mesh
+        return jax.lax.with_sharding_constraint(y, out_sharding) if is_tracer(y) else y
+    if is_tracer(y):
+        if not has_explicit_axes(out_sharding.mesh):
+            return jax.lax.with_sharding_constraint(y, out_sharding)
+        if isinstance(out_sharding.mesh, Mesh):
+            # Not `reshard`: under jit it keeps the input's devices whatever the mesh says.
+            return jax.device_put(y, out_sharding)
+        return jax.sharding.reshard(y, out_sharding)
+    try:
+        return place(y, out_sharding)
+    except ValueError as e:  # jax cannot move it there (devices of other processes, say)
+        raise ValueError(f"`out_sharding` names devices {_device_ids(out_sharding)} where the "
+                         f"result is on {_device_ids(y.sharding)}, and jax cannot move it "
+                         f"there: {e}") from None
+
+
+def _device_ids(sharding) -> list[int]:
+    """The ids of a sharding's devices, in its mesh's order where it has one."""
+    mesh = getattr(sharding, "mesh", None)
+    if isinstance(mesh, Mesh):
+        return [d.id for d in mesh.devices.flat]
+    return sorted(d.id for d in sharding.device_set)
 
 
 def _check_memory(call: Call, mesh, in_spec, target, a, caller: str, chunks) -> int:
@@ -510,11 +599,15 @@ _DOC = """
       a: the global array, in any NamedSharding on any mesh (any axis split by any mesh axis
         or tuple of them; an axis the mesh does not divide is padded inside and sliced back),
         a numpy array, or a tracer under jax.jit.
-      s, axes, norm: as jnp.fft's.
+      s, axes, norm: as jnp.fft's (`axes=()`: jnp's result, the input cast; the 2-D forms
+        take exactly 2 axes, as jnp's).
       out_sharding: the result's sharding, a NamedSharding or a PartitionSpec on the input's
         mesh that names every mesh axis of size > 1; None: the cheapest layout that splits over
         every mesh axis (docs/howto/any-layout.md lists them; under jax.jit with no mesh in
-        scope, the input's own sharding).
+        scope, the input's own sharding).  A NamedSharding on a mesh of the same axis names
+        and sizes over other devices (or the same devices in another order): the result is
+        moved there, block by block; under jax.jit jax refuses it when it compiles (a program
+        runs on one set of devices, as for jax.device_put inside jit).
       mesh: the mesh of a numpy input (default: the ambient mesh); a sharded input's own.
       exchange: as pfft3d's.
       chunks: an int >= 1 or "auto" (default), as `pfft3d`'s: each step of the route (a
@@ -529,7 +622,11 @@ _DOC = """
 
     Raises:
       ValueError: bad `axes`, `s`, `norm`, `exchange` or `chunks`; an `out_sharding` that leaves
-        the result replicated over a mesh axis or that no route of exchanges reaches.
+        the result replicated over a mesh axis or that no route of exchanges reaches; rfftn of
+        float16 or bfloat16 (as jnp: "RFFT input must be float32 or float64").
+      RuntimeError: the processes of a job whose mesh spans them called it differently (an
+        argument, a dtype, jax_enable_x64): one DifferentPlansError on every process, before
+        any exchange.
       TypeError: `a` is not an array; `out_sharding` is neither a NamedSharding nor a
         PartitionSpec; `chunks` is neither an int nor "auto".
       MemoryLimitError: the transform cannot fit the devices with `chunks` pieces (with

@@ -8,6 +8,9 @@
     python reliability_child.py differ               (mpirun: rank 1 with JAX_ENABLE_X64=1)
     python reliability_child.py callback GRACE       (under mpirun -np 2, several devices each)
     python reliability_child.py top                  (one process)
+    python reliability_child.py statuses DIR STATUS...   (one process, forked per status)
+    python reliability_child.py spawn [coordinator]  (under mpirun -np 2, or alone with a
+                                                      coordinator at PENCILFFT_TEST_COORDINATOR)
     python reliability_child.py kill-save PATH MARKER
     python reliability_child.py size-limit PATH LIMIT
     python reliability_child.py full-disk DIR        (DIR: a small file system, e.g. a tmpfs)
@@ -17,8 +20,10 @@ Each prints what the parent checks as lines "REPORT <json>" on stdout.  The arra
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import pickle
 import sys
 import threading
 import time
@@ -28,9 +33,20 @@ import numpy as np
 
 import pencilfft
 from pencilfft._processes import io as _io
+from pencilfft._processes import callback_watch, exits
 from pencilfft._processes.agree import DifferentPlansError
 
 _SYSTEM_EXIT_CODE = SystemExit.__dict__["code"]  # before anything replaces it
+
+# `spawn` calls initialize() at the top of the module, as the docs show: a spawn or forkserver
+# child of this process imports the module again, and so runs it again (issue 68).
+# `spawn coordinator`: a job of one process, set up by hand (a coordinator, no launcher).
+if sys.argv[1:2] == ["spawn"]:
+    if sys.argv[2:3] == ["coordinator"]:
+        pencilfft.initialize(coordinator_address=os.environ["PENCILFFT_TEST_COORDINATOR"],
+                             num_processes=1, process_id=0)
+    else:
+        pencilfft.initialize()
 
 
 def new_array(shape) -> np.ndarray:
@@ -119,7 +135,7 @@ def end(how: str) -> None:
     except SystemExit as e:
         caught = (caught, e.code)
     _report(rank=rank, pid=os.getpid(), caught=caught,
-            wrapped=bool(getattr(sys.exit, "_pencilfft_exit", False)),
+            wrapped=sys.exit is exits.exit,
             watched=SystemExit.__dict__["code"] is not _SYSTEM_EXIT_CODE)
     jax.block_until_ready(total(x))  # both reports are out before anything ends
     if how == "exit-0":
@@ -144,10 +160,8 @@ def callback(grace: str) -> None:
     raises inside a computation with all-to-alls, on several devices per process: rank 0's
     other devices wait for the failed one, and every process in the collectives, forever
     (upstream); pencilfft's watch ends the job once rank 0 has not moved for `grace` s."""
-    from pencilfft._processes import launch
-
     pencilfft.initialize()
-    launch._CALLBACK_GRACE_S = float(grace)
+    callback_watch.GRACE_S = float(grace)
     rank = jax.process_index()
     x = _global(new_array((8, 8, 8)).astype(np.complex64))
     plain = jax.jit(pencilfft.pfft3d)
@@ -169,11 +183,10 @@ def callback(grace: str) -> None:
 
 def top() -> None:
     """One process with the exit hooks of `initialize` (which installs them only under a
-    launcher): sys.exit(7) in a thread ends that thread only, then builtin exit(4) ends the
-    process."""
-    from pencilfft._processes import launch
-
-    launch._install_exit_hook()
+    launcher), as in a job of several processes: sys.exit(7) in a thread ends that thread
+    only, then builtin exit(4) ends the process (and the job, which is this process)."""
+    exits.install_exit_watch()
+    exits._job_size = lambda: 2  # the others, as the key-value store would tell, are not ending
     try:
         exit(5)
     except SystemExit as e:
@@ -183,6 +196,84 @@ def top() -> None:
     thread.join()
     _report(main_continues=True)
     exit(4)
+
+
+def statuses(folder: str, *texts: str) -> None:
+    """Each status of `texts` (Python expressions) in a child of its own, once for each way a
+    program ends with it (`WAYS`: sys.exit(status), `raise SystemExit(status)`), with the exit
+    hooks of `initialize` installed: alone ("one"), where Python's own exit must happen, and as
+    process 0 of a job of 2 whose other process is not ending ("several"), where the job must
+    be ended with the status Python would give.  Each child's standard error goes to
+    FOLDER/<i>-<way>-<job>; reports each one's exit status."""
+    import types
+
+    exits.install_exit_watch()
+    _report(exit_pickles=pickle.loads(pickle.dumps(sys.exit)) is sys.exit,
+            wrapped=sys.exit is exits.exit)
+    for i, text in enumerate(texts):
+        for way in WAYS:
+            for job in ("one", "several"):
+                pid = os.fork()  # after jax's import, before any backend: no thread runs yet
+                if pid:
+                    _, wait_status = os.waitpid(pid, 0)
+                    _report(i=i, way=way, job=job, status=os.waitstatus_to_exitcode(wait_status))
+                    continue
+                err = os.open(os.path.join(folder, f"{i}-{way}-{job}"),
+                              os.O_WRONLY | os.O_CREAT, 0o600)
+                os.dup2(err, 2)
+                if job == "several":
+                    exits._job_size = lambda: 2
+                    exits.jax = types.SimpleNamespace(process_index=lambda: 0,
+                                                      process_count=lambda: 2)
+                status = eval(text, {})  # the test's own literals (2**40 among them)
+                # Raised up to the top of this child, where the interpreter reads it.
+                if way == "sys.exit":
+                    sys.exit(status)
+                raise SystemExit(status)
+
+
+# How a program ends with a status, as `statuses` tries each (and test_reliability.py in plain
+# Python): the statement, with STATUS for the status.  sys.exit is pencilfft's stand-in; a
+# SystemExit raised in Python (builtin exit(n) too) is read through the watched `code`.
+WAYS = {"sys.exit": "import sys; sys.exit(STATUS)", "raise": "raise SystemExit(STATUS)"}
+
+
+def _in_child() -> list:
+    """What a worker that multiprocessing started sees: [jax.distributed started, MPI started,
+    a sum on its own devices]."""
+    import jax.numpy as jnp
+
+    return [jax.distributed.is_initialized(), "mpi4py.MPI" in sys.modules,
+            float(jnp.arange(4.0).sum())]
+
+
+def spawn(how: str = "mpirun") -> None:
+    """initialize() ran at the top of this module, and runs again in each child that
+    multiprocessing starts.  Under mpirun, a spawned `Process(target=sys.exit, args=(5,))` ends
+    with status 5 (sys.exit pickles); with a coordinator, a forkserver pool's worker computes
+    and returns `sys.exit(6)`'s SystemExit.  The job goes on (a collective across its
+    processes); then, in a job of one process ("coordinator"), sys.exit(3) leaves through
+    Python's own exit: the atexit handler runs."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    rank = jax.process_index()
+    report = dict(rank=rank, count=jax.process_count())
+    if how == "mpirun":
+        child = multiprocessing.get_context("spawn").Process(target=sys.exit, args=(5,))
+        child.start()
+        child.join(120)
+        report.update(spawned=child.exitcode)
+    else:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver")) as pool:
+            report.update(work=pool.submit(_in_child).result(timeout=120))
+            exited = pool.submit(sys.exit, 6).exception(timeout=120)
+            report.update(pool_exit=[type(exited).__name__, exited.code])
+    x = _global(new_array((4, 4, 2)))
+    _report(**report, total=float(jax.jit(lambda a: a.sum())(x)))  # the job still works
+    if how == "coordinator":
+        atexit.register(_report, atexit_ran=True)
+        sys.exit(3)
 
 
 def differ() -> None:
@@ -268,6 +359,6 @@ def full_disk(directory: str) -> None:
 
 if __name__ == "__main__":
     what, *args = sys.argv[1:]
-    {"abort": abort, "stop": stop, "end": end, "top": top, "differ": differ,
-     "callback": callback, "kill-save": kill_save, "size-limit": size_limit,
+    {"abort": abort, "stop": stop, "end": end, "top": top, "statuses": statuses, "spawn": spawn,
+     "differ": differ, "callback": callback, "kill-save": kill_save, "size-limit": size_limit,
      "full-disk": full_disk}[what](*args)
