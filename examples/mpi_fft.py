@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     k = pencilfft.pfft3d(x)                       # distributed FFT, k space (Y, Z, X)
     path = os.path.join(args.out, "spectrum.npy")
     pencilfft.save(path, k)                       # a plain .npy file: numpy.load reads it
-    k2 = pencilfft.load(path, mesh)               # each process reads its own blocks
+    k2 = pencilfft.load(path, k.sharding)         # each process reads its own blocks
     y = pencilfft.pifft3d(k2)
 
     back = pencilfft.gather(y)                    # numpy array on rank 0, None on the others

@@ -34,6 +34,7 @@ from ._transforms.fft import pfft3d, pifft3d, pirfft3d, pitransform3d, prfft3d, 
 from ._transforms.numpy_fft import (fft2, fftn, ifft2, ifftn, irfft2, irfftn, rfft2,
                                     rfftn)
 from ._transforms.freq import fftfreq3d, rfftfreq3d, wavenumbers3d
+from ._transforms.dealias import dealias_mask, pad_spectrum, truncate_spectrum
 from . import compat  # noqa: E402,F401 - `pencilfft.compat` after `import pencilfft`, as before
 
 __version__ = "0.1.0"
@@ -42,6 +43,7 @@ _warn_if_untested()  # once, where jax is outside the releases the suite has pas
 
 __all__ = [
     "autotune",
+    "dealias_mask",
     "displacement_sharding",
     "fft2",
     "fftfreq3d",
@@ -58,6 +60,7 @@ __all__ = [
     "k_space_sharding",
     "load",
     "MemoryLimitError",
+    "pad_spectrum",
     "paint",
     "pfft3d",
     "pifft3d",
@@ -73,6 +76,7 @@ __all__ = [
     "rfftfreq3d",
     "save",
     "scatter",
+    "truncate_spectrum",
     "Tuning",
     "wavenumbers3d",
     "window_compensation",

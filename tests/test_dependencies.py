@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import pencilfft
-from pencilfft._processes import launch as _distributed
+from pencilfft._processes import launchers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,38 +43,95 @@ def test_pyproject_declares_a_floor_and_no_cap_on_jax():
             assert "<" not in req and "!=" not in req and "~=" not in req and "==" not in req, req
 
 
-def _constraints() -> dict[str, tuple[str, str]]:
-    """constraints.txt as {name: (version, marker)} (names lower-case, `_` as `-`)."""
+# The exact tested sets: CI's Python 3.11 run (the whole suite) and its Python 3.12 run (the
+# newest jax: .ci/newest-jax).
+CONSTRAINTS = {"constraints.txt": "3.11", "constraints-py312.txt": "3.12"}
+
+
+def _constraints(name: str = "constraints.txt") -> dict[str, tuple[str, str]]:
+    """A constraints file as {name: (version, marker)} (names lower-case, `_` as `-`)."""
     pins = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
+    for line in (ROOT / name).read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         spec, _, marker = line.partition(";")
-        name, sep, version = spec.partition("==")
-        assert sep, f"constraints.txt: {line!r} is not an exact pin (name==version)"
-        pins[name.strip().lower().replace("_", "-")] = (version.strip(), marker.strip())
+        package, sep, version = spec.partition("==")
+        assert sep, f"{name}: {line!r} is not an exact pin (name==version)"
+        pins[package.strip().lower().replace("_", "-")] = (version.strip(), marker.strip())
     return pins
 
 
-def test_constraints_pin_the_tested_set():
-    """constraints.txt pins every package the mpi and test extras name, exactly; its jax and
-    jaxlib are the same tested release (`TESTED_JAX`)."""
+@pytest.mark.parametrize("name", list(CONSTRAINTS))
+def test_constraints_pin_the_tested_set(name):
+    """Each constraints file pins every package the mpi, fftw, test and cli extras name,
+    exactly; its jax and jaxlib are the same tested release (`TESTED_JAX`), one whose programs
+    tests/test_hlo.py has a recording of (nothing skips on it for its jax)."""
+    import stablehlo_programs
+
     from pencilfft._jax_private import jax_support
 
-    pins = _constraints()
+    pins = _constraints(name)
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     wanted = _requirement_names(extras["mpi"] + extras["test"] + extras["fftw"] + extras["cli"])
     wanted |= {"jax", "jaxlib", "numpy"}
     missing = {n.replace("_", "-") for n in wanted} - set(pins)
-    assert not missing, f"constraints.txt does not pin {sorted(missing)}"
+    assert not missing, f"{name} does not pin {sorted(missing)}"
     assert pins["jax"][0] == pins["jaxlib"][0]
-    assert jax_support(pins["jax"][0])[1], f"constraints.txt pins an untested jax {pins['jax']}"
+    assert jax_support(pins["jax"][0])[1], f"{name} pins an untested jax {pins['jax']}"
+    assert pins["jax"][0] in stablehlo_programs.recorded(), (
+        f"{name} pins jax {pins['jax'][0]}, on which no StableHLO was recorded "
+        f"(python tests/stablehlo_programs.py)")
+    assert f"Python {CONSTRAINTS[name]}" in (ROOT / name).read_text().split("\n", 1)[0]
 
 
-def test_readme_shows_the_tested_set():
+def test_readme_shows_the_tested_sets():
     readme = (ROOT / "README.md").read_text()
-    assert 'pip install -e ".[mpi,test]" -c constraints.txt' in readme
+    assert 'pip install -e ".[mpi,fftw,test]" -c constraints.txt' in readme
+    for name, python in CONSTRAINTS.items():
+        assert f"`{name}` (Python {python})" in readme, name
+
+
+def test_the_tested_range():
+    """`TESTED_JAX` as pip writes it, and read back the same by pip's own rules (packaging)."""
+    from packaging.specifiers import SpecifierSet
+
+    from pencilfft._jax_private import jax_support, tested_range
+
+    assert tested_range() == "jax>=0.10.2,!=0.11.*,<0.13"
+    spec = SpecifierSet(tested_range().removeprefix("jax"))
+    for version in ("0.10.1", "0.10.2", "0.10.9", "0.11.0", "0.11.2", "0.12.0", "0.12.0.1",
+                    "0.12.3", "0.13.0", "1.0.0"):
+        assert jax_support(version)[1] == (version in spec), version
+
+
+def test_fftw_is_installed_only_where_asked_for():
+    """FFTW (pyFFTW, GPL) is the fftw extra's alone: no other extra pulls it in, so
+    `pip install -e ".[test]"` does not switch the FFTW kernel on; the README's test command
+    asks for it, so CI still runs the FFTW tests."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert _requirement_names(extras["fftw"]) == {"pyfftw"}
+    for name, reqs in extras.items():
+        if name != "fftw":
+            assert "pyfftw" not in _requirement_names(reqs), name
+            assert not any("[fftw" in r or ",fftw" in r for r in reqs), name
+    assert '".[mpi,fftw,test]"' in (ROOT / ".ci" / "run").read_text()
+
+
+def test_newest_jax_run_takes_the_jax_pinning_files():
+    """.ci/newest-jax (CI's Python 3.12 run, the newest jax) runs the quick subset and every
+    test file that pins a jax behaviour: lowers for another platform, reads a compiled
+    program's memory, jax's version, or private names of jax or of pencilfft."""
+    import re
+
+    from conftest import QUICK_FILES
+
+    text = (ROOT / ".ci" / "newest-jax").read_text()
+    listed = set(re.findall(r"\b(test_\w+\.py)\b", text.split("FILES=(", 1)[1].split(")", 1)[0]))
+    pins = re.compile(r"lowering_platforms|memory_analysis\(|jax\.__version__|jax\._src|"
+                      r"pencilfft\._jax_private")
+    pinning = {p.name for p in (ROOT / "tests").glob("test_*.py") if pins.search(p.read_text())}
+    assert listed == QUICK_FILES | pinning
 
 
 def test_test_extra_installs_from_wheels_on_every_python():
@@ -91,8 +148,8 @@ def test_test_extra_installs_from_wheels_on_every_python():
 
 
 @pytest.mark.parametrize("version, warns", [("0.10.2", False), ("0.11.2", True),
-                                             ("0.12.0", True), ("0.9.2", True),
-                                             ("0.10.3.dev20261101", False)])
+                                             ("0.12.0.1", False), ("0.13.0", True),
+                                             ("0.9.2", True), ("0.10.3.dev20261101", False)])
 def test_a_jax_outside_the_tested_range_warns_once(version, warns, monkeypatch):
     import warnings
 
@@ -119,15 +176,15 @@ def test_the_environment_variable_silences_the_warning(value, warns, monkeypatch
     monkeypatch.setenv(NO_WARN, value)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert warn_if_untested("0.12.0") == warns
+        assert warn_if_untested("0.13.0") == warns
     assert len(caught) == warns
 
 
 @pytest.mark.parametrize("silenced", [False, True])
 def test_the_import_warns_on_an_untested_jax(silenced):
     """The warning comes with `import pencilfft` itself, once (a fresh process whose jax says
-    0.12), naming the tested versions; PENCILFFT_NO_WARN_JAX_VERSION=1 silences it."""
-    code = ("import jax, warnings; jax.__version__ = '0.12.0'; warnings.simplefilter('always'); "
+    0.13), naming the tested versions; PENCILFFT_NO_WARN_JAX_VERSION=1 silences it."""
+    code = ("import jax, warnings; jax.__version__ = '0.13.0'; warnings.simplefilter('always'); "
             "import pencilfft")
     env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
     if silenced:
@@ -138,8 +195,23 @@ def test_the_import_warns_on_an_untested_jax(silenced):
     if silenced:
         assert "outside the releases" not in out.stderr, out.stderr
     else:
-        assert out.stderr.count("jax 0.12.0 is outside the releases") == 1
-        assert "(jax>=0.10.2,<0.11)" in out.stderr
+        assert out.stderr.count("jax 0.13.0 is outside the releases") == 1
+        assert "(jax>=0.10.2,!=0.11.*,<0.13)" in out.stderr
+
+
+def test_the_import_warns_nothing_on_this_jax():
+    """On a tested jax (CI runs this on both), `import pencilfft` in a fresh process warns
+    nothing, with Python's warnings all shown."""
+    from pencilfft._jax_private import jax_support
+
+    if not jax_support()[1]:
+        pytest.skip(f"jax {jax_support()[0]} is not a tested release: the import warns, "
+                    f"as it should")
+    code = "import warnings; warnings.simplefilter('always'); import pencilfft"
+    out = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True,
+                         text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0 and out.stderr == "", out.stderr
 
 
 def test_the_licence_file_is_the_one_pyproject_declares():
@@ -162,9 +234,11 @@ def test_mpi4py_fft_has_an_extra_that_nothing_else_pulls():
 
 
 def test_readme_test_command_installs_the_mpi_extra():
-    """tests/run.sh runs under mpirun: the README's (and CI's) command must install it."""
+    """tests/run.sh runs under mpirun: the README's (and CI's) command must install it, and
+    the fftw extra, so that the FFTW kernel's tests run."""
     readme = (ROOT / "README.md").read_text()
-    command = 'pip install -e ".[mpi,test]" && bash tests/run.sh'
+    command = ('python3 -m venv .venv && . .venv/bin/activate && '
+               'pip install -e ".[mpi,fftw,test]" && bash tests/run.sh')
     assert command in readme
     assert command in (ROOT / ".ci" / "run").read_text()
     assert "CI=1" in (ROOT / ".ci" / "run").read_text()
@@ -192,7 +266,7 @@ def test_initialize_under_mpirun_without_mpi4py_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     env = {"OMPI_COMM_WORLD_SIZE": "2", "PMI_SIZE": "2"}
     with pytest.raises(ImportError, match=r"mpi4py cannot be imported.*pencilfft\[mpi\]"):
-        _distributed._mpi_arguments(env, {})
+        launchers.mpi_arguments(env, {})
 
 
 def test_check_without_rich_names_the_extra(monkeypatch):

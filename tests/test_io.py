@@ -7,6 +7,7 @@ root passes it to `scatter`.  Bad input must raise the same exception on every r
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import stat
@@ -16,10 +17,11 @@ import numpy as np
 import pytest
 from conftest import (MPIRUN, MULTI_PROCESS, RANK, barrier, make_mesh, put_global, rel_err, root_only,
                       seeded_data, to_numpy, tol)
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 import pencilfft
-from pencilfft._processes import io as _io
+from pencilfft._processes import blocks as _blocks, io as _io, npyfile as _npyfile
+from pencilfft._processes import transport as _transport
 from pencilfft import gather, load, save, scatter
 from pencilfft._decomposition.sharding import k_space_sharding, real_space_sharding
 
@@ -84,9 +86,13 @@ def test_scatter_auto_mesh():
     _assert_blocks(x, data, real_space_sharding(mesh))
 
 
-def test_scatter_receives_exactly_own_blocks(pdims, monkeypatch):
-    """A non-root rank receives its distinct blocks, each once, and nothing else."""
+@pytest.mark.parametrize("replicated", [False, True], ids=["real-space", "x-replicated"])
+def test_scatter_receives_exactly_own_blocks(pdims, replicated, monkeypatch):
+    """A non-root rank receives its distinct blocks, each once (however many of its devices
+    hold one: a mesh axis the sharding leaves out), and nothing else."""
     mesh = make_mesh(pdims)
+    sharding = (NamedSharding(mesh, P(None, mesh.axis_names[-1])) if replicated
+                else real_space_sharding(mesh))
     data = seeded_data((8, 16, 4), np.float64)
     received = []
     real_recv = _io._recv
@@ -96,18 +102,18 @@ def test_scatter_receives_exactly_own_blocks(pdims, monkeypatch):
         real_recv(comm, buf, source)
 
     monkeypatch.setattr(_io, "_recv", recording_recv)
-    x = scatter(root_only(data), mesh)
-    _assert_blocks(x, data, real_space_sharding(mesh))
-    index_map = real_space_sharding(mesh).addressable_devices_indices_map(data.shape)
-    own = {_io._key(index, data.shape) for index in index_map.values()}
-    expected = [] if RANK == 0 else sorted(_io._block_shape(k) for k in own)
+    x = scatter(root_only(data), sharding if replicated else mesh)
+    _assert_blocks(x, data, sharding)
+    index_map = sharding.addressable_devices_indices_map(data.shape)
+    own = {_blocks.block_key(index, data.shape) for index in index_map.values()}
+    expected = [] if RANK == 0 else sorted(_blocks.block_shape(k) for k in own)
     assert sorted(received) == expected
 
 
 @pytest.mark.parametrize("limit", [7, 100], ids=["7B", "100B"])
 def test_scatter_gather_chunked_messages(monkeypatch, limit):
     """Blocks larger than MAX_MESSAGE_BYTES go in several messages (odd sizes split items)."""
-    monkeypatch.setattr(_io, "MAX_MESSAGE_BYTES", limit)
+    monkeypatch.setattr(_transport, "MAX_MESSAGE_BYTES", limit)
     mesh = make_mesh((2, 4))
     data = seeded_data((4, 8, 3), np.complex128)
     x = scatter(root_only(data), mesh)
@@ -132,15 +138,15 @@ class _RecordingComm:
 
 @pytest.mark.parametrize("limit,n_messages", [(1 << 30, 1), (160, 1), (100, 2), (64, 3), (7, 23)])
 def test_chunking_logic(monkeypatch, limit, n_messages):
-    monkeypatch.setattr(_io, "MAX_MESSAGE_BYTES", limit)
+    monkeypatch.setattr(_transport, "MAX_MESSAGE_BYTES", limit)
     block = seeded_data((2, 4, 5), np.float64)[:, 1:3]  # 2*2*5*8 = 160 bytes, not contiguous
     block = np.ascontiguousarray(block)
     comm = _RecordingComm()
-    _io._send(comm, block, dest=1)
+    _transport.send(comm, block, dest=1)
     assert [len(m) for m in comm.messages][:-1] == [limit] * (n_messages - 1)
     assert len(comm.messages) == n_messages and sum(map(len, comm.messages)) == block.nbytes
     out = np.empty_like(block)
-    _io._recv(comm, out, source=0)
+    _transport.recv(comm, out, source=0)
     np.testing.assert_array_equal(out, block)
 
 
@@ -238,7 +244,10 @@ def test_load_file_written_by_numpy(order, shared_dir):
         ((4, 2), (6, 8, 4), r"axis 0 \(X=6\) must be divisible by mesh axis 'x' \(=4\)"),
         ((2, 4), (8, 6, 4), r"axis 1 \(Y=6\) must be divisible by mesh axis 'y' \(=4\)"),
         ((8,), (2, 4, 8, 8), r"axis 1 \(X=4\) must be divisible by mesh axis 'x' \(=8\)"),
-        ((4, 2), (8, 8), r"at least 3 dimensions \(\.\.\., X, Y, Z\); got shape \(8, 8\)"),
+        ((4, 2), (8, 8), r"at least 3 dimensions \(\.\.\., X, Y, Z\); got shape \(8, 8\): a "
+                         r"mesh stands for the real-space sharding of a field \(\.\.\., X, Y, "
+                         r"Z\); for an array of 2 dimensions pass a NamedSharding, e\.g\. "
+                         r"NamedSharding\(mesh, P\('x', 'y'\)\)"),
     ],
 )
 def test_scatter_rejects_shape(pdims, shape, message):
@@ -271,12 +280,21 @@ def test_scatter_rejects_data_on_other_ranks():
         scatter(data if RANK in (0, 1) else None, make_mesh((4, 2)))
 
 
-@pytest.mark.parametrize("what", ["mesh", "root", "comm"])
+@pytest.mark.parametrize("what", ["sharding", "mesh", "both", "root", "comm"])
 def test_scatter_rejects_arguments(what):
     data = root_only(np.zeros((8, 8, 2)))
-    if what == "mesh":
-        with pytest.raises(TypeError, match=r"`mesh` must be a jax.sharding.Mesh .*; got tuple"):
+    if what == "sharding":
+        with pytest.raises(TypeError, match=r"^`sharding` must be a jax.sharding.NamedSharding "
+                                            r"\(an array of any rank, .*\) or a jax.sharding.Mesh "
+                                            r"\(the real-space sharding .*\); got a tuple$"):
             scatter(data, (4, 2))
+    elif what == "mesh":  # the former name, as a keyword: its message of before
+        with pytest.raises(TypeError, match=r"`mesh` must be a jax.sharding.Mesh .*; got tuple"):
+            scatter(data, mesh=(4, 2))
+    elif what == "both":
+        with pytest.raises(TypeError, match=r"pass `sharding` or `mesh` \(its former name\), "
+                                            r"not both"):
+            scatter(data, make_mesh((4, 2)), mesh=make_mesh((4, 2)))
     elif what == "root":
         message = f"`root` must be a rank in [0, {LAST + 1}); got {LAST + 1}"
         with pytest.raises(ValueError, match=re.escape(message)):
@@ -587,7 +605,7 @@ def test_save_refuses_what_is_not_a_regular_file(kind, link, shared_dir):
     check = stat.S_ISCHR if kind == "chardev" else stat.S_ISFIFO
     assert check(os.stat(path).st_mode)
     assert os.path.islink(path) == link
-    assert not [f for f in os.listdir(shared_dir) if f.endswith(_io._TMP_SUFFIX)]
+    assert not [f for f in os.listdir(shared_dir) if f.endswith(_npyfile.TMP_SUFFIX)]
 
 
 def test_save_rechecks_the_target_before_the_rename(shared_dir, monkeypatch):
@@ -610,7 +628,7 @@ def test_save_rechecks_the_target_before_the_rename(shared_dir, monkeypatch):
         save(path, x)
     barrier()  # rank 0 removes the temporary file as it leaves `save`
     assert stat.S_ISFIFO(os.stat(path).st_mode)
-    assert not [f for f in os.listdir(shared_dir) if f.endswith(_io._TMP_SUFFIX)]
+    assert not [f for f in os.listdir(shared_dir) if f.endswith(_npyfile.TMP_SUFFIX)]
 
 
 @pytest.mark.parametrize("func", ["gather", "save"])
@@ -633,3 +651,280 @@ def test_save_blocks_with_short_runs(spec, shared_dir):
     save(path, put_global(data, NamedSharding(mesh, spec)))
     if RANK == 0:
         np.testing.assert_array_equal(np.load(path), data)
+
+
+# ------------------------------------------------------- any rank, any NamedSharding (issue 67)
+
+# Meshes of 1, 2 and 3 axes over the 8 devices.  The parameter is `mesh_shape`, not `pdims`:
+# conftest runs a `pdims` of one axis in the single-process step only, and where the blocks of a
+# one-axis mesh lie across processes is part of what these tests check under mpirun.
+MESH_SHAPES = [(8,), (4, 2), (2, 2, 2)]
+MESH_IDS = ["x".join(map(str, m)) for m in MESH_SHAPES]
+
+
+def _nd_mesh(mesh_shape) -> Mesh:
+    return jax.make_mesh(tuple(mesh_shape), ("x", "y", "z")[: len(mesh_shape)],
+                         axis_types=(AxisType.Explicit,) * len(mesh_shape))
+
+
+def _spec(kind: str, ndim: int, mesh: Mesh) -> P:
+    """split: every mesh axis splits an array axis (mesh axis k array axis k, the mesh axes left
+    over all on the last array axis); replicated: the mesh's first axis alone splits the last
+    array axis, its other axes hold copies (all copies, P(), on a one-axis mesh)."""
+    names = mesh.axis_names
+    if kind == "replicated":
+        return P() if len(names) == 1 else P(*(None,) * (ndim - 1), names[0])
+    entries = [() for _ in range(ndim)]
+    for k, name in enumerate(names):
+        entries[min(k, ndim - 1)] += (name,)
+    return P(*(None if not e else e[0] if len(e) == 1 else e for e in entries))
+
+
+def _shape(ndim: int, specs, mesh: Mesh) -> tuple[int, ...]:
+    """A small global shape that every spec of `specs` divides: per axis the devices that split
+    it (in either spec) times 3, 2, 1, 2 (odd lengths and blocks of one along an axis too)."""
+    sizes = dict(mesh.shape)
+
+    def split(spec, axis):
+        entry = tuple(spec)[axis] if axis < len(tuple(spec)) else None
+        names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        return math.prod(sizes[n] for n in names)
+
+    return tuple(math.lcm(*(split(s, a) for s in specs)) * (3, 2, 1, 2)[a] for a in range(ndim))
+
+
+def _allgather(value):
+    """Every rank's `value`, in rank order (a list of one in a single process)."""
+    if not MULTI_PROCESS:
+        return [value]
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.allgather(value)
+
+
+@pytest.mark.parametrize("kind", ["split", "replicated"])
+@pytest.mark.parametrize("dtype", [np.float32, np.complex128], ids=["float32", "complex128"])
+@pytest.mark.parametrize("mesh_shape", MESH_SHAPES, ids=MESH_IDS)
+@pytest.mark.parametrize("ndim", [1, 2, 3, 4], ids=lambda n: f"{n}d")
+def test_any_rank_round_trip(ndim, mesh_shape, dtype, kind, shared_dir):
+    """scatter -> gather and save -> numpy.load -> load, against numpy, for arrays of rank 1 to
+    4 in a NamedSharding that splits over every mesh axis or leaves some replicated; `load`
+    reads the file into the other one (the sharding the next step needs)."""
+    mesh = _nd_mesh(mesh_shape)
+    specs = {k: _spec(k, ndim, mesh) for k in ("split", "replicated")}
+    data = seeded_data(_shape(ndim, specs.values(), mesh), dtype)
+    sharding = NamedSharding(mesh, specs[kind])
+    x = scatter(root_only(data), sharding)
+    _assert_blocks(x, data, sharding)
+    _assert_gathered(gather(x), data)
+    path = os.path.join(shared_dir, "nd.npy")
+    save(path, x)
+    if RANK == 0:
+        np.testing.assert_array_equal(np.load(path), data)
+    other = NamedSharding(mesh, specs["replicated" if kind == "split" else "split"])
+    _assert_blocks(load(path, other), data, other)
+
+
+def test_mesh_keyword_still_works(shared_dir):
+    """`mesh=`, the former name of `sharding`, keeps its meaning: the real-space sharding."""
+    mesh = make_mesh((4, 2))
+    data = seeded_data((8, 4, 3), np.float32)
+    x = scatter(root_only(data), mesh=mesh)
+    _assert_blocks(x, data, real_space_sharding(mesh))
+    path = os.path.join(shared_dir, "m.npy")
+    save(path, x)
+    _assert_blocks(load(path, mesh=mesh), data, real_space_sharding(mesh))
+
+
+@pytest.mark.parametrize("devices", ["first-half", "every-other"])
+def test_mesh_over_some_devices(devices, shared_dir):
+    """A sharding over some of the devices: a process holding none of them still takes part
+    (it receives, writes and reads nothing, and holds no shard), and so may the root."""
+    chosen = jax.devices()[:4] if devices == "first-half" else jax.devices()[::2]
+    mesh = Mesh(np.array(chosen).reshape(2, 2), ("x", "y"))
+    sharding = NamedSharding(mesh, P("y", None))  # "x" holds copies
+    data = seeded_data((6, 3), np.complex64)
+    x = scatter(root_only(data, LAST), sharding, root=LAST)
+    _assert_blocks(x, data, sharding)
+    _assert_gathered(gather(x, root=LAST), data, root=LAST)
+    path = os.path.join(shared_dir, "some.npy")
+    save(path, x)
+    if RANK == 0:
+        np.testing.assert_array_equal(np.load(path), data)
+    _assert_blocks(load(path, sharding), data, sharding)
+
+
+@pytest.mark.parametrize("spec", [P(), P("y"), P(None, "x")], ids=["replicated", "y", "x-last"])
+def test_save_writes_each_block_once_by_the_lowest_rank(spec, shared_dir, monkeypatch):
+    """A block held by several devices, maybe of several processes, is written once, by rank 0
+    if it holds it, else by the lowest rank that does."""
+    mesh = make_mesh((2, 4))
+    data = seeded_data((8, 8), np.float64)
+    x = put_global(data, NamedSharding(mesh, spec))
+    written = []
+    real_write = _io._pwrite_block
+
+    def recording(fd, block, key, shape, base):
+        written.append(key)
+        real_write(fd, block, key, shape, base)
+
+    monkeypatch.setattr(_io, "_pwrite_block", recording)
+    path = os.path.join(shared_dir, "once.npy")
+    save(path, x)
+    holders: dict = {}
+    for device, index in x.sharding.devices_indices_map(data.shape).items():
+        holders.setdefault(_blocks.block_key(index, data.shape), set()).add(device.process_index)
+    expected = [sorted(k for k, ranks in holders.items() if min(ranks) == r)
+                for r in range(jax.process_count())]
+    assert [sorted(w) for w in _allgather(written)] == expected
+    if RANK == 0:
+        np.testing.assert_array_equal(np.load(path), data)
+
+
+class _RecordingMap:
+    """Stands in for load's memory map: records the blocks read from it."""
+
+    def __init__(self, mm, reads):
+        self.mm, self.reads = mm, reads
+
+    def __getattr__(self, name):
+        return getattr(self.mm, name)
+
+    def __getitem__(self, index):
+        self.reads.append(_blocks.block_key(index, self.mm.shape))
+        return self.mm[index]
+
+
+@pytest.mark.parametrize("spec", [P("x", "y"), P(None, "y")], ids=["split", "x-replicated"])
+def test_load_reads_only_own_blocks(spec, shared_dir, monkeypatch):
+    """Each process reads the distinct blocks of its own devices from the file, each once."""
+    mesh = make_mesh((4, 2))
+    sharding = NamedSharding(mesh, spec)
+    data = seeded_data((8, 6), np.float32)
+    path = os.path.join(shared_dir, "own.npy")
+    if RANK == 0:
+        np.save(path, data)
+    barrier()
+    reads = []
+    real_open = _io.open_npy
+    monkeypatch.setattr(_io, "open_npy", lambda p: _RecordingMap(real_open(p), reads))
+    _assert_blocks(load(path, sharding), data, sharding)
+    own = {_blocks.block_key(i, data.shape)
+           for i in sharding.addressable_devices_indices_map(data.shape).values()}
+    assert sorted(reads) == sorted(own)
+
+
+def test_fftn_from_scatter_to_load(shared_dir):
+    """The docs' way for the N-D names: a 2-D field scattered in a NamedSharding, fftn, the
+    spectrum saved and loaded in its own sharding (`k.sharding`), ifftn, gathered: against
+    numpy."""
+    mesh = make_mesh((4, 2))
+    data = seeded_data((8, 6), np.complex128)
+    k = pencilfft.fftn(scatter(root_only(data), NamedSharding(mesh, P("x", "y"))))
+    path = os.path.join(shared_dir, "k.npy")
+    save(path, k)
+    k2 = load(path, k.sharding)
+    assert k2.sharding == k.sharding
+    spectrum, back = gather(k2), gather(pencilfft.ifftn(k2))
+    if RANK == 0:
+        assert rel_err(spectrum, np.fft.fftn(data)) < tol(np.complex128)
+        assert rel_err(back, data) < tol(np.complex128)
+
+
+def _sharding_case(case: str) -> tuple[NamedSharding, tuple[int, ...]]:
+    mesh = make_mesh((4, 2), "auto" if case == "unconstrained" else "explicit")
+    spec, shape = {
+        "uneven": (P("x"), (6, 4)),
+        "uneven-tuple": (P(None, ("x", "y")), (8, 12)),
+        "entries": (P("x", "y", None), (8,)),
+        "unconstrained": (P(P.UNCONSTRAINED, None), (8, 8)),
+    }[case]
+    return NamedSharding(mesh, spec), shape
+
+
+_SHARDING_ERRORS = {
+    "uneven": "{what} has shape (6, 4): axis 0 (=6) must be divisible by mesh axis 'x' (=4), "
+              "which `sharding` {spec} splits it over: jax splits an array evenly (as fftn's "
+              "input and result); split it by mesh axes whose sizes divide it, keep it whole "
+              "(None), or pad the array",
+    "uneven-tuple": "{what} has shape (8, 12): axis 1 (=12) must be divisible by mesh axes "
+                    "('x', 'y') (=8), which `sharding` {spec} splits it over",
+    "entries": "`sharding` {spec} has 3 entries, but {what} has 1 dimension (shape (8,)): give "
+               "one entry per array axis at most (None keeps an axis whole)",
+    "unconstrained": "`sharding` {spec} leaves axis 0 unconstrained: the loaders place every "
+                     "block themselves; name the mesh axes that split it, or None",
+}
+
+
+@pytest.mark.parametrize("func", ["scatter", "load"])
+@pytest.mark.parametrize("case", list(_SHARDING_ERRORS))
+def test_sharding_that_does_not_fit_is_refused(func, case, shared_dir):
+    """A spec that does not divide the shape (jax's arrays, as fftn's, are split evenly), has
+    more entries than the array has axes, or leaves an axis to jax: a ValueError naming
+    `sharding`, on every rank, before anything moves."""
+    sharding, shape = _sharding_case(case)
+    path = os.path.join(shared_dir, "fit.npy")
+    if RANK == 0:
+        np.save(path, np.zeros(shape, np.float32))
+    barrier()
+    what = "`data`" if func == "scatter" else f"the array in {path!r}"
+    message = _SHARDING_ERRORS[case].format(what=what, spec=sharding.spec)
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        if func == "scatter":
+            scatter(root_only(np.zeros(shape, np.float32)), sharding)
+        else:
+            load(path, sharding)
+
+
+@pytest.mark.parametrize("func", ["scatter", "load"])
+def test_sharding_of_another_kind_is_refused(func, shared_dir):
+    sharding = SingleDeviceSharding(jax.devices()[0])
+    with pytest.raises(TypeError, match=r"`sharding` must be a jax.sharding.NamedSharding .*; "
+                                        r"got a SingleDeviceSharding$"):
+        if func == "scatter":
+            scatter(root_only(np.zeros((8, 8))), sharding)
+        else:
+            load(os.path.join(shared_dir, "none.npy"), sharding)
+
+
+@pytest.mark.skipif(not MULTI_PROCESS, reason="needs several ranks")
+@pytest.mark.parametrize("func", ["scatter", "load"])
+def test_sharding_differs_on_one_rank(func, shared_dir):
+    mesh = make_mesh((4, 2))
+    sharding = NamedSharding(mesh, P(None, "x") if RANK == LAST else P("x"))
+    data = seeded_data((8, 8), np.float32)
+    path = os.path.join(shared_dir, "d.npy")
+    if RANK == 0:
+        np.save(path, data)
+    barrier()
+    with pytest.raises(ValueError, match=r"`sharding` must be the same on every rank; got axes"):
+        if func == "scatter":
+            scatter(root_only(data), sharding)
+        else:
+            load(path, sharding)
+
+
+@pytest.mark.parametrize("func", ["scatter", "load"])
+def test_sharding_too_big_is_refused(func, shared_dir, monkeypatch):
+    """The memory check counts a block as the sharding makes it (a replicated mesh axis gives
+    bigger blocks) and says so."""
+    sharding = NamedSharding(make_mesh((4, 2)), P("x"))
+    data = seeded_data((64, 64), np.float32)  # blocks of 16 x 64 floats: 4 KiB, twice on CPUs
+    path = os.path.join(shared_dir, "big.npy")
+    if RANK == 0:
+        np.save(path, data)
+    barrier()
+    monkeypatch.setenv("PENCILFFT_MEMORY_LIMIT", "4KiB")
+    verb, what, into = (("scattering", "`data`", "received into") if func == "scatter"
+                        else ("loading", repr(path), "read into"))
+    message = (f"{verb} {what} (global shape (64, 64), float32) split {sharding.spec} on a 4x2 "
+               f"mesh needs about 0.00781 MiB per device (its block, and the host copy it is "
+               f"{into}), but a device has about 0.00391 MiB (PENCILFFT_MEMORY_LIMIT=4KiB). "
+               f"Split the array over every mesh axis (`sharding` {sharding.spec} keeps it whole "
+               f"along mesh axes ('y',): each of their devices holds a copy of its block)")
+    run = (lambda: scatter(root_only(data), sharding)) if func == "scatter" else (
+        lambda: load(path, sharding))
+    with pytest.raises(pencilfft.MemoryLimitError, match="^" + re.escape(message)):
+        run()
+    monkeypatch.setenv("PENCILFFT_MEMORY_LIMIT", "16KiB")
+    _assert_blocks(run(), data, sharding)

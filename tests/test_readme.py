@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -130,3 +132,123 @@ def test_api_table_lists_the_public_api():
     missing = [name for name in pencilfft.__all__
                if f"`{name}(" not in table and f"`{name}`" not in table]
     assert not missing, f"docs/api/index.md's table (At a glance) lacks {missing}"
+
+
+def _test_command() -> str:
+    """The README's test command (Quickstart): a venv, the install, tests/run.sh."""
+    (command,) = re.findall(r"^python3 -m venv .*bash tests/run\.sh$", README.read_text(), re.M)
+    return command
+
+
+def test_the_test_command_is_quoted_the_same_everywhere():
+    """Every place that gives the suite's install gives the README's, word for word: CI runs
+    it exactly, tests/run.sh names its install when pytest or mpirun is missing, and the docs
+    quote it."""
+    command = _test_command()
+    install = re.search(r'pip install -e "[^"]+"', command).group(0)
+    assert install == 'pip install -e ".[mpi,fftw,test]"'  # FFTW asked for, so its tests run
+    assert command in (ROOT / ".ci" / "run").read_text()
+    assert f"INSTALL='{install}'" in (ROOT / "tests" / "run.sh").read_text()
+    for doc in ("docs/getting-started.md", "docs/development.md", "README.md",
+                "docs/troubleshooting.md"):
+        text = (ROOT / doc).read_text()
+        for quoted in re.findall(r'pip install -e "\.\[[\w,-]*test[\w,-]*\]"', text):
+            assert quoted == install, f"{doc} quotes {quoted}, the README's command {install}"
+
+
+@pytest.mark.parametrize("what", ["bare venv", "no mpirun"])
+def test_run_sh_without_the_test_extras_names_the_install(what, tmp_path):
+    """`bash tests/run.sh --quick` where pytest or mpirun is missing (a venv of the `[cli]`
+    Quickstart) stops before any step with one line naming the README's install."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MPIRUN", "PYTHON")}
+    if what == "bare venv":  # no pytest, no mpirun: what a `[cli]`-only venv has of them
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "v")],
+                       check=True, timeout=120)
+        env["PYTHON"], missing = str(tmp_path / "v" / "bin" / "python"), "pytest and mpirun"
+    else:
+        env["PYTHON"], env["MPIRUN"], missing = sys.executable, str(tmp_path / "mpirun"), "mpirun"
+    proc = subprocess.run(["bash", str(ROOT / "tests" / "run.sh"), "--quick"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stdout.splitlines()
+    install = re.search(r'pip install -e "[^"]+"', _test_command()).group(0)
+    assert line.startswith(f"tests/run.sh: {missing} ") and line.endswith(install), line
+    assert proc.stderr == ""
+
+
+def test_the_suite_duration_is_stated_once():
+    """How long the whole suite takes is said in the README alone; the other pages point to it
+    (they once said 14 minutes and 15)."""
+    pattern = re.compile(r"about \d+ min", re.I)
+    assert len(pattern.findall(README.read_text())) == 1
+    for page in [*(ROOT / "docs").rglob("*.md"), ROOT / "tests" / "run.sh"]:
+        assert not pattern.findall(page.read_text()), page
+
+
+def _documented_signatures() -> list[tuple[str, str]]:
+    """(name, parameters) of every `name(parameters)` in the API table (At a glance), `...`
+    and `(...)` left out."""
+    table = API_INDEX.read_text().split("## At a glance", 1)[1].split("\n## ", 1)[0]
+    found = []
+    for cell in (line.split("|")[1] for line in table.splitlines() if line.startswith("| `")):
+        for name, params in re.findall(r"`(\w+)\((.*?)\)`", cell):
+            if params.strip() != "...":
+                found.append((name, params))
+    return found
+
+
+def _split_params(params: str) -> list[str]:
+    """'a, b=(1, 2), *, c="x"' -> ['a', 'b=(1, 2)', '*', 'c="x"'] (commas inside brackets kept)."""
+    out, depth, current = [], 0, ""
+    for ch in params:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            out.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    return [p for p in [*out, current.strip()] if p]
+
+
+def test_api_table_defaults_match_the_signatures():
+    """Every parameter the API table names exists, on its side of `*`, with the default the
+    table gives (`inspect.signature`; a default the table leaves out is the docstring's to
+    say); the table once said `chunks=1` where the code says "auto"."""
+    import ast
+    import inspect
+
+    import numpy as np
+
+    import pencilfft
+
+    rows = _documented_signatures()
+    assert len(rows) >= 20, rows
+    problems = []
+    for name, params in rows:
+        signature = inspect.signature(getattr(pencilfft, name))
+        keyword_only = False
+        for param in _split_params(params):
+            if param == "...":
+                continue
+            if param == "*":
+                keyword_only = True
+                continue
+            if param.startswith("**"):
+                if not any(p.kind is inspect.Parameter.VAR_KEYWORD and p.name == param[2:]
+                           for p in signature.parameters.values()):
+                    problems.append(f"{name}: no {param}")
+                continue
+            pname, has_default, text = (s.strip() for s in param.partition("="))
+            actual = signature.parameters.get(pname)
+            if actual is None:
+                problems.append(f"{name}: no parameter {pname}")
+                continue
+            if keyword_only != (actual.kind is inspect.Parameter.KEYWORD_ONLY):
+                problems.append(f"{name}: {pname} is {actual.kind.description}")
+            if has_default:
+                wanted = np.complex64 if text == "complex64" else ast.literal_eval(text)
+                if actual.default is inspect.Parameter.empty or actual.default != wanted:
+                    problems.append(f"{name}: {pname}={text} in the table, "
+                                    f"{actual.default!r} in the code")
+    assert not problems, "docs/api/index.md (At a glance): " + "; ".join(problems)

@@ -26,7 +26,8 @@ from pencilfft._native import malloc as _malloc, threads as _threads
 from pencilfft._transforms import kernel as _kernel
 
 HAVE_FFTW = _kernel.kernel() == "fftw"
-needs_fftw = pytest.mark.skipif(not HAVE_FFTW, reason="the fftw extra is not installed")
+needs_fftw = pytest.mark.skipif(not HAVE_FFTW, reason="the fftw extra is not installed: "
+                                "pip install -e \".[mpi,fftw,test]\" runs these tests")
 TOL = {np.float32: 3e-6, np.float64: 1e-14}
 # Large enough for FFTW to split (and for the scaling pass: 2 x 2^18 reals), small enough to be
 # quick.

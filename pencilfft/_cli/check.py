@@ -4,6 +4,11 @@ For each case: the error of pfft3d against jnp.fft.fftn of the same array, again
 jaxdecomp.pfft3d (transposed layout, when jaxdecomp is installed and the grid needs no
 padding), the round-trip error of pifft3d(pfft3d(x), s=shape), the median forward time, and its
 speedup over jnp.fft.fftn on the sharded array (which all-gathers the grid onto every device).
+Both jnp.fft.fftn calls gather the grid onto every device first (`jax.sharding.reshard` to the
+replicated sharding), as XLA does when handed a sharded FFT it cannot distribute (every layout
+pencilfft takes leaves the last axis whole): the same program, but XLA has nothing to warn
+about, where on jax 0.12 it printed `[SPMD] Falling back to replicated execution for tiled FFT
+operation` once per program, lines that read as pencilfft gathering.
 A spectrum the mesh pads (docs/concepts.md, "Grids the mesh does not divide") is sliced back to the exact
 spectrum before the comparison, and its padding must be zero.  Only process 0 prints.
 jnp.fft.fftn is called as `_transforms.xla_fft` calls it: its FFT's layouts pinned on CPUs,
@@ -167,12 +172,13 @@ def check_case(x_np: np.ndarray, mesh_shape, layout: str, dtype: str, repeats: i
     fwd = jax.jit(lambda a: pfft3d(a, layout=layout))
     bwd = jax.jit(lambda a: pifft3d(a, s=shape[-3:], layout=layout))
     axes = (-3, -2, -1)
-    fftn_sharded = jax.jit(lambda a: xla_fft.fftn(a, "fft", axes))
+    # jnp.fft.fftn of the sharded array, gathered first (the module's docstring says why).
+    fftn_sharded = jax.jit(lambda a: xla_fft.fftn(jax.sharding.reshard(a, replicated), "fft", axes))
     lead = tuple(range(n_lead))
     order = lead + ((n_lead + 1, n_lead + 2, n_lead) if layout == "transposed"
                     else (n_lead, n_lead + 1, n_lead + 2))
-    reference = jax.jit(lambda a: jax.sharding.reshard(
-        jnp.transpose(xla_fft.fftn(a, "fft", axes), order), replicated))
+    reference = jax.jit(lambda a: jnp.transpose(
+        xla_fft.fftn(jax.sharding.reshard(a, replicated), "fft", axes), order))
     k = fwd(x)
     exact, pad = _exact_spectrum(k, tuple(shape[i] for i in order), replicated)
     ref = reference(x)
@@ -339,7 +345,8 @@ def run_check(args: argparse.Namespace) -> int:
             )
     console.print(table)
     console.print(f"errors: max|err|/max|ref|, tolerance {tol:g}; times: median of {args.repeats} "
-                  "forward runs; fftn(sharded): jnp.fft.fftn on the same sharded array")
+                  "forward runs; fftn(sharded): jnp.fft.fftn on the same sharded array, which "
+                  "gathers it onto every device")
     if padded:
         console.print("padded: the mesh does not divide the grid in k space ("
                       + "; ".join(f"{m}: {p}" for m, p in padded.items())

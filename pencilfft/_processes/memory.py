@@ -1,4 +1,4 @@
-"""Memory before work: how much a device has, and the check of a load against it.
+"""Memory before work: how much a device has, and autotune's check of a grid against it.
 
 A grid too big for the devices used to end deep inside XLA: on CPUs a failed allocation in one
 process left the others waiting in a collective until XLA's "Termination timeout" aborted the
@@ -12,7 +12,8 @@ job (SIGABRT) minutes later.  What a device has:
 
 `PENCILFFT_MEMORY_LIMIT` overrides the detected amount (bytes per device, e.g. `2GiB`) or turns
 the checks off (`off`).  A transform's own estimate and its chunk count are decided from this
-by `pencilfft._transforms.budget`; the loaders (`io`) and `autotune` check here.
+by `pencilfft._transforms.budget`, the loaders' by `blocks.Layout.check_memory`; `autotune`'s
+grid is checked here (`check_grid`).
 Every shape here is a per-device block unless it says global.
 """
 from __future__ import annotations
@@ -31,8 +32,8 @@ import numpy as np
 from . import agree as _agree
 
 __all__ = ["MemoryLimitError", "ENV", "HOW_TO_SET", "Available", "available", "block_bytes",
-           "check_grid", "check_load", "gib", "grid_text", "host_free", "local_devices",
-           "mesh_text", "setting"]
+           "check_grid", "gib", "grid_text", "host_free", "local_devices", "mesh_text",
+           "setting"]
 
 ENV = "PENCILFFT_MEMORY_LIMIT"
 _OFF = ("0", "off", "no", "false", "none")
@@ -234,33 +235,6 @@ def mesh_text(pdims: Sequence[int]) -> str:
 def grid_text(shape: Sequence[int], batch: Sequence[int], dtype: Any) -> str:
     lead = f" (batch {mesh_text(batch)})" if batch else ""
     return f"{mesh_text(shape)} {np.dtype(dtype).name} grid{lead}"
-
-
-def check_load(what: str, shape: Sequence[int], dtype: Any, mesh: Any, *,
-               verb: str = "loading", into: str = "read into") -> None:
-    """Raise MemoryLimitError if `load` (or `scatter`: `verb` "scattering", `into` "received
-    into") cannot hold its blocks of a global array of `shape`.
-
-    Each device receives its block; on CPU devices the block is first read (received) into
-    host memory, so it counts twice.
-    """
-    devices = local_devices(mesh)
-    free = available(devices, agree=False)  # the loaders agree on the error (`io._session`)
-    if free is None:
-        return
-    n = int(np.prod(mesh.devices.shape))
-    block = block_bytes(math.prod(shape), n, dtype)
-    copies = 2 if devices and devices[0].platform == "cpu" else 1
-    need = copies * block
-    if need <= free.per_device:
-        return
-    how = f" (its block, and the host copy it is {into})" if copies == 2 else ""
-    raise MemoryLimitError(
-        f"{verb} {what} (global shape {tuple(shape)}, {np.dtype(dtype).name}) on a "
-        f"{mesh_text(mesh.devices.shape)} mesh needs about {gib(need)} per device{how}, but a "
-        f"device has about {gib(free.per_device)} ({free.source}). Use a mesh with more "
-        f"devices (or more processes, nodes). {HOW_TO_SET}."
-    )
 
 
 def check_grid(shape: Sequence[int], dtype: Any, devices: Sequence[jax.Device]) -> None:
