@@ -2,12 +2,14 @@
 # The whole test suite: once in one process with 8 simulated CPU devices, then under
 # mpirun -np 2 (4 devices per process) and -np 4 (2 per process): 8 devices in every run; then,
 # where CI is set or PENCILFFT_TEST_SLURM=1 asks for it, the slurm/ scripts on a real one-node
-# Slurm started on this machine (tests/slurm/run.sh).
+# Slurm started on this machine (tests/slurm/run.sh); then, where CI is set or
+# PENCILFFT_TEST_MULTINODE=1 asks, the same across 4 nodes made of namespaces on this machine
+# (tests/multinode/run.sh).
 # Every test runs in the single-process step; under mpirun only those marked `mpirun`, what can
 # differ when a mesh spans processes, and under -np 4 only those of them that a 2-D grid of
 # processes changes (tests/conftest.py, PROCESS_GRID_FILES, says what and why).
 #
-#   bash tests/run.sh                 everything (about 14 min on an idle 2-core machine)
+#   bash tests/run.sh                 everything (how long: the README's Quickstart)
 #   bash tests/run.sh --quick         the quick subset (tests/conftest.py, QUICK_FILES): one
 #                                     process and mpirun -np 2, a few minutes
 #   bash tests/run.sh -k io           extra arguments go to pytest (no Slurm step)
@@ -27,6 +29,19 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 BIN=$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")
 MPIRUN=${MPIRUN:-$BIN/mpirun}
+# Without the test extras (a venv of `pip install -e ".[cli]"`, say), stop here with the one line
+# that says what to install, before any step: not pytest's and timeout's errors step by step.
+INSTALL='pip install -e ".[mpi,fftw,test]"'  # the README's test command (tests/test_readme.py)
+# (Both asked of the python, so that a stand-in python, tests/test_reliability.py's, stands in
+# for both.)
+MISSING=
+"$PY" -c "import pytest" 2>/dev/null || MISSING="pytest"
+"$PY" -c "import shutil, sys; sys.exit(shutil.which(sys.argv[1]) is None)" "$MPIRUN" 2>/dev/null \
+  || MISSING="${MISSING:+$MISSING and }mpirun ($MPIRUN)"
+if [ -n "$MISSING" ]; then
+  echo "tests/run.sh: $MISSING not found for $("$PY" -c 'import sys; print(sys.executable)' 2>/dev/null || echo "$PY"); install the test dependencies first: $INSTALL"
+  exit 2
+fi
 export PYTHONPATH="$PWD/tests/mp${PYTHONPATH:+:$PYTHONPATH}"
 QUICK=${PENCILFFT_TEST_QUICK:-0}
 if [ "${1:-}" = "--quick" ]; then QUICK=1; shift; fi
@@ -36,8 +51,8 @@ PYTEST=("$PY" -m pytest -q -p pencilfft_mpi_plugin -p no:cacheprovider)
 # Each step's limit: 1800 s for the step in one process, 900 s for each mpirun step, 1200 s
 # for Slurm (PENCILFFT_STEP_TIMEOUT sets all of them), so that stuck steps still end within
 # CI's 90 minutes.  Measured on an idle 2-core VM (2026-11-28), in a fresh clone: 529 s in
-# one process, 122 s under -np 2, 130 s under -np 4, 29 s for Slurm; about 14 minutes with the
-# install (1-2 min).  -np 4 runs only what a 2-D grid of processes changes
+# one process, 122 s under -np 2, 130 s under -np 4, 29 s for Slurm (the README says the
+# whole).  -np 4 runs only what a 2-D grid of processes changes
 # (tests/conftest.py, PROCESS_GRID_FILES).  The Slurm step's 1200 s cover a slow apt-get (its
 # own time-outs: 300 s each).
 SINGLE_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-1800}
@@ -72,7 +87,8 @@ summary_of() {  # summary_of FILE: pytest's last summary line in FILE ("3 passed
     | grep -E '(passed|failed|errors?|skipped|deselected|xfailed|xpassed|no tests ran).* in [0-9.]+s' \
     | tail -n 1 | sed 's/^=* *//; s/ *=*$//')
   if [ -z "$line" ]; then
-    line=$(grep -E '^== slurm: (skipped|cannot run):' "$1" 2>/dev/null | tail -n 1 | sed 's/^== slurm: //')
+    line=$(grep -E '^== (slurm|multinode): (skipped|cannot run):' "$1" 2>/dev/null | tail -n 1 \
+      | sed -E 's/^== (slurm|multinode): //')
   fi
   echo "$line"
 }
@@ -170,6 +186,23 @@ else
   echo "== slurm: a one-node Slurm on this machine (tests/slurm/run.sh)"
   step "slurm" "$SLURM_TIMEOUT" bash tests/slurm/run.sh || status=1
   record "slurm" "$STEP_SECONDS" "$STEP_STATUS" "$STEP_SUMMARY"
+fi
+
+# Several nodes (issue 65): a cluster of 4 namespace "nodes" on this machine, with a private
+# Slurm and MPICH's hydra across them (tests/multinode/run.sh; root).  Gated as the Slurm step:
+# where CI is set or PENCILFFT_TEST_MULTINODE=1 asks, never with a subset.
+MULTINODE_TIMEOUT=${PENCILFFT_STEP_TIMEOUT:-900}
+MULTINODE_HOW="PENCILFFT_TEST_MULTINODE=1 bash tests/run.sh runs it, as root: 4 network namespaces as nodes, a private Slurm on them"
+if [ $# -gt 0 ] || [ "$QUICK" = 1 ]; then
+  echo "== multinode: left out (a subset was asked for; $MULTINODE_HOW)"
+  record "multinode" - skipped "a subset was asked for"
+elif [ -z "${CI:-}" ] && [ "${PENCILFFT_TEST_MULTINODE:-0}" != 1 ]; then
+  echo "== multinode: skipped (CI is not set; $MULTINODE_HOW)"
+  record "multinode" - skipped "not CI: PENCILFFT_TEST_MULTINODE=1 runs it"
+else
+  echo "== multinode: 4 nodes on this machine (tests/multinode/run.sh)"
+  step "multinode" "$MULTINODE_TIMEOUT" bash tests/multinode/run.sh || status=1
+  record "multinode" "$STEP_SECONDS" "$STEP_STATUS" "$STEP_SUMMARY"
 fi
 
 echo

@@ -15,7 +15,7 @@ import jax
 import pytest
 from conftest import MPIRUN, MULTI_PROCESS, clean_env
 
-from pencilfft._processes import launch as _distributed
+from pencilfft._processes import exits, gloo_chatter, launch, launchers, placement, signals
 from pencilfft import initialize
 
 # A child that calls initialize() and reports what jax sees, as one JSON line on stdout.
@@ -120,7 +120,7 @@ def test_processes_of_a_node_got_their_own_cpus():
         pytest.skip("binding turned off")
     if "MPI_LOCALNRANKS" not in os.environ and "OMPI_COMM_WORLD_LOCAL_SIZE" not in os.environ:
         pytest.skip(f"launcher on {socket.gethostname()} names no local ranks")
-    expected = [_distributed.cpu_share(r, node.size, range(os.cpu_count())) for r in range(node.size)]
+    expected = [placement.cpu_share(r, node.size, range(os.cpu_count())) for r in range(node.size)]
     if any(len(cpus) < os.cpu_count() for cpus in every) and every != expected:
         pytest.skip(f"the launcher bound the processes itself: {every}")
     assert every == expected
@@ -272,7 +272,7 @@ _STEP = dict(SLURM_JOB_ID="9", SLURM_NTASKS="2", SLURM_STEP_ID="0", SLURM_STEP_N
 def test_srun_mpi_hint(env, mpi_size, expected, monkeypatch):
     # As in a process where MPI has not started (another test may have started it here).
     monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
-    hint = _distributed.srun_mpi_hint(mpi_size, env=env)
+    hint = launchers.srun_mpi_hint(mpi_size, env=env)
     if expected is None:
         assert hint is None
     else:
@@ -287,7 +287,7 @@ def test_srun_mpi_hint(env, mpi_size, expected, monkeypatch):
     [("4(x2),2", [4, 4, 2]), ("2", [2]), ("1(x3)", [1, 1, 1]), ("", []), ("2(x", [])],
 )
 def test_expand_tasks_per_node(value, expected):
-    assert _distributed._expand_tasks_per_node(value) == expected
+    assert launchers._expand_tasks_per_node(value) == expected
 
 
 @pytest.mark.parametrize(
@@ -301,7 +301,7 @@ def test_expand_tasks_per_node(value, expected):
     ],
 )
 def test_slurm_tasks_on_this_node(env, expected):
-    assert _distributed._slurm_tasks_on_this_node(env) == expected
+    assert launchers._slurm_tasks_on_this_node(env) == expected
 
 
 @pytest.mark.parametrize(
@@ -319,7 +319,7 @@ def test_slurm_tasks_on_this_node(env, expected):
     ],
 )
 def test_choose_local_device_ids(local_rank, local_size, visible, shared, expected):
-    assert _distributed._choose_local_device_ids(local_rank, local_size, visible, shared) == expected
+    assert placement.choose_local_device_ids(local_rank, local_size, visible, shared) == expected
 
 
 _SLURM = dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="n[01-02]", SLURM_NTASKS="8", SLURM_PROCID="5")
@@ -345,7 +345,7 @@ _SLURM = dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="n[01-02]", SLURM_NTASKS="8"
     ],
 )
 def test_slurm_arguments(env, overrides, expected_ids):
-    kwargs = _distributed._slurm_arguments({**_SLURM, **env}, overrides)
+    kwargs = launchers.slurm_arguments({**_SLURM, **env}, overrides)
     assert kwargs["cluster_detection_method"] == "slurm"
     assert kwargs.get("local_device_ids") == expected_ids
 
@@ -361,7 +361,7 @@ def test_slurm_arguments(env, overrides, expected_ids):
     ],
 )
 def test_launched_by_mpi(env, expected):
-    assert _distributed._launched_by_mpi(env) is expected
+    assert launchers.launched_by_mpi(env) is expected
 
 
 # --------------------------------------------------------------- arguments, abort on error
@@ -399,10 +399,10 @@ def test_switch_environment(monkeypatch, argname, env_name, value, expected):
     if expected is ValueError:
         with pytest.raises(ValueError, match=rf"{env_name} must be 1/true/yes/on or "
                                              r"0/false/no/off; got 'maybe'"):
-            _distributed._switch(None, argname, env_name)
+            launch._switch(None, argname, env_name)
     else:
-        assert _distributed._switch(None, argname, env_name) is expected
-    assert _distributed._switch(False, argname, env_name) is False  # the argument wins
+        assert launch._switch(None, argname, env_name) is expected
+    assert launch._switch(False, argname, env_name) is False  # the argument wins
 
 
 @pytest.mark.parametrize("value", ["yes", 1])
@@ -418,14 +418,14 @@ def test_initialize_rejects_bad_bind_cpus(value):
     (1, 2, [6, 2, 4, 3], [4, 6]),  # the CPUs this process may use, in order
 ])
 def test_cpu_share(rank, size, cpus, expected):
-    assert _distributed.cpu_share(rank, size, cpus) == expected
+    assert placement.cpu_share(rank, size, cpus) == expected
 
 
 def _fake_affinity(monkeypatch, cpus):
     calls = []
-    monkeypatch.setattr(_distributed.os, "sched_getaffinity", lambda pid: set(cpus))
-    monkeypatch.setattr(_distributed.os, "sched_setaffinity", lambda pid, c: calls.append(list(c)))
-    monkeypatch.setattr(_distributed.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(placement.os, "sched_getaffinity", lambda pid: set(cpus))
+    monkeypatch.setattr(placement.os, "sched_setaffinity", lambda pid, c: calls.append(list(c)))
+    monkeypatch.setattr(placement.os, "cpu_count", lambda: 8)
     return calls
 
 
@@ -438,8 +438,12 @@ def _fake_affinity(monkeypatch, cpus):
 ])
 def test_bind_cpus(monkeypatch, env, cpus, expected):
     calls = _fake_affinity(monkeypatch, cpus)
-    _distributed._bind_cpus(env, verbose=False)
+    said = placement.bind_cpus(env)
     assert calls == expected
+    assert said == (f"local process {env.get('MPI_LOCALRANKID', '0')} of "
+                    f"{env.get('MPI_LOCALNRANKS', env.get('OMPI_COMM_WORLD_LOCAL_SIZE'))}: bound "
+                    f"to CPUs {expected[0]} (PENCILFFT_BIND_CPUS=0 to leave them alone)"
+                    if expected else None)
 
 
 _WAY_OUT = "PENCILFFT_BIND_CPUS=0 (initialize(bind_cpus=False))"
@@ -460,7 +464,7 @@ def test_bad_local_rank_variables_say_which_and_the_way_out(monkeypatch, env, me
     """Were int()'s bare "invalid literal" or sched_setaffinity's "OSError: [Errno 22]"."""
     calls = _fake_affinity(monkeypatch, range(8))
     with pytest.raises(ValueError, match=re.escape(message) + ".*" + re.escape(_WAY_OUT)):
-        _distributed._bind_cpus(env, verbose=False)
+        placement.bind_cpus(env)
     assert calls == []
 
 
@@ -471,11 +475,11 @@ def test_bad_local_rank_variables_say_which_and_the_way_out(monkeypatch, env, me
 def test_bad_slurm_variables_say_which(env, name):
     with pytest.raises(ValueError, match=re.escape(f"environment variable {name} must be an "
                                                    "integer >= 0; SLURM sets it")):
-        _distributed._slurm_tasks_on_this_node(env)
+        launchers._slurm_tasks_on_this_node(env)
 
 
 def test_initialize_with_bad_slurm_ntasks_says_which(monkeypatch):
-    for var in _distributed._SLURM_VARS:
+    for var in launchers.SLURM_VARS:
         monkeypatch.setenv(var, "0")
     monkeypatch.setenv("SLURM_NTASKS", "many")
     with pytest.raises(ValueError, match=r"environment variable SLURM_NTASKS='many' must be an "
@@ -495,7 +499,7 @@ def test_gloo_chatter_is_dropped_from_standard_output():
 
     read_end, write_end = os.pipe()
     fd = os.dup(write_end)  # "standard output"
-    filt = _distributed._LineFilter(fd)
+    filt = gloo_chatter.LineFilter(fd)
     try:
         os.write(fd, b"before\n" + _GLOO % (0, 3, 3))
         for piece in (b"[Gloo] Rank ", b"1 is connected to 2 peer ranks. ",  # unbuffered C++
@@ -534,7 +538,7 @@ def test_gloo_chatter_is_dropped_from_standard_output():
 @pytest.mark.skipif(not MULTI_PROCESS, reason="needs mpirun")
 def test_gloo_filter_is_on_under_mpirun():
     """conftest's initialize() under mpirun started the filter (verbose=False)."""
-    assert len(_distributed._FILTER) == 1
+    assert len(gloo_chatter._FILTER) == 1
 
 
 # ------------------------------------------------------------------------------- signals
@@ -547,20 +551,20 @@ def test_signal_handlers_install_once_and_restore(monkeypatch):
     wakeup = signal.set_wakeup_fd(-1)
     signal.set_wakeup_fd(wakeup)
     try:
-        assert _distributed._install_signal_handlers()
-        assert signal.getsignal(signal.SIGTERM) is _distributed._on_signal
-        assert signal.getsignal(signal.SIGINT) is _distributed._on_signal
-        assert _distributed._install_signal_handlers()  # once
-        _distributed._remove_signal_handlers()
+        assert signals.install()
+        assert signal.getsignal(signal.SIGTERM) is signals._on_signal
+        assert signal.getsignal(signal.SIGINT) is signals._on_signal
+        assert signals.install()  # once
+        signals.remove()
         assert {s: signal.getsignal(s) for s in before} == before
         assert signal.set_wakeup_fd(wakeup) == wakeup  # ours is gone
         # SIGINT ignored at start (nohup, a background job of a script) stays ignored
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        assert _distributed._install_signal_handlers()
+        assert signals.install()
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        assert signal.getsignal(signal.SIGTERM) is _distributed._on_signal
+        assert signal.getsignal(signal.SIGTERM) is signals._on_signal
     finally:
-        _distributed._remove_signal_handlers()
+        signals.remove()
         for s, handler in before.items():
             signal.signal(s, handler)
         signal.set_wakeup_fd(wakeup)
@@ -569,7 +573,7 @@ def test_signal_handlers_install_once_and_restore(monkeypatch):
 @MPIRUN  # depends on the number of processes
 def test_signal_handlers_only_with_several_processes():
     """conftest called initialize(): under mpirun SIGTERM ends the job, in one process not."""
-    assert _distributed._SignalState.installed == MULTI_PROCESS
+    assert signals.installed() == MULTI_PROCESS
 
 
 @MPIRUN  # depends on the number of processes
@@ -585,13 +589,55 @@ def test_abort_hook_install_is_idempotent_and_removable():
 
     before = sys.excepthook
     try:
-        assert _distributed._install_abort_hook()
+        assert exits.install()
         hook = sys.excepthook
         assert hook._pencilfft_abort and hook._pencilfft_previous is before
-        assert _distributed._install_abort_hook() and sys.excepthook is hook  # not twice
-        _distributed._remove_abort_hook()
+        assert exits.install() and sys.excepthook is hook  # not twice
+        exits.remove()
         assert sys.excepthook is before
-        _distributed._remove_abort_hook()  # nothing installed: nothing changes
+        exits.remove()  # nothing installed: nothing changes
         assert sys.excepthook is before
     finally:
         sys.excepthook = before
+
+
+# ------------------------------------------------------------------- the mpich wheel under srun
+
+_SRUN_PMI2 = {"SLURM_MPI_TYPE": "pmi2", "PMI_FD": "11", "PMI_RANK": "0", "PMI_SIZE": "2",
+              "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2"}
+
+
+@pytest.mark.parametrize("env,wheel,chosen", [
+    (_SRUN_PMI2, True, "ofi"),  # srun --mpi=pmi2 with the wheel: OFI
+    ({**_SRUN_PMI2, "MPICH_CH4_NETMOD": "ucx"}, True, "ucx"),  # the user's choice is kept
+    ({**_SRUN_PMI2, "MPI_LOCALRANKID": "0"}, True, None),  # hydra serves PMI: nothing to do
+    ({**_SRUN_PMI2, "SLURM_MPI_TYPE": "pmix"}, True, None),  # another plug-in
+    (_SRUN_PMI2, False, None),  # a site's MPI (mpi4py built on it, no wheel)
+    ({**_SRUN_PMI2, "I_MPI_ROOT": "/opt/intel/mpi"}, True, None),  # Intel MPI's
+], ids=["srun-pmi2-wheel", "user-choice", "hydra", "pmix", "site-mpi", "intel-mpi"])
+def test_mpich_wheel_takes_ofi_under_srun_pmi2(env, wheel, chosen, monkeypatch):
+    """Issue 65: the mpich wheel's UCX layer failed 1-2 srun jobs of 3 across nodes (its
+    addresses overflow the 1024-byte read of Slurm's PMI-1 handler); OFI's addresses fit.
+    `initialize` calls this before MPI starts; tests/multinode/ checks it across nodes."""
+    from pencilfft._processes import mpich
+
+    for name in ("MPI4PY_LIBMPI", "I_MPI_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        if name in ("MPI4PY_LIBMPI", "I_MPI_ROOT"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setattr(mpich.importlib.metadata, "distribution",
+                        (lambda name: object()) if wheel else _no_distribution)
+    environ = dict(env)
+    said = mpich.prepare(environ)
+    assert environ.get("MPICH_CH4_NETMOD") == chosen
+    if chosen == "ofi":
+        assert said is not None and "MPICH_CH4_NETMOD=ofi" in said and "1024" in said
+    else:
+        assert said is None
+
+
+def _no_distribution(name):
+    import importlib.metadata
+
+    raise importlib.metadata.PackageNotFoundError(name)

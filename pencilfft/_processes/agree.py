@@ -8,12 +8,14 @@ the job would wait forever.  Two tools:
 
 * `least(value, what)`: the smallest of the values every process passed (the free memory each
   one reads for itself: every process then plans with the least);
-* `same(decisions, what, settings)`: every process's decisions side by side; where they differ,
-  the same error on every process naming each process's values (and the settings that fed
-  them), instead of a hang.  `plan_decisions(plan, x)` is what a transform's program depends
-  on: every field of its static plan (global shape with the batch, dtypes, kinds, norm, layout,
-  padding, chunks, exchanges), its mesh by shape, axis names, axis types and devices, and the
-  kind of input.
+* `same(decisions, what, settings, arguments)`: every process's decisions side by side; where
+  they differ, the same error on every process, instead of a hang.  It leads with what the
+  user gave that differs, in the user's words (`norm: 'backward' on process 0, 'ortho' on
+  process 1`, then any setting that differs, such as `jax_enable_x64`), and follows with each
+  process's values of the decisions that differ (a plan's fields, the N-D names' stages).
+  `plan_decisions(plan, x)` is what a transform's program depends on: every field of its
+  static plan (global shape with the batch, dtypes, kinds, norm, layout, padding, chunks,
+  exchanges), its mesh by shape, axis names, axis types and devices, and the kind of input.
 
 Both go through MPI where it runs (one collective), else through jax.distributed's key-value
 store; a process that never gets there makes the others fail after `TIMEOUT_S` seconds with an
@@ -38,7 +40,7 @@ from .._jax_private import distributed_client  # noqa: F401 - the tests look it 
 from .launch import running_mpi
 
 __all__ = ["least", "gather", "same", "plan_decisions", "spans_processes", "DifferentPlansError",
-           "TIMEOUT_S"]
+           "TIMEOUT_S", "shown"]
 
 TIMEOUT_S = float(os.environ.get("PENCILFFT_AGREE_TIMEOUT", "300"))
 
@@ -111,6 +113,21 @@ def _store_gather(value: str, what: str) -> list[str]:
     return values
 
 
+def _same_digest(text: str) -> bool:
+    """Under MPI, whether every process has the same `text`, by one allreduce of its digest (the
+    least and the greatest over the job are equal): a few bytes and log(processes) messages a
+    process, where gathering every process's text (about a kilobyte) to every process grows as
+    processes squared.  False where they differ (the texts are then gathered for the message)
+    and without MPI (the key-value store gathers them)."""
+    mpi = running_mpi()
+    if mpi is None:
+        return False
+    digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+    bounds = np.array([digest, -digest], np.int64)
+    mpi.COMM_WORLD.Allreduce(mpi.IN_PLACE, bounds, op=mpi.MIN)
+    return int(bounds[0]) == -int(bounds[1])
+
+
 def plan_decisions(plan, x=None) -> dict[str, object]:
     """What the program of a transform depends on, for `same`: every field of its static
     `plan` (a dataclass: a field added to it later is compared too), a mesh by its axis names,
@@ -133,19 +150,27 @@ class _Shown(str):
         return str(self)
 
 
+def shown(value) -> str:
+    """`value` as `same` shows and compares it: its repr, but a mesh by `_mesh_text` (short at
+    any size, its devices by a digest), a dtype by its name and a NamedSharding as its spec on
+    such a mesh (all quoted, as strings)."""
+    if isinstance(value, _Shown):
+        return value
+    if isinstance(value, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+        value = _mesh_text(value)
+    elif isinstance(value, np.dtype):
+        value = str(value)
+    elif isinstance(value, jax.sharding.NamedSharding):
+        value = f"{value.spec} on {_mesh_text(value.mesh)}"
+    return repr(value)
+
+
 @functools.lru_cache(maxsize=256)
 def _plan_fields(plan) -> tuple[tuple[str, _Shown], ...]:
-    """(name, value as shown) of every field of `plan`: written once per plan, as an eager
-    call must stay cheap; meshes by `_mesh_text`, dtypes by name."""
-    fields = []
-    for field in dataclasses.fields(plan):
-        value = getattr(plan, field.name)
-        if isinstance(value, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
-            value = _mesh_text(value)
-        elif isinstance(value, np.dtype):
-            value = str(value)
-        fields.append((field.name, _Shown(repr(value))))
-    return tuple(fields)
+    """(name, value as shown) of every field of `plan` (`shown`): written once per plan, as an
+    eager call must stay cheap."""
+    return tuple((field.name, _Shown(shown(getattr(plan, field.name))))
+                 for field in dataclasses.fields(plan))
 
 
 @functools.lru_cache(maxsize=64)
@@ -164,26 +189,59 @@ def _mesh_text(mesh) -> str:
 
 # Separators of `same`'s message (control characters that no repr writes).
 _RECORD, _FIELD, _PAIR = "\x1d", "\x1e", "\x1f"
+_PARTS = ("decisions", "settings", "arguments")
+
+
+def _text(values: Mapping[str, object]) -> str:
+    return _FIELD.join(f"{k}{_PAIR}{shown(v)}" for k, v in values.items())
 
 
 def _parsed(text: str) -> dict[str, dict[str, str]]:
-    decisions, _, settings = text.partition(_RECORD)
+    parts = text.split(_RECORD) + [""] * len(_PARTS)
     return {kind: dict(field.split(_PAIR, 1) for field in part.split(_FIELD) if field)
-            for kind, part in (("decisions", decisions), ("settings", settings))}
+            for kind, part in zip(_PARTS, parts)}
+
+
+def _ranks(ranks: list[int]) -> str:
+    """'process 3', 'processes 0, 2-5': a set of processes, short at any count."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}"
+                     for a, b in runs)
+    return f"process{'es' if len(ranks) > 1 else ''} {text}"
+
+
+def _by_value(values: list[str]) -> str:
+    """"'backward' on process 0, 'ortho' on process 1": each value once, with the processes
+    that had it, in the order first seen."""
+    holders: dict[str, list[int]] = {}
+    for rank, value in enumerate(values):
+        holders.setdefault(value, []).append(rank)
+    return ", ".join(f"{value} on {_ranks(ranks)}" for value, ranks in holders.items())
 
 
 def same(decisions: Mapping[str, object], what: str,
-         settings: Mapping[str, object] | None = None) -> None:
+         settings: Mapping[str, object] | None = None,
+         arguments: Mapping[str, object] | None = None) -> None:
     """Raise `DifferentPlansError` on every process unless every process made the same
-    `decisions` (name -> value) for `what`; `settings` (name -> this process's value) are only
-    reported, as what fed the decisions (with jax's 64-bit switch, which every dtype follows).
-    Nothing to do in one process."""
+    `decisions` (name -> value, compared as `shown`) for `what`.  `arguments` (what the user
+    gave, by the names the user knows: `x.shape`, `norm`, `chunks`) and `settings` (this
+    process's environment, with jax's 64-bit switch, which every dtype follows) are not
+    compared, only reported: the message leads with those that differ, in the user's words,
+    and follows with each process's value of every decision that differs (the plan, the
+    stages) and of every setting.  One exchange (`gather`); nothing to do in one process."""
     if jax.process_count() == 1:
         return
     settings = {"jax_enable_x64": bool(jax.config.jax_enable_x64), **(settings or {})}
-    # Plain text, not JSON: every eager call sends it, and it is parsed only when it differs.
-    mine = _RECORD.join((_FIELD.join(f"{k}{_PAIR}{v!r}" for k, v in decisions.items()),
-                         _FIELD.join(f"{k}{_PAIR}{v!r}" for k, v in settings.items())))
+    decided = _text(decisions)
+    if _same_digest(decided):
+        return
+    # Plain text, not JSON: parsed only when it differs.
+    mine = _RECORD.join((decided, _text(settings), _text(arguments or {})))
     texts = gather(mine, "plan")
     if all(t.partition(_RECORD)[0] == texts[0].partition(_RECORD)[0] for t in texts):
         return
@@ -191,23 +249,30 @@ def same(decisions: Mapping[str, object], what: str,
     if all(e["decisions"] == every[0]["decisions"] for e in every):
         return  # the same decisions, in another order
 
-    def table(kind: str, keys) -> str:
-        rows = []
-        for key in keys:
-            values = [e[kind].get(key, "(not set)") for e in every]
-            if kind == "settings" or len(set(values)) > 1:
-                rows.append(f"{key}: " + ", ".join(f"process {i}: {v}"
-                                                   for i, v in enumerate(values)))
-        return "; ".join(rows)
-
     def keys(kind: str) -> list[str]:  # every process's, in first-seen order
         return list(dict.fromkeys(k for e in every for k in e[kind]))
 
-    differ = table("decisions", keys("decisions"))
-    fed = table("settings", keys("settings"))
+    def values(kind: str, key: str) -> list[str]:
+        return [e[kind].get(key, "(not set)") for e in every]
+
+    def table(kind: str, differing_only: bool) -> str:
+        rows = []
+        for key in keys(kind):
+            shown_ = values(kind, key)
+            if not differing_only or len(set(shown_)) > 1:
+                rows.append(f"{key}: " + ", ".join(f"process {i}: {v}"
+                                                   for i, v in enumerate(shown_)))
+        return "; ".join(rows)
+
+    lead = "; ".join(f"{key}: {_by_value(values(kind, key))}"
+                     for kind in ("arguments", "settings") for key in keys(kind)
+                     if len(set(values(kind, key))) > 1)
+    differ = table("decisions", True)
+    fed = table("settings", False)
     raise DifferentPlansError(
         f"pencilfft: the {len(every)} processes of this job decided {what} differently, and "
-        f"would wait for each other forever in its exchanges: {differ}"
+        f"would wait for each other forever in its exchanges: "
+        + (f"{lead}. So their plans differ: {differ}" if lead else differ)
         + (f". What each process had: {fed}" if fed else "")
         + ". Give every process the same program, arguments and settings (the environment of "
         "`mpirun -x`, `srun --export`: JAX_ENABLE_X64 changes every dtype), and the same "
