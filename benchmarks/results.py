@@ -17,8 +17,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks import (batch, chunks, device, fft, gpu, harness, kernel, kinds, layouts, margin,
-                        memory, mpi, nd, paint, pm, pm_rss, power, steady, steps)
+from benchmarks import (async_loop, batch, chunks, device, fft, gpu, harness, kernel, kinds,
+                        layouts, margin, memory, mpi, nd, overlap, paint, pm, pm_rss, power,
+                        ranks, steady, steps)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -54,6 +55,9 @@ TABLES: dict[str, tuple[Callable[..., str], int]] = {
     "steady-heap": (steady.heap_table, 1),
     "pm-rss": (pm_rss.table, 1),
     "nd": (nd.table, 1),
+    "async-loop": (async_loop.table, 1),
+    "ranks": (ranks.table, 1),
+    "overlap": (overlap.table, 1),
 }
 # Kinds whose data a lent machine has yet to give: RESULTS.md says so, with the command that
 # measures them (a test holds the two together), until a block of that kind replaces it.

@@ -28,11 +28,12 @@ from collections.abc import Callable
 import jax
 
 from . import local, mixed, mpi, reshard, xla
-from ._common import in_mesh
+from ._common import concrete, in_mesh, process_groups, traced_mesh, within_processes
 
 __all__ = ["ALGORITHMS", "AUTO_ORDER", "Algorithm", "EXCHANGES", "PAIRWISE_MIN_BYTES",
-           "PLAIN_ALLTOALL_MAX", "choose", "in_mesh", "local", "local_status", "mixed", "mpi",
-           "reshard", "xla"]
+           "PLAIN_ALLTOALL_MAX", "choose", "concrete", "in_mesh", "local", "local_status",
+           "mixed", "mpi", "process_groups", "reshard", "traced_mesh", "within_processes",
+           "xla"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,15 @@
 // Exchanges that depend on each other (the steps of one transform, iterations of a loop)
 // run one after the other on every process; messages of one tag between two processes are
 // received in the order sent (MPI's non-overtaking rule).
+//
+// Pipelined stages (issue 66).  PencilfftMpiExchangeStart posts the all-to-all of one piece and
+// returns at once with a token; PencilfftMpiExchangeWait, given the token, the block that was
+// sent and the buffer being received into, completes when the messages are in.  The program puts
+// the next piece's FFT between the two calls, and the progress thread moves this piece's
+// messages meanwhile: the overlap does not depend on XLA running thunks concurrently.  Both
+// buffers stay XLA's, alive until the wait (it takes them as operands; its result aliases the
+// received one), and the wait checks that they are where the start left them: a copy by XLA of
+// a buffer in flight would be an error, never wrong data.
 #include <mpi.h>
 
 #include <algorithm>
@@ -423,6 +432,125 @@ ffi::Future AllReduce(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32
   return Start(op);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The pipelined exchange: one piece's all-to-all started, the next piece's work, then the wait.
+
+// One started exchange, from PencilfftMpiExchangeStart until its wait has returned.
+struct Flight {
+  std::mutex mutex;
+  bool done = false;          // its messages are in (set by the progress thread's finish)
+  bool waited = false;        // its wait came and found it not done: `promise` is awaited
+  ffi::Promise promise;
+  const void* send = nullptr;  // the buffers the messages use, checked by the wait
+  void* recv = nullptr;
+};
+
+std::mutex flights_mutex;
+std::map<int32_t, std::shared_ptr<Flight>> flights;  // token -> the exchange in flight
+int32_t next_token = 1;
+
+std::shared_ptr<Flight> TakeFlight(int32_t token) {
+  std::lock_guard<std::mutex> lock(flights_mutex);
+  auto it = flights.find(token);
+  if (it == flights.end()) return nullptr;
+  std::shared_ptr<Flight> flight = it->second;
+  flights.erase(it);
+  return flight;
+}
+
+// x: (n, ...) chunk-major, chunk j for peer j; sending: x itself (aliased), what the wait is
+// given to keep it alive; recv: same shape, chunk j from peer j once the wait has returned;
+// token: what the wait is given.
+ffi::Error ExchangeStart(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
+                         ffi::Result<ffi::Buffer<ffi::S32>> token,
+                         ffi::Result<ffi::AnyBuffer> sending, ffi::Result<ffi::AnyBuffer> recv,
+                         int64_t n, int64_t key, ffi::Span<const int32_t> ranks) {
+  int64_t start = 0, pos = 0, group = 0;
+  std::string why = Begin(instance, where, n, ranks, x.size_bytes(), recv->size_bytes(), n,
+                          &start, &pos, &group);
+  if (!why.empty()) {
+    return ffi::Error(ffi::ErrorCode::kInternal, "pencilfft MPI exchange: " + why);
+  }
+  if (token->element_count() != 1 || sending->untyped_data() != x.untyped_data()) {
+    return ffi::Error(ffi::ErrorCode::kInternal,
+                      "pencilfft MPI exchange: start's results (internal error)");
+  }
+  const int64_t chunk = static_cast<int64_t>(x.size_bytes()) / n;
+  char* src = static_cast<char*>(x.untyped_data());
+  char* dst = static_cast<char*>(recv->untyped_data());
+  std::memcpy(dst + pos * chunk, src + pos * chunk, chunk);  // one's own chunk stays
+  auto flight = std::make_shared<Flight>();
+  flight->send = src;
+  flight->recv = dst;
+  int32_t id;
+  {
+    std::lock_guard<std::mutex> lock(flights_mutex);
+    id = next_token;
+    next_token = next_token == INT32_MAX ? 1 : next_token + 1;
+    flights[id] = flight;
+  }
+  token->typed_data()[0] = id;
+  if (n == 1) {
+    flight->done = true;
+    return ffi::Error::Success();
+  }
+  auto* op = new Pending();
+  op->requests.reserve(2 * (n - 1) * (chunk / kPiece + 1));
+  op->finish = [flight] {
+    std::lock_guard<std::mutex> lock(flight->mutex);
+    flight->done = true;
+    if (flight->waited) flight->promise.SetAvailable();
+  };
+  for (int64_t s = 1; s < n; ++s) {
+    const int64_t peer = (pos - s + n) % n;
+    if (!Post(op, true, dst + peer * chunk, chunk, ranks[start + peer],
+              Tag(instance, group, peer, pos))) {
+      return ffi::Error(ffi::ErrorCode::kInternal, "pencilfft MPI exchange: MPI_Irecv failed");
+    }
+  }
+  for (int64_t s = 1; s < n; ++s) {
+    const int64_t peer = (pos + s) % n;
+    if (!Post(op, false, src + peer * chunk, chunk, ranks[start + peer],
+              Tag(instance, group, pos, peer))) {
+      return ffi::Error(ffi::ErrorCode::kInternal, "pencilfft MPI exchange: MPI_Isend failed");
+    }
+  }
+  progress().Add(op);  // (its own promise is completed too, and awaited by nobody)
+  return ffi::Error::Success();
+}
+
+// Completes when the exchange `token` started is in; `sent` and `recv` are the buffers it was
+// started with (start's `sending` and `recv`; the result is `recv`, aliased).
+ffi::Future ExchangeWait(ffi::Buffer<ffi::S32> token, ffi::AnyBuffer sent, ffi::AnyBuffer recv,
+                         ffi::Result<ffi::AnyBuffer> y) {
+  if (token.element_count() != 1) return Failed("token size (internal error)");
+  std::shared_ptr<Flight> flight = TakeFlight(token.typed_data()[0]);
+  if (!flight) return Failed("no exchange in flight for this token (internal error)");
+  if (flight->send != sent.untyped_data() || flight->recv != recv.untyped_data() ||
+      y->untyped_data() != recv.untyped_data()) {
+    // XLA moved a buffer that MPI is still reading or writing: refuse, rather than hand on
+    // what the copy caught.  (The messages still land in the old buffers, kept by `flight`'s
+    // owner... which is nobody now: the job must end.)
+    return Failed("a buffer of an exchange in flight was moved by the compiler (internal "
+                  "error: pass pipeline=False, and report it)");
+  }
+  std::lock_guard<std::mutex> lock(flight->mutex);
+  if (flight->done) return Done();
+  flight->waited = true;
+  return ffi::Future(flight->promise);
+}
+
+// `x` itself (the result aliases it), once the other operands exist: an order between work that
+// shares no data, which XLA keeps (it drops optimization barriers before it schedules the CPU
+// program, and would run the pipeline's steps in any order).
+ffi::Error After(ffi::AnyBuffer x, ffi::RemainingArgs, ffi::Result<ffi::AnyBuffer> y) {
+  if (y->untyped_data() != x.untyped_data()) {
+    std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiInstantiate, Instantiate,
@@ -437,6 +565,31 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiExchange, Exchange,
                                   .Attr<int64_t>("n")
                                   .Attr<int64_t>("key")
                                   .Attr<ffi::Span<const int32_t>>("ranks"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiExchangeStart, ExchangeStart,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<Instance>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("n")
+                                  .Attr<int64_t>("key")
+                                  .Attr<ffi::Span<const int32_t>>("ranks"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiExchangeWait, ExchangeWait,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftAfter, After,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .RemainingArgs()
+                                  .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiShift, Shift,
                               ffi::Ffi::Bind()

@@ -55,11 +55,15 @@ from .._jax_private import invariant_over
 from .._processes import agree
 from ._common import concrete, coordinates, def_linear, process_groups, traced_mesh
 
-__all__ = ["allreduce", "available", "exchange", "shift", "status", "unavailable_reason"]
+__all__ = ["after", "allreduce", "available", "exchange", "exchange_start", "exchange_wait",
+           "shift", "status", "unavailable_reason"]
 
 TARGET = "pencilfft_mpi_exchange"
 SHIFT_TARGET = "pencilfft_mpi_shift"  # halo_exchange's neighbour sends
 ALLREDUCE_TARGET = "pencilfft_mpi_allreduce"  # power_spectrum's sum over processes
+START_TARGET = "pencilfft_mpi_exchange_start"  # a pipelined stage's exchange, posted...
+WAIT_TARGET = "pencilfft_mpi_exchange_wait"  # ... and completed after the next piece's work
+AFTER_TARGET = "pencilfft_mpi_after"  # x, ordered after other values (the pipeline's steps)
 
 INSTANCE_TYPE = "pencilfft_mpi_instance"  # the FFI state holding each call's MPI tag
 
@@ -82,6 +86,9 @@ def _library():
     instantiate = "PencilfftMpiInstantiate"
     return _native.register(lib, {TARGET: (instantiate, "PencilfftMpiExchange"),
                                   SHIFT_TARGET: (instantiate, "PencilfftMpiShift"),
+                                  START_TARGET: (instantiate, "PencilfftMpiExchangeStart"),
+                                  WAIT_TARGET: "PencilfftMpiExchangeWait",
+                                  AFTER_TARGET: "PencilfftAfter",
                                   ALLREDUCE_TARGET: (instantiate, "PencilfftMpiAllReduce")},
                             INSTANCE_TYPE)
 
@@ -164,6 +171,32 @@ def exchange(y: jax.Array, axis_name: str, n: int) -> jax.Array:
     mesh = concrete(traced_mesh())
     return exchange_p.bind(y, coordinates(mesh, axis_name), groups=process_groups(mesh, axis_name), n=n,
                            axis_name=axis_name)
+
+
+def exchange_start(y: jax.Array, axis_name: str, n: int) -> tuple[jax.Array, jax.Array,
+                                                                   jax.Array]:
+    """Inside shard_map: `exchange`'s messages posted, not awaited: (a token, the block being
+    sent (`y`'s buffer itself), the block being received into).  Give all three to
+    `exchange_wait`, with the work to overlap between the two calls: both blocks are in MPI's
+    hands until then (the wait holds them alive; nothing else may use them).  Not
+    differentiable by itself: a pipelined stage differentiates through the plain `exchange`
+    (`_transforms.chunks`)."""
+    mesh = concrete(traced_mesh())
+    return start_p.bind(y, coordinates(mesh, axis_name), groups=process_groups(mesh, axis_name),
+                        n=n, axis_name=axis_name)
+
+
+def exchange_wait(token: jax.Array, sent: jax.Array, received: jax.Array) -> jax.Array:
+    """The block `exchange_start` received into, once its messages are in (the same result as
+    `exchange` of `sent`)."""
+    return wait_p.bind(token, sent, received)
+
+
+def after(x: jax.Array, *deps: jax.Array) -> jax.Array:
+    """`x` itself, computed only once every one of `deps` is (an order XLA keeps between work
+    that shares no data: XLA:CPU drops `optimization_barrier`s before it schedules).  No copy:
+    the result is `x`'s buffer.  On CPUs (the pipelined MPI exchange)."""
+    return after_p.bind(x, *deps)
 
 
 def shift(y: jax.Array, axis_name: str, n: int, by: int, periodic: bool) -> jax.Array:
@@ -314,3 +347,76 @@ mlir.register_lowering(allreduce_p, _cpu_lowering(ALLREDUCE_TARGET, "the MPI red
                        platform="cpu")
 mlir.register_lowering(allreduce_p, mlir.lower_fun(_lower_allreduce_other,
                                                    multiple_results=False))
+
+
+# ----------------------------------------------------------------------------------------------
+# The pipelined exchange (issue 66): `exchange` in two calls, the next piece's work between them.
+# On CPUs only (the "mpi" exchange runs nowhere else); under vmap the batch rides behind the
+# chunk axis, as for `exchange`.
+
+
+start_p = Primitive(START_TARGET)
+start_p.multiple_results = True
+wait_p = Primitive(WAIT_TARGET)
+
+
+def _start_abstract_eval(y, where, **params):
+    del where, params
+    return y.update(shape=(1,), dtype=np.dtype(np.int32)), y, y
+
+
+def _start_batch(args, dims, **params):
+    (y, where), (d, dwhere) = args, dims
+    if dwhere is not None:
+        raise NotImplementedError("internal: the MPI exchange's coordinates are never batched")
+    outs = start_p.bind(jnp.moveaxis(y, d, 1), where, **params)
+    return outs, (None, 1, 1)
+
+
+def _wait_batch(args, dims):
+    token, sent, received = args
+    dtoken, dsent, dreceived = dims
+    if dtoken is not None or dsent != 1 or dreceived != 1:
+        raise NotImplementedError("internal: a pipelined exchange batched unlike its start")
+    return wait_p.bind(token, sent, received), 1
+
+
+def _lower_start(ctx, y, where, *, groups, n, axis_name):
+    del axis_name
+    why = _load()
+    if why is not None:
+        raise ValueError(f"a pipelined `exchange`='mpi' cannot run here: {why}")
+    return jax.ffi.ffi_lowering(START_TARGET, has_side_effect=True, operand_output_aliases={0: 1})(
+        ctx, y, where, n=np.int64(n), key=_key(ctx, START_TARGET, groups=groups, n=n),
+        ranks=np.asarray(groups, np.int32).reshape(-1))
+
+
+start_p.def_abstract_eval(_start_abstract_eval)
+batching.primitive_batchers[start_p] = _start_batch
+mlir.register_lowering(start_p, _lower_start, platform="cpu")
+wait_p.def_abstract_eval(lambda token, sent, received: received)
+batching.primitive_batchers[wait_p] = _wait_batch
+# The result is the received buffer itself: nothing is copied, and the wait checks it.
+mlir.register_lowering(wait_p, jax.ffi.ffi_lowering(WAIT_TARGET, has_side_effect=True,
+                                                    operand_output_aliases={2: 0}),
+                       platform="cpu")
+
+
+after_p = Primitive(AFTER_TARGET)
+
+
+def _after_batch(args, dims):
+    x, *deps = args
+    return after_p.bind(x, *deps), dims[0]
+
+
+def _lower_after(ctx, x, *deps):
+    why = _load()
+    if why is not None:
+        raise ValueError(f"a pipelined `exchange`='mpi' cannot run here: {why}")
+    return jax.ffi.ffi_lowering(AFTER_TARGET, operand_output_aliases={0: 0})(ctx, x, *deps)
+
+
+after_p.def_abstract_eval(lambda x, *deps: x)
+batching.primitive_batchers[after_p] = _after_batch
+mlir.register_lowering(after_p, _lower_after, platform="cpu")

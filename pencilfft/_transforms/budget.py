@@ -66,7 +66,7 @@ def transform_estimate(plan: Any, forward: bool) -> Estimate:
     2 where every stage writes in place (XLA's analysis: exactly 2 + 2/chunks blocks kept,
     1 + 2/chunks donated), 3 where the first stage cannot (real-to-complex: the real piece, its
     spectrum and its exchanged copy), plus one k-space block where a later stage cannot (its
-    new output beside its input).
+    new output beside its input); pipelined (`plan.pipeline`), 4 pieces more.
     """
     devices = plan.mesh.size if plan.mesh is not None else 1  # batch axes split it too
     batch = math.prod(plan.batch)
@@ -77,7 +77,10 @@ def transform_estimate(plan: Any, forward: bool) -> Estimate:
         return Estimate(inp, out, k, 2 if devices > 1 and not _one_pass(plan) else 1)
     stages = in_place(plan)
     first, later = (stages[0], stages[1:]) if forward else (stages[2], stages[:2])
-    return Estimate(inp, out, -(-k // plan.chunks), 2 if first and all(later) else 3,
+    # Pipelined, up to 4 pieces more (XLA's analysis: 2-4): the one received, the next one
+    # packed, the one before being finished, and the loop's copy of one of them.
+    return Estimate(inp, out, -(-k // plan.chunks),
+                    (2 if first and all(later) else 3) + (4 if plan.pipeline else 0),
                     0 if all(later) else k)
 
 
@@ -155,7 +158,8 @@ def _need(plan: Any, forward: bool, traced: bool, resident: bool,
 def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> int:
     free = available(local_devices(plan.mesh))
     auto = plan.chunks_asked == "auto"
-    counts = AUTO_CHUNKS if auto else (plan.chunks,)
+    # (pipelined, "auto" starts at the plan's count: `plan.PIPELINE_PIECES`)
+    counts = tuple(c for c in AUTO_CHUNKS if c >= plan.chunks) if auto else (plan.chunks,)
     if free is None:
         return counts[0]
     plans = {c: dataclasses.replace(plan, chunks=c) for c in dict.fromkeys(counts + AUTO_CHUNKS)}

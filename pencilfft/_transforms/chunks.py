@@ -33,6 +33,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from . import pipeline as _pipeline
 from .plan import Plan
 from .routes import find_route
 from .stages import (Exchange, Fft, Fit, Inverse, Permute, Reshard, Stage, Swap, Take, emit,
@@ -45,46 +46,82 @@ __all__ = ["Chunked", "Pieces", "chunked_stages", "in_place", "route_groups",
 
 @dataclasses.dataclass(frozen=True)
 class Chunked:
-    """`stages` run on `chunks` pieces of the block along axis `cut_in` (the output's `cut_out`)."""
+    """`stages` run on `chunks` pieces of the block along axis `cut_in` (the output's
+    `cut_out`); `pipeline`: with one piece's exchange in flight while the others are worked on
+    (`pipeline.py`), where the stages hold an exchange between processes."""
 
     stages: tuple[Stage, ...]
     cut_in: int
     cut_out: int
     chunks: int
+    pipeline: bool = False
 
     def forward(self, k: jax.Array) -> jax.Array:
-        return _in_pieces(functools.partial(run_forward, self.stages), k, self.cut_in,
-                          self.cut_out, self.chunks)
+        plain = lambda k: _in_pieces(functools.partial(run_forward, self.stages), k,  # noqa: E731
+                                     self.cut_in, self.cut_out, self.chunks)
+        return _pipelined_or(plain, self.stages, True, k, self.cut_in, self.cut_out,
+                             self.chunks if self.pipeline else 1, batched=True)
 
     def backward(self, k: jax.Array) -> jax.Array:
-        return _in_pieces(functools.partial(run_backward, self.stages), k, self.cut_out,
-                          self.cut_in, self.chunks)
+        plain = lambda k: _in_pieces(functools.partial(run_backward, self.stages), k,  # noqa: E731
+                                     self.cut_out, self.cut_in, self.chunks)
+        return _pipelined_or(plain, self.stages, False, k, self.cut_out, self.cut_in,
+                             self.chunks if self.pipeline else 1, batched=True)
+
+
+def _pipelined_or(plain, stages, forward: bool, k: jax.Array, cut: int, cut_out: int,
+                  chunks: int, batched: bool = False) -> jax.Array:
+    """The stages pipelined in `chunks` pieces where they hold one exchange that sends between
+    processes or devices (differentiated as `plain`), else `plain(k)`.  `batched`: the 3-D
+    stages, which see a block with its leading axes flattened (`run_forward`)."""
+    steps = _pipeline.steps_of(stages, forward)
+    found = _pipeline.crossing_at(steps) if chunks > 1 and k.shape[cut] > 1 else None
+    if found is None:
+        return plain(k)
+    at, how = found
+    wrap = {}
+    if batched:
+        wrap = dict(enter=lambda p: p.reshape((-1,) + p.shape[-3:]),
+                    leave=lambda y, p: y.reshape(p.shape[:-3] + y.shape[1:]))
+    pipelined = lambda k: _pipeline.run_pipelined(steps, at, how, k, cut, cut_out,  # noqa: E731
+                                                  chunks, **wrap)
+    return _pipeline.linear(pipelined, plain)(k)
 
 
 @dataclasses.dataclass(frozen=True)
 class Pieces:
     """A route's `stages` (jnp.fft's names: the block's axes as they are) run on `chunks`
     pieces along the longest of the block's axes `free`, which they all leave alone (the
-    lowest of equally long ones: a batch axis split down to one entry is no cut)."""
+    lowest of equally long ones: a batch axis split down to one entry is no cut); `pipeline`:
+    as `Chunked`'s."""
 
     stages: tuple[Stage, ...]
     free: tuple[int, ...]
     chunks: int
+    pipeline: bool = False
 
     def _cut(self, k: jax.Array) -> int:
         return max(self.free, key=lambda i: (k.shape[i], -i))
 
     def forward(self, k: jax.Array) -> jax.Array:
         cut = self._cut(k)
-        return _in_pieces(functools.partial(run_route, self.stages), k, cut, cut, self.chunks)
+        plain = lambda k: _in_pieces(functools.partial(run_route, self.stages), k, cut, cut,  # noqa: E731
+                                     self.chunks)
+        return _pipelined_or(plain, self.stages, True, k, cut, cut,
+                             self.chunks if self.pipeline else 1)
 
     def backward(self, k: jax.Array) -> jax.Array:
         cut = self._cut(k)
-        return _in_pieces(functools.partial(run_route_back, self.stages), k, cut, cut, self.chunks)
+        plain = lambda k: _in_pieces(functools.partial(run_route_back, self.stages), k, cut,  # noqa: E731
+                                     cut, self.chunks)
+        return _pipelined_or(plain, self.stages, False, k, cut, cut,
+                             self.chunks if self.pipeline else 1)
 
 
-def _in_pieces(f, k: jax.Array, cut: int, cut_out: int, chunks: int) -> jax.Array:
-    """f on `chunks` pieces of k along axis `cut` (f keeps that axis, as `cut_out`).
+def _in_pieces(f, k: jax.Array, cut: int, cut_out: int, chunks: int,
+               unrolled: bool = False) -> jax.Array:
+    """f on `chunks` pieces of k along axis `cut` (f keeps that axis, as `cut_out`), in a
+    `fori_loop`, or `unrolled` (one copy of f's ops per piece).
 
     Pieces are ceil(n / chunks) long, so every count works on every axis length (at most n
     pieces)."""
@@ -119,6 +156,15 @@ def _in_pieces(f, k: jax.Array, cut: int, cut_out: int, chunks: int) -> jax.Arra
         return jax.lax.dynamic_update_slice_in_dim(buf, run(p, m), start, axis=1)
 
     buf = source if in_place else _zeros_like_varying((outer_out, n, inner_out), out.dtype, k)
+    if unrolled:  # each piece its own ops (pipelined plans: XLA copies a loop's result when a
+        # pipelined stage after it writes into it in place, a whole block)
+        for i in range(full + (1 if rest else 0)):
+            start = min(i * m, n - m)
+            p = jax.lax.slice_in_dim(buf if in_place else source, start, start + m, axis=1)
+            if last is not None and i == full:
+                p = last
+            buf = jax.lax.dynamic_update_slice_in_dim(buf, run(p, m), start, axis=1)
+        return buf.reshape(out_shape)
     buf = jax.lax.fori_loop(0, full + (1 if rest else 0), step, buf)
     return buf.reshape(out_shape)
 
@@ -143,6 +189,13 @@ def _groups(plan: Plan) -> tuple[tuple[tuple[Stage, ...], int, int], ...]:
     the pencil's route (`stages.pencil_problem` with every mesh axis, those of size 1 an
     exchange on one device).  The cut is the lowest global axis that the step's FFT and
     exchange leave alone, where it is before and after the step."""
+    return tuple((stages, perm.index(cut) + 1, after.index(cut) + 1)
+                 for stages, perm, after, free in _steps(plan) for cut in (min(free),))
+
+
+def _steps(plan: Plan) -> list[tuple[tuple[Stage, ...], list[int], list[int], set[int]]]:
+    """Each FFT step of the chain: its stages, the global dims' order before and after it, and
+    the global dims its FFT and exchanges leave alone."""
     problem = pencil_problem(plan, every_axis=True)
     route = find_route(problem)
     groups = emit(plan, problem, route, _place(plan))
@@ -155,9 +208,30 @@ def _groups(plan: Plan) -> tuple[tuple[tuple[Stage, ...], int, int], ...]:
             if isinstance(stage, Exchange):
                 touched |= {perm[stage.split - 1], perm[stage.gather - 1]}
                 after = [perm[o - 1] for o in stage.order[1:]]
-        cut = min(set(range(3)) - touched)
-        out.append((tuple(stages), 1 + perm.index(cut), 1 + after.index(cut)))
+        out.append((tuple(stages), perm, after, set(range(3)) - touched))
         perm = after
+    return out
+
+
+def _pipelined_groups(plan: Plan) -> tuple[tuple[tuple[Stage, ...], int, int], ...]:
+    """The chain for a pipelined plan: a step whose exchange crosses processes is joined with
+    the step after it where one axis is left alone by both (the slab's Y and X steps, cut along
+    Z): the FFT after the exchange then runs on each piece as it arrives, beside the next
+    piece's exchange, instead of after the last one."""
+    steps = _steps(plan)
+    out, i = [], 0
+    while i < len(steps):
+        stages, perm, after, free = steps[i]
+        if (i + 1 < len(steps) and any(isinstance(s, Exchange) and s.n > 1 for s in stages)
+                and (common := free & steps[i + 1][3])):
+            nxt_stages, _, nxt_after, _ = steps[i + 1]
+            cut = min(common)
+            out.append((stages + nxt_stages, perm.index(cut) + 1, nxt_after.index(cut) + 1))
+            i += 2
+            continue
+        cut = min(free)
+        out.append((stages, perm.index(cut) + 1, after.index(cut) + 1))
+        i += 1
     return tuple(out)
 
 
@@ -175,9 +249,11 @@ def in_place(plan: Plan) -> tuple[bool, bool, bool]:
 
 
 def chunked_stages(plan: Plan) -> tuple[Chunked, ...]:
-    """The forward stages of `plan` cut into `plan.chunks` pieces each."""
-    return tuple(Chunked(stages, cut_in, cut_out, plan.chunks)
-                 for stages, cut_in, cut_out in _groups(plan))
+    """The forward stages of `plan` cut into `plan.chunks` pieces each (pipelined where
+    `plan.pipeline` says)."""
+    groups = _pipelined_groups(plan) if plan.pipeline else _groups(plan)
+    return tuple(Chunked(stages, cut_in, cut_out, plan.chunks, plan.pipeline)
+                 for stages, cut_in, cut_out in groups)
 
 
 def stages_of(plan: Plan) -> tuple[Stage, ...]:

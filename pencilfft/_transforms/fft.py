@@ -37,7 +37,7 @@ __all__ = ["pfft3d", "pifft3d", "prfft3d", "pirfft3d", "ptransform3d", "pitransf
 def _run(plan: Plan, forward: bool, x) -> jax.Array:
     """The transform of `plan` on x: one runner (`partitioned.run`) for the three paths (one
     device, mesh known, mesh left to the compiler), each running the plan's stages."""
-    plan = _decided(plan, forward, x)  # too big for the devices? the same everywhere? before XLA
+    plan = fit_chunks(plan, forward, x)  # too big for the devices? before XLA
     if plan.mesh is None:
         if is_tracer(x):  # under jit with an Auto mesh: the partitioner will tell the mesh
             _check_traced_without_mesh(plan.exchanges)
@@ -46,30 +46,50 @@ def _run(plan: Plan, forward: bool, x) -> jax.Array:
     return run(Transform(plan, forward, tuple(np.shape(x))), x, plan.mesh)
 
 
-def _decided(plan: Plan, forward: bool, x) -> Plan:
-    """`plan` with its chunk count fitted to memory (`budget.fit_chunks`); where its mesh holds
-    the devices of several processes, first the same on every process what that depends on,
-    else one `DifferentPlansError` on every process before anything else is asked of them.
+def agree_on(mesh, what: str, arguments: dict, decisions: dict) -> None:
+    """Where `mesh` holds the devices of several processes, the same `decisions` on every
+    process, else one `DifferentPlansError` on every process (`agree.same`: one exchange),
+    before anything else is asked of them.  The memory limit each process was given
+    (`PENCILFFT_MEMORY_LIMIT`, as read) is compared too: the chunk count follows from it, the
+    detected free memory (the least over the processes, `agree.least`) and the plan; so does
+    a refusal (`MemoryLimitError`).  `arguments`: what the user gave, by the names the user
+    knows (`x.shape`, `norm`, `chunks`), which the message leads with where they differ."""
+    if not agree.spans_processes(mesh):
+        return
+    try:
+        limit = memory_setting()
+    except ValueError as e:  # raised by the memory check after, once every process has compared
+        limit = f"invalid: {e}"
+    agree.same({MEMORY_ENV: limit, **decisions}, what,
+               settings={MEMORY_ENV: os.environ.get(MEMORY_ENV, "(not set)")},
+               arguments=arguments)
 
-    Compared: the memory limit each process was given (`PENCILFFT_MEMORY_LIMIT`, as read), the
-    transform and all of its plan (`agree.plan_decisions`: shapes, dtypes, mesh, kinds, norm,
-    layout, padding, chunks, the exchanges chosen from the handlers each process could build).
-    The chunk count then follows from what every process has alike: that limit, the detected
-    free memory (the least over the processes, `agree.least`) and the plan; so does a refusal
-    (`MemoryLimitError`).  Left out: the FFT kernel and the threads, which change no exchange
-    (FFTW's and XLA's FFTs, on any number of threads, take part in the same ones)."""
+
+def array_arguments(x, argname: str) -> dict:
+    """An array argument as the user knows it: its global shape, dtype, kind and split."""
+    if is_tracer(x):
+        sharding = getattr(jax.typeof(x), "sharding", None)
+    else:
+        sharding = getattr(x, "sharding", None)
+    spec = sharding.spec if isinstance(sharding, jax.sharding.NamedSharding) else None
+    return {f"{argname}.shape": tuple(np.shape(x)), f"{argname}.dtype": np.dtype(x.dtype),
+            f"type({argname})": type(x).__name__, f"{argname}.sharding": spec}
+
+
+def _agreed(plan: Plan, forward: bool, x, argname: str, given: dict) -> None:
+    """`agree_on` for a plan of the 3-D transforms: compared, the transform and all of its plan
+    (`agree.plan_decisions`: shapes, dtypes, mesh, kinds, norm, layout, padding, chunks, the
+    exchanges chosen from the handlers each process could build), before the input is cast
+    or padded.  Left out: the FFT kernel and the threads, which change no exchange (FFTW's
+    and XLA's FFTs, on any number of threads, take part in the same ones)."""
     mesh = plan.mesh if plan.mesh is not None else typed_mesh(x)
-    if agree.spans_processes(mesh):
-        try:
-            limit = memory_setting()
-        except ValueError as e:  # raised by fit_chunks below, once every process has compared
-            limit = f"invalid: {e}"
-        agree.same({MEMORY_ENV: limit, "transform": transform_name(plan, forward),
-                    **agree.plan_decisions(plan, x)},
-                   f"{transform_name(plan, forward)} of a "
-                   f"{grid_text(plan.real_shape, plan.batch, plan.real_dtype)}",
-                   settings={MEMORY_ENV: os.environ.get(MEMORY_ENV, "(not set)")})
-    return fit_chunks(plan, forward, x)
+    if not agree.spans_processes(mesh):
+        return
+    name = transform_name(plan, forward)
+    agree_on(mesh, f"{name} of a {grid_text(plan.real_shape, plan.batch, plan.real_dtype)}",
+             {"function": f"pencilfft.{name}", **array_arguments(x, argname),
+              **{k: v for k, v in given.items() if v is not None}, "mesh": mesh},
+             {"transform": name, **agree.plan_decisions(plan, x)})
 
 
 def _check_traced_without_mesh(exchanges) -> None:
@@ -105,17 +125,25 @@ def _cast(x, dtype):
     return x.astype(dtype) if isinstance(x, jax.Array) or is_tracer(x) else np.asarray(x, dtype)
 
 
-def _forward(x, kinds, norm, padding, layout, mesh, exchange, chunks) -> jax.Array:
+def _forward(x, kinds, norm, padding, layout, mesh, exchange, chunks, pipeline) -> jax.Array:
     _refuse_placeholder(x, "x")
     plan = plan_forward(x, norm=norm, layout=layout, mesh=mesh, kinds=kinds, padding=padding,
-                        exchange=exchange, chunks=chunks)
+                        exchange=exchange, chunks=chunks, pipeline=pipeline)
+    _agreed(plan, True, x, "x", {"kinds": kinds, "norm": norm, "layout": layout,
+                                 "padding": padding, "exchange": exchange, "chunks": chunks,
+                                 "pipeline": pipeline})
     return _run(plan, True, _cast(x, plan.real_dtype))
 
 
-def _backward(k, kinds, s, norm, padding, layout, mesh, exchange, chunks, caller) -> jax.Array:
+def _backward(k, kinds, s, norm, padding, layout, mesh, exchange, chunks, pipeline,
+              caller) -> jax.Array:
     _refuse_placeholder(k, "k")
     plan = plan_backward(k, s, norm=norm, layout=layout, mesh=mesh, kinds=kinds,
-                         padding=padding, exchange=exchange, caller=caller, chunks=chunks)
+                         padding=padding, exchange=exchange, caller=caller, chunks=chunks,
+                         pipeline=pipeline)
+    _agreed(plan, False, k, "k", {"kinds": kinds, "s": s, "norm": norm, "layout": layout,
+                                  "padding": padding, "exchange": exchange, "chunks": chunks,
+                                  "pipeline": pipeline})
     k = _cast(k, plan.k_dtype)
     if tuple(np.shape(k)[-3:]) != plan.k_shape:  # an exact (unpadded) spectrum: pad it here
         pads = [(0, 0)] * (np.ndim(k) - 3) + [(0, p - n) for p, n in zip(plan.k_shape, np.shape(k)[-3:])]
@@ -133,7 +161,8 @@ _PADDING_DOC = """padding: dealiasing (mpi4py-fft's `padding`): one factor or on
 
 
 def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh=None,
-           exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT) -> jax.Array:
+           exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT,
+           pipeline="auto") -> jax.Array:
     """Distributed 3D FFT of the last three axes of `x`.
 
     Args:
@@ -180,16 +209,18 @@ def pfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh
       >>> bool(np.allclose(k, np.fft.fftn(np.asarray(x)).transpose(1, 2, 0), atol=1e-3))
       True
     """
-    return _forward(x, None, norm, padding, layout, mesh, exchange, chunks)
+    return _forward(x, None, norm, padding, layout, mesh, exchange, chunks, pipeline)
 
 
 def prfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mesh=None,
-            exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT) -> jax.Array:
+            exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT,
+           pipeline="auto") -> jax.Array:
     """Distributed real-to-complex 3D FFT: the half spectrum Z//2+1 along Z.
 
     As `pfft3d`, for real `x`; the halved Z axis has length Z//2+1, zero-padded at its end to a
     multiple of Pb where needed.  Slicing it to Z//2+1 gives exactly `jnp.fft.rfftn(x)`
-    (transposed to (..., Y, Z//2+1, X) in the transposed layout).  `chunks` as in `pfft3d`.
+    (transposed to (..., Y, Z//2+1, X) in the transposed layout).  `chunks` and `pipeline` as in
+    `pfft3d`.
 
     Example:
       >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
@@ -200,11 +231,13 @@ def prfft3d(x, norm: str | None = "backward", *, layout: str = "transposed", mes
       >>> pencilfft.pirfft3d(k, s=(32, 32, 32)).shape
       (32, 32, 32)
     """
-    return _forward(x, ("fft", "fft", "rfft"), norm, padding, layout, mesh, exchange, chunks)
+    return _forward(x, ("fft", "fft", "rfft"), norm, padding, layout, mesh, exchange, chunks,
+                    pipeline)
 
 
 def pifft3d(k, norm: str | None = "backward", *, s=None, layout: str = "transposed",
-            mesh=None, exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT) -> jax.Array:
+            mesh=None, exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT,
+            pipeline="auto") -> jax.Array:
     """Inverse of `pfft3d`: k-space array in `layout` -> real-space (..., X, Y, Z).
 
     Args:
@@ -213,7 +246,7 @@ def pifft3d(k, norm: str | None = "backward", *, s=None, layout: str = "transpos
       s: the real-space shape (X, Y, Z) of the spectrum.  Required when `k` is zero-padded (see
         `pfft3d`); None means `k` is the exact spectrum.
       padding: as in `pfft3d`: the output is the padded grid, padding x `s` points.
-      chunks: as in `pfft3d`.
+      chunks, pipeline: as in `pfft3d`.
     Returns a complex array of global shape (..., X, Y, Z) split P(a, b) over (X, Y).
 
     Raises:
@@ -227,16 +260,18 @@ def pifft3d(k, norm: str | None = "backward", *, s=None, layout: str = "transpos
       >>> y.shape, y.sharding.spec, bool(jnp.allclose(y, x))
       ((32, 32, 32), P('x', 'y', None), True)
     """
-    return _backward(k, None, s, norm, padding, layout, mesh, exchange, chunks, "pifft3d")
+    return _backward(k, None, s, norm, padding, layout, mesh, exchange, chunks, pipeline,
+                     "pifft3d")
 
 
 def pirfft3d(k, s, norm: str | None = "backward", *, layout: str = "transposed",
-             mesh=None, exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT) -> jax.Array:
+             mesh=None, exchange: str = "auto", padding=1, chunks=CHUNKS_DEFAULT,
+             pipeline="auto") -> jax.Array:
     """Inverse of `prfft3d`: half spectrum -> real array of global shape (..., X, Y, Z) = s.
 
     `s` (required) is the real-space shape (X, Y, Z): Z cannot be recovered from Z//2+1.
     Padded entries of `k` are ignored.  With `padding`, the output is padding x `s` points;
-    `chunks` as in `pfft3d`.
+    `chunks` and `pipeline` as in `pfft3d`.
 
     Raises:
       ValueError: `s` missing or not fitting `k`'s shape on this mesh.
@@ -248,13 +283,13 @@ def pirfft3d(k, s, norm: str | None = "backward", *, layout: str = "transposed",
       >>> y.shape, y.dtype, bool(jnp.allclose(y, x))
       ((32, 32, 30), dtype('float32'), True)
     """
-    return _backward(k, ("fft", "fft", "rfft"), s, norm, padding, layout, mesh, exchange, chunks,
-                     "pirfft3d")
+    return _backward(k, ("fft", "fft", "rfft"), s, norm, padding, layout, mesh, exchange,
+                     chunks, pipeline, "pirfft3d")
 
 
 def ptransform3d(x, kinds, norm: str | None = "backward", *, padding=1,
                  layout: str = "transposed", mesh=None, exchange: str = "auto",
-                 chunks=CHUNKS_DEFAULT) -> jax.Array:
+                 chunks=CHUNKS_DEFAULT, pipeline="auto") -> jax.Array:
     """Distributed 3D transform with a kind per axis: FFTs, DCTs and DSTs in any combination.
 
     Args:
@@ -264,7 +299,7 @@ def ptransform3d(x, kinds, norm: str | None = "backward", *, padding=1,
         definitions), e.g. ("dct2", "fft", "fft") for a channel with walls along X.
       norm: "backward" (default), "ortho" or "forward", as scipy.fft's, applied per axis.
       %s
-      layout, mesh, exchange, chunks: as in `pfft3d`.
+      layout, mesh, exchange, chunks, pipeline: as in `pfft3d`.
 
     Returns:
       The spectrum in the layouts, shardings and mesh padding of `pfft3d`.  Real input stays
@@ -287,18 +322,18 @@ def ptransform3d(x, kinds, norm: str | None = "backward", *, padding=1,
       >>> pencilfft.ptransform3d(x, ("dst1",) * 3).dtype
       dtype('float32')
     """
-    return _forward(x, kinds, norm, padding, layout, mesh, exchange, chunks)
+    return _forward(x, kinds, norm, padding, layout, mesh, exchange, chunks, pipeline)
 
 
 def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
                   layout: str = "transposed", mesh=None, exchange: str = "auto",
-                  chunks=CHUNKS_DEFAULT) -> jax.Array:
+                  chunks=CHUNKS_DEFAULT, pipeline="auto") -> jax.Array:
     """Inverse of `ptransform3d` with the same `kinds` and `norm`: spectrum -> real space.
 
     `s` is the real-space shape (X, Y, Z) of the spectrum: required with "rfft" or when `k`
     is zero-padded for the mesh.  With `padding` the output is padding x `s` points.  This is
     the inverse, not the adjoint (they differ for unnormalized DCTs and DSTs; `jax.grad` uses
-    the adjoint).  `layout`, `mesh`, `exchange`, `chunks`: as in `pfft3d`.
+    the adjoint).  `layout`, `mesh`, `exchange`, `chunks`, `pipeline`: as in `pfft3d`.
 
     Example:
       >>> mesh = jax.make_mesh((4, 2), ("x", "y"))
@@ -308,7 +343,7 @@ def pitransform3d(k, kinds, norm: str | None = "backward", *, s=None, padding=1,
       >>> y.shape, bool(jnp.allclose(y, x, atol=1e-5))
       ((32, 32, 32), True)
     """
-    return _backward(k, kinds, s, norm, padding, layout, mesh, exchange, chunks,
+    return _backward(k, kinds, s, norm, padding, layout, mesh, exchange, chunks, pipeline,
                      "pitransform3d")
 
 
@@ -318,7 +353,15 @@ _CHUNKS_DOC = """chunks: an int >= 1 or "auto" (default): each stage (FFT, excha
         (`chunks.py`; docs/howto/memory.md: the time it costs or saves).  The same values.
         "auto" is 1 unless the memory check finds that the unchunked transform does not fit
         (then the fewest pieces of 2, 4, ..., 64 that fit, under jax.jit even if the input
-        is not donated); 1 under jax.jit with no mesh in scope."""
+        is not donated); 1 under jax.jit with no mesh in scope.
+      pipeline: "auto" (default), True or False: run the pieces of a stage whose exchange
+        crosses processes (or, on GPUs, devices) pipelined, one piece's exchange in flight
+        while the next piece's FFT and the last one's unpack run, for one more piece in
+        memory; the same values.  "auto" takes it on CPU processes that exchange through MPI
+        between nodes (`exchange` "mpi", or "mixed" along a mesh axis spanning processes on
+        several hosts) with blocks of at least 8 MiB, in at least 16 pieces
+        (docs/howto/pipelining.md); True also with XLA's collectives (GPUs), where XLA can then
+        overlap them; False: never."""
 
 pfft3d.__doc__ %= (_PADDING_DOC, _CHUNKS_DOC)
 ptransform3d.__doc__ %= _PADDING_DOC

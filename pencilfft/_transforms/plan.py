@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from .. import _exchange
+from .._processes.launch import process_hosts
 from .._decomposition.mesh import batch_mesh, find_mesh, is_tracer, typed_mesh
 from .._decomposition.rules import (check_batch, check_mesh, check_split, mesh_axes, round_up,
                                     split_problem)
@@ -71,6 +72,10 @@ class Plan:
     # argument ("auto" is resolved to a count by the memory check, `budget.fit_chunks`).
     chunks: int = 1
     chunks_asked: int | str = 1
+    # Whether the chunked stages run pipelined (`pipeline.py`): `pipeline_asked` is the argument
+    # ("auto" resolved from the mesh, the exchanges and the block size, `_with_chunks`).
+    pipeline: bool = False
+    pipeline_asked: bool | str = "auto"
 
     @property
     def real(self) -> bool:
@@ -287,6 +292,45 @@ def check_chunks(chunks) -> int | str:
     return chunks
 
 
+# "auto" pipelines blocks of at least this many bytes per device (complex spectra), in at least
+# this many pieces: below, a piece's fixed costs (its message, its FFT call) outweigh the
+# overlap (benchmarks/RESULTS.md, "The network hidden behind the FFT").
+PIPELINE_MIN_BYTES = 8 << 20
+PIPELINE_PIECES = 16
+
+
+def check_pipeline(pipeline) -> bool | str:
+    """`pipeline` as True, False or "auto"."""
+    if pipeline == "auto" and isinstance(pipeline, str) or isinstance(pipeline, bool):
+        return pipeline
+    raise (ValueError if isinstance(pipeline, str) else TypeError)(
+        f"`pipeline` must be True, False or 'auto'; got {pipeline!r}")
+
+
+def pipelined(asked: bool | str, mesh, axes, exchanges, block_bytes: int,
+              hosts: tuple[str, ...] | None = None) -> bool:
+    """Whether a transform runs its chunked stages pipelined: as `asked`, or for "auto" where
+    it pays: on CPU processes whose exchange along some mesh axis goes through MPI ("mpi", or
+    "mixed" along an axis spanning processes) between processes on different nodes (`hosts`:
+    each process's host name, `process_hosts()`; unknown: not pipelined), with a large enough
+    block.  Inside a node MPI moves the bytes through shared memory, faster than the
+    pipeline's extra passes save (benchmarks/RESULTS.md); where nothing crosses processes
+    (one process, one device) there is nothing to overlap."""
+    if asked != "auto":
+        return bool(asked)
+    if (mesh is None or jax.process_count() == 1 or platform_of(mesh) != "cpu"
+            or block_bytes < PIPELINE_MIN_BYTES):
+        return False
+    hosts = process_hosts() if hosts is None else hosts
+    if hosts is None:
+        return False
+    concrete = _exchange.concrete(mesh)
+    return any(algorithm in ("mpi", "mixed")
+               and any(len({hosts[p] for p in row}) > 1
+                       for row in _exchange.process_groups(concrete, name))
+               for name, algorithm in zip(axes, exchanges) if name is not None)
+
+
 def _as_tuple(v) -> tuple:
     try:
         return tuple(v)
@@ -381,13 +425,17 @@ def _k_dtypes(dtype, kinds, argname: str) -> tuple[Any, Any]:
     return _dtypes(dtype, kinds, argname)
 
 
-def _checked_args(x, argname: str, *, norm, layout, kinds, real, padding, chunks):
+def _checked_args(x, argname: str, *, norm, layout, kinds, real, padding, chunks, pipeline):
     """The argument rules both directions share, each named once, in the order their messages
     are met: (kinds, padding factors, chunks, x's global shape)."""
     check_norm_layout(norm, layout)
     kinds = check_kinds(kinds, real)
     padding = check_padding(padding, kinds)
     chunks = check_chunks(chunks)
+    if check_pipeline(pipeline) is True and chunks == 1:
+        raise ValueError("`pipeline`=True runs a stage's pieces overlapped, and `chunks`=1 makes "
+                         "one piece: pass `chunks` >= 2 or 'auto' (at least "
+                         f"{PIPELINE_PIECES} pieces then), or `pipeline`=False")
     return kinds, padding, chunks, check_array(x, argname)
 
 
@@ -406,12 +454,13 @@ def _placed(plan: Plan, mesh, deferred, padded_for, forward: bool, argname: str)
 
 
 def plan_forward(x, *, norm, layout, mesh, real: bool = False, kinds=None, padding=1,
-                 exchange: str = "auto", argname: str = "x", chunks=1) -> Plan:
+                 exchange: str = "auto", argname: str = "x", chunks=1,
+                 pipeline: bool | str = False) -> Plan:
     """Plan for a forward transform of x (global shape (..., X, Y, Z): the padded grid when
     `padding` is not 1), along `kinds` (None: c2c, or r2c along Z for `real`)."""
     kinds, padding, chunks, shape = _checked_args(x, argname, norm=norm, layout=layout,
                                                   kinds=kinds, real=real, padding=padding,
-                                                  chunks=chunks)
+                                                  chunks=chunks, pipeline=pipeline)
     real_dtype, k_dtype = _dtypes(x.dtype, kinds, argname)
     modes = _modes_of(shape[-3:], padding, argname)
     _check_lengths(modes, kinds, argname)
@@ -419,19 +468,23 @@ def plan_forward(x, *, norm, layout, mesh, real: bool = False, kinds=None, paddi
     plan = Plan(None, (None, None), (1, 1), shape[:-3], shape[-3:], kinds, modes, layout,
                 norm or "backward", real_dtype, k_dtype, exchange)
     plan = _placed(plan, mesh, deferred, _padded_for(x, mesh, deferred), True, argname)
-    return _with_chunks(plan, chunks)
+    return _with_chunks(plan, chunks, pipeline)
 
 
-def _with_chunks(plan: Plan, chunks: int | str) -> Plan:
+def _with_chunks(plan: Plan, chunks: int | str, pipeline: bool | str = False) -> Plan:
     """`plan` cut into `chunks` pieces per stage ("auto": 1 until the memory check says
-    otherwise, `budget.fit_chunks`)."""
-    return dataclasses.replace(plan, chunks=1 if chunks == "auto" else chunks,
-                               chunks_asked=chunks)
+    otherwise, `budget.fit_chunks`; at least `PIPELINE_PIECES` pipelined), run pipelined as
+    `pipeline` says (`pipelined`; never with one piece)."""
+    block = _block_bytes(plan.batch + plan.real_shape, plan.mesh, plan.k_dtype)
+    piped = chunks != 1 and pipelined(pipeline, plan.mesh, plan.axes, plan.exchanges, block)
+    count = chunks if chunks != "auto" else PIPELINE_PIECES if piped else 1
+    return dataclasses.replace(plan, chunks=count, chunks_asked=chunks, pipeline=piped,
+                               pipeline_asked=pipeline)
 
 
 def plan_backward(k, s, *, norm, layout, mesh, real: bool = False, kinds=None, padding=1,
                   exchange: str = "auto", argname: str = "k", caller: str = "pirfft3d",
-                  chunks=1) -> Plan:
+                  chunks=1, pipeline: bool | str = False) -> Plan:
     """Plan for the inverse transform of k (k-space, global last axes in `layout` order).
 
     `s` is the spectrum's real-space shape N = (X, Y, Z) (the output is padding x N); None
@@ -440,7 +493,7 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool = False, kinds=None, p
     """
     kinds, padding, chunks, shape = _checked_args(k, argname, norm=norm, layout=layout,
                                                   kinds=kinds, real=real, padding=padding,
-                                                  chunks=chunks)
+                                                  chunks=chunks, pipeline=pipeline)
     real_dtype, k_dtype = _k_dtypes(k.dtype, kinds, argname)
     mesh, deferred = batch_mesh(k, shape, find_mesh(k, mesh), argname)
     if s is None:
@@ -454,7 +507,7 @@ def plan_backward(k, s, *, norm, layout, mesh, real: bool = False, kinds=None, p
                 layout, norm or "backward", real_dtype, k_dtype, exchange)
     plan = _placed(plan, mesh, deferred, _padded_for(k, mesh, deferred), False, argname)
     check_k_shape(plan, shape[-3:], argname)
-    return _with_chunks(plan, chunks)
+    return _with_chunks(plan, chunks, pipeline)
 
 
 def check_k_shape(plan: Plan, k_last3, argname: str = "k") -> None:

@@ -56,6 +56,36 @@ def transpose_blocks(x: jax.Array, axis_name: str | None, n: int, split: int, ga
     return _interleave(y, gather, order, chunked, shape[gather] * n, permute)
 
 
+def crossing(axis_name: str | None, n: int, algorithm: str) -> str | None:
+    """How an exchange over `axis_name` sends between processes, for a pipelined stage
+    (`_transforms.pipeline`): "mpi" (our MPI custom call: posted and awaited in two calls),
+    "xla" (XLA's collectives, which XLA itself can run asynchronously), or None where there is
+    nothing to overlap (one device, or the local exchange inside a process).  Inside the
+    per-device body (a "mixed" axis is resolved on its traced mesh)."""
+    if n == 1 or axis_name is None:
+        return None
+    if algorithm == "mixed":
+        algorithm = "local" if mixed.uses_local(axis_name) else "mpi"
+    if algorithm == "local":
+        return None
+    return "mpi" if algorithm == "mpi" else "xla"
+
+
+def packed_exchange(x: jax.Array, axis_name: str, n: int, split: int, gather: int,
+                    order: tuple[int, ...]):
+    """`transpose_blocks` with the "mpi" algorithm in three parts, for a pipelined stage: the
+    chunk-major block `pack` makes (the local pass before the send), the send itself
+    (`mpi.exchange_start`/`exchange_wait` on it) and `unpack` (the pass after), which takes
+    the received chunk-major block.  Returns (packed block, unpack)."""
+    if x.shape[split] % n:
+        raise ValueError(f"internal: axis {split} of block {x.shape} does not split into {n}")
+    chunked = list(x.shape)
+    chunked[split] = x.shape[split] // n
+    gathered = x.shape[gather] * n
+    packed = _chunk_major(x, n, split, order, _kernel.permute)
+    return packed, lambda y: _interleave(y, gather, order, chunked, gathered, _kernel.permute)
+
+
 def _chunk_major(x: jax.Array, n: int, split: int, order: tuple[int, ...],
                  permute=jnp.transpose) -> jax.Array:
     """(c, *order): axis `split` cut into n chunks, the chunk index leading.
