@@ -105,6 +105,39 @@ def legacy_mesh() -> Any:
     return None if mesh.empty else mesh
 
 
+def traced_input_meshes(x: Any) -> list[Any]:
+    """The meshes (each once) of the shardings of the arguments of the function jax is tracing
+    `x` in (jit's frame; vmap's and grad's tracers unwrapped), in argument order; empty where
+    `x` is not traced or on a jax whose tracers look otherwise."""
+    try:
+        from jax._src.interpreters.partial_eval import DynamicJaxprTracer
+    except ImportError:
+        return []
+    import jax
+
+    for _ in range(64):  # a chain of nested transformations, never a cycle
+        if not isinstance(x, jax.core.Tracer):
+            return []
+        if isinstance(x, DynamicJaxprTracer):
+            try:
+                invars = x._trace.frame.invars
+            except AttributeError:
+                return []
+            meshes = []
+            for v in invars:
+                mesh = getattr(getattr(getattr(v, "aval", None), "sharding", None), "mesh", None)
+                if mesh is not None and getattr(mesh, "axis_names", ()) and mesh not in meshes:
+                    meshes.append(mesh)
+            return meshes
+        inner = getattr(x, "primal", None)
+        if inner is None:
+            inner = getattr(x, "val", None)
+        if inner is None:
+            return []
+        x = inner
+    return []
+
+
 def is_traced_argument(x: Any) -> bool:
     """Whether traced `x` is an argument of the function jax is tracing (its buffer exists before
     the program runs), rather than a value the program makes.

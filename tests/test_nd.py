@@ -309,15 +309,17 @@ def test_two_meshes_in_one_jit(auto):
     """Issue 68: a brick on a (2, 2, 2) mesh and a pencil on a (4, 2) mesh of the same devices
     in one jax.jit.  On Explicit meshes each transform runs in shard_map on its own mesh: both
     right.  On Auto meshes the transforms go through jax's custom_partitioning, which jax
-    lowers on one mesh per program: jax refuses it, as docs/howto/any-layout.md says (and
-    says what to do)."""
+    lowers on one mesh per program: refused at the call, naming both meshes and the ways out
+    (before: jax's "mesh should be the same across the entire program", at lowering)."""
     brick, pencil = mesh_of((2, 2, 2), ("a", "b", "c"), auto), mesh_of((4, 2), ("x", "y"), auto)
     data = random_field((8, 8, 8), np.complex64, 12)
     a = put_global(data, NamedSharding(brick, P("a", "b", "c")))
     b = put_global(data, NamedSharding(pencil, P("x", "y")))
     both = jax.jit(lambda u, v: (pencilfft.fftn(u), pencilfft.fftn(v)))
     if auto:
-        with pytest.raises(ValueError, match="mesh should be the same across the entire program"):
+        with pytest.raises(ValueError, match=r"the arguments of this jax.jit are on 2 meshes "
+                           r"\(\{'a': 2, 'b': 2, 'c': 2\}, \{'x': 4, 'y': 2\}\).*Explicit axes.*"
+                           r"one jax.jit per mesh"):
             both(a, b)
         return
     ref = np.fft.fftn(data.astype(np.complex128))

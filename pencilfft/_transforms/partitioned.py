@@ -41,7 +41,7 @@ from jax.sharding import Mesh, NamedSharding
 from .. import _exchange
 from .._decomposition.mesh import has_explicit_axes, is_tracer
 from .._decomposition.rules import check_batch
-from .._jax_private import needs_devices_when_lowered
+from .._jax_private import needs_devices_when_lowered, traced_input_meshes
 from .chunks import stages_of
 from .plan import Plan, check_k_shape
 from .stages import run_backward, run_forward
@@ -358,7 +358,24 @@ needs_devices_when_lowered(transform_p)
 
 def apply(t: LinearOp, x: Any) -> jax.Array:
     """Apply `t` to the global array x (usually a tracer whose mesh is unknown)."""
+    _check_one_mesh(x)
     return transform_p.bind(x, t=t)
+
+
+def _check_one_mesh(x: Any) -> None:
+    """Refuse, at the call, a program whose arguments are on several meshes: jax lowers this
+    primitive (custom_partitioning, which needs the devices) on one mesh per program, and would
+    refuse the whole program later with "mesh should be the same across the entire program",
+    which names neither pencilfft nor a way out."""
+    meshes = traced_input_meshes(x)
+    if len(meshes) > 1:
+        shown = ", ".join(str(dict(zip(m.axis_names, m.axis_sizes))) for m in meshes)
+        raise ValueError(
+            f"the arguments of this jax.jit are on {len(meshes)} meshes ({shown}); pencilfft's "
+            "transforms of an array on an Auto mesh run through jax's custom_partitioning, "
+            "which jax lowers on one mesh per program: use meshes with Explicit axes "
+            "(jax.make_mesh's default: each transform then runs in shard_map on its own mesh), "
+            "or one jax.jit per mesh (docs/howto/any-layout.md)")
 
 
 # ----------------------------------------------------------------------------------------------

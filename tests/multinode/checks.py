@@ -127,8 +127,9 @@ def check_job(launch: str, tasks: int, nodes: int, devices: int, exchanges: str)
         assert r["devices"] == tasks * devices and r["local"] == devices, r
         assert r["failed"] == {}, r
     # initialize's own line: the MPI launcher detected, rank 0's node as the coordinator.
-    said = re.findall(r"pencilfft\.initialize: launcher MPI; .*'coordinator_address': "
-                      r"'([^':]+):\d+'", log)
+    # (each task's line on its own, or two run together: hydra does not keep lines whole)
+    said = re.findall(r"pencilfft\.initialize: launcher MPI; jax\.distributed\.initialize\("
+                      r"\{[^}]*'coordinator_address': '([^':]+):\d+'", log)
     assert said == [hosts[0]] * tasks, log[-4000:]
     for host in set(hosts):  # every node of the job received the exchanges' data over its link
         assert received[host] > 100_000, received
