@@ -20,6 +20,15 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_N_LOCAL}"
     ).strip()
+# The suite compiles thousands of small programs, and LLVM's optimization of their machine code
+# took about a sixth of its time.  Turned off here (and in the children below): XLA's own passes,
+# the partitioning, the collectives, buffer assignment and so memory_analysis() are those users
+# get, which is what the tests read; only how fast the generated loops run differs.
+# PENCILFFT_TEST_LLVM_OPT=1 keeps XLA's default.
+TEST_XLA_FLAGS = "" if os.environ.get("PENCILFFT_TEST_LLVM_OPT") == "1" else (
+    "--xla_backend_optimization_level=0")
+if TEST_XLA_FLAGS and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " " + TEST_XLA_FLAGS
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DISALLOW_MESH_CONTEXT_MANAGER", "1")
 # The suite runs on newer jax too (Python 3.12, 3.13): its children's stderr is read, so the
@@ -189,7 +198,7 @@ def clean_env(devices: int, **extra: str) -> dict[str, str]:
     this process's launcher variables (a child must not join this job)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
     env.update(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}".strip(),
         JAX_PLATFORMS="cpu",
         PYTHONUNBUFFERED="1",
         **extra,
@@ -251,7 +260,9 @@ def pytest_configure(config):
 # pencil mesh span processes (under -np 2 one of them stays inside each process).  That changes
 # the exchanges (transforms, halos, sums), what each process loads, and how ranks fail; the rest
 # (the CLI, compat, chunking, batch meshes, autotune, ...) runs the same code on either grid, so
-# it runs under -np 2 only.
+# it runs under -np 2 only; so does a test of those files marked
+# `pytest.mark.mpirun(process_grid=False)` (what it checks is summed or agreed over every process
+# alike, whatever their grid).
 PROCESS_GRID_FILES = {"test_agree.py", "test_fft.py", "test_rfft.py", "test_padding.py",
                       "test_partitioned.py", "test_halo.py", "test_power.py", "test_io.py",
                       "test_distributed.py", "test_reliability.py", "test_mpi_exchange.py",
@@ -271,9 +282,11 @@ def _again_under_mpirun(item) -> bool:
     """Marked `mpirun`, and not on the one-axis mesh (8,): that mesh differs from (8, 1) only in
     naming one axis, which is planned the same however the devices are spread over processes.
     With more than 2 processes, only what a 2-D grid of processes changes (`PROCESS_GRID_FILES`)."""
-    if not item.get_closest_marker("mpirun"):
+    marker = item.get_closest_marker("mpirun")
+    if not marker:
         return False
-    if jax.process_count() > 2 and item.path.name not in PROCESS_GRID_FILES:
+    if jax.process_count() > 2 and (item.path.name not in PROCESS_GRID_FILES
+                                    or marker.kwargs.get("process_grid") is False):
         return False
     pdims = getattr(getattr(item, "callspec", None), "params", {}).get("pdims")
     return pdims is None or len(pdims) != 1

@@ -67,6 +67,9 @@ CASES = [(layout, real, "alltoall") for layout in ("transposed", "natural") for 
 CASES += [("transposed", 0, "pairwise"), ("natural", 1, "pairwise")]
 
 
+# Every mesh class but the one-axis (8,), which is planned as (8, 1) (tests/conftest.py).
+@pytest.mark.parametrize("pdims", [(1, 8), (8, 1), (4, 2), (2, 4)],
+                         ids=lambda p: "x".join(map(str, p)))
 @pytest.mark.parametrize("layout,real,exchange", CASES,
                          ids=[f"{lay}-{'r2c' if r else 'c2c'}-{e}" for lay, r, e in CASES])
 def test_structure_of_compiled_transforms(pdims, layout, real, exchange):

@@ -154,7 +154,9 @@ def test_a_failing_rank_ends_the_job(tmp_path):
     assert "rank 1 fails on purpose" in done.stderr, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("np_,pdims", [(2, "2x1"), (2, "1x2"), (4, "2x2")])
+# A slab across 2 processes, and both pencil axes across processes (2x2: each axis's exchange
+# crosses processes, which 1x2 on 2 processes adds nothing to).
+@pytest.mark.parametrize("np_,pdims", [(2, "2x1"), (4, "2x2")])
 def test_under_mpirun_one_device_per_process(np_, pdims):
     done = _mpirun(np_, 300, pdims)
     reports = [json.loads(line.split("REPORT ", 1)[1])
@@ -180,7 +182,7 @@ def test_under_mpirun_one_device_per_process(np_, pdims):
                                              "same tags on every process": True}
     temp = report.pop("temp bytes")  # per-device memory of the compiled forward
     assert temp["auto"] == temp["mpi"] <= temp["alltoall"], temp
-    assert len(report) == 41
+    assert len(report) == 35
     bad = {k: v for k, v in report.items() if not v < 5 * tol(np.complex64)}
     assert not bad, bad
 

@@ -70,7 +70,9 @@ def _rebuild_warnings(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "rebuilding it" in line]
 
 
-@pytest.mark.parametrize("length", [100, 1000, 60000, 200000])
+# Cut inside the ELF header, and far into the library (SIGBUS from 1000 bytes on): the check
+# reads only the size and hash, so two lengths cover it.
+@pytest.mark.parametrize("length", [100, 200000])
 def test_a_cached_library_cut_short_is_rebuilt(tiny, length):
     """Cut short as a full disk, a killed build or a copy in progress leave it: dlopen crashed
     the process with SIGBUS (rc 135) from 1000 bytes on, with no message (issue 51); now the

@@ -57,7 +57,8 @@ def transforms(mesh, report: dict) -> None:
         rng = np.random.default_rng(0)
         g = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(np.complex64)
         x = jax.device_put(g, pencilfft.real_space_sharding(mesh))
-        for layout in ("transposed", "natural"):
+        # both layouts on the even shape; the uneven one (the padded exchange) in one
+        for layout in ("transposed", "natural") if shape == (8, 12, 10) else ("natural",):
             key = f"{shape}-{layout}"
             fwd = jax.jit(lambda v, e, lay=layout: pencilfft.pfft3d(v, layout=lay, exchange=e),
                           static_argnums=1)
