@@ -122,43 +122,27 @@ def test_run_sh_stops_a_step_with_sigint_first():
     assert "PENCILFFT_STEP_TIMEOUT" in (ROOT / "docs" / "development.md").read_text()
 
 
-def test_multinode_step_never_installs_unasked(tmp_path):
-    """Without CI or PENCILFFT_TEST_MULTINODE=1, tests/multinode/run.sh does not run apt-get
-    either: one line says why it skipped and how to run it (issue 65)."""
+# PATH: the multi-node step also needs /usr/sbin (ip, for the root check it makes first).
+@pytest.mark.parametrize("step,asks,path", [
+    ("slurm", "PENCILFFT_TEST_SLURM", "/usr/bin:/bin"),
+    ("multinode", "PENCILFFT_TEST_MULTINODE", "/usr/sbin:/usr/bin:/sbin:/bin")])
+def test_cluster_steps_never_install_unasked(tmp_path, step, asks, path):
+    """Without CI or its own variable (PENCILFFT_TEST_SLURM=1, PENCILFFT_TEST_MULTINODE=1), the
+    Slurm step and the multi-node step (issue 65) do not run apt-get: each says in one line why
+    it skipped and how to run it (an apt-get stub first on PATH records any call)."""
     if shutil.which("slurmd"):
         pytest.skip("Slurm is installed here: the step would run for real")
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "apt-get").write_text(f"#!/bin/sh\necho called >> {tmp_path}/apt-get.calls\nexit 1\n")
     (stub / "apt-get").chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PENCILFFT_TEST_MULTINODE")}
-    env["PATH"] = f"{stub}:/usr/sbin:/usr/bin:/sbin:/bin"
-    out = subprocess.run(["bash", str(TESTS / "multinode" / "run.sh")], capture_output=True,
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", asks)}
+    env["PATH"] = f"{stub}:{path}"
+    out = subprocess.run(["bash", str(TESTS / step / "run.sh")], capture_output=True,
                          text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert not (tmp_path / "apt-get.calls").exists(), "apt-get ran unasked"
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("== multinode: skipped: "), out.stdout
+    assert len(lines) == 1 and lines[0].startswith(f"== {step}: skipped: "), out.stdout
     if os.geteuid() == 0:
-        assert "PENCILFFT_TEST_MULTINODE=1" in lines[0]
-
-
-def test_slurm_step_never_installs_unasked(tmp_path):
-    """Without CI or PENCILFFT_TEST_SLURM=1, tests/slurm/run.sh does not run apt-get: it says in
-    one line why it skipped and how to run it (an apt-get stub first on PATH records any call)."""
-    if shutil.which("slurmd"):
-        pytest.skip("Slurm is installed here: the step would run for real")
-    stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "apt-get").write_text(f"#!/bin/sh\necho called >> {tmp_path}/apt-get.calls\nexit 1\n")
-    (stub / "apt-get").chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PENCILFFT_TEST_SLURM")}
-    env["PATH"] = f"{stub}:/usr/bin:/bin"
-    out = subprocess.run(["bash", str(TESTS / "slurm" / "run.sh")], capture_output=True,
-                         text=True, timeout=60, env=env)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert not (tmp_path / "apt-get.calls").exists(), "apt-get ran unasked"
-    lines = out.stdout.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("== slurm: skipped: "), out.stdout
-    if os.geteuid() == 0:
-        assert "PENCILFFT_TEST_SLURM=1" in lines[0]
+        assert f"{asks}=1" in lines[0]

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import operator
 from fractions import Fraction
 
 import jax
@@ -38,6 +37,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .._decomposition.mesh import has_explicit_axes, is_tracer
+from .numpy_fft import _int_tuple
 from .partitioned import LinearOp, apply
 
 __all__ = ["dealias_mask", "pad_spectrum", "truncate_spectrum"]
@@ -68,22 +68,12 @@ def _array(k, caller: str):
     return shape, np.dtype(k.dtype)
 
 
-def _ints(v, argname: str) -> tuple[int, ...]:
-    try:
-        values = tuple(v) if np.ndim(v) else (v,)
-        if any(isinstance(n, (bool, np.bool_)) for n in values):
-            raise TypeError
-        return tuple(operator.index(n) for n in values)
-    except TypeError:
-        raise TypeError(f"`{argname}` must be an int or a sequence of ints; got {v!r}") from None
-
-
 def _axes(shape, s, axes) -> tuple[int, ...]:
     """The transformed axes as jnp.fft.fftn reads them: all, or the last len(s) with `s`."""
     ndim = len(shape)
     if axes is None:
         axes = tuple(range(ndim - len(s), ndim)) if s is not None else tuple(range(ndim))
-    axes = _ints(axes, "axes")
+    axes = _int_tuple(axes, "axes")
     if not axes:
         raise ValueError("`axes` must name at least one axis")
     for ax in axes:
@@ -104,7 +94,7 @@ def _modes(shape, axes, s, real: bool, k_lengths=None) -> tuple[int, ...]:
     have = tuple(shape[i] for i in axes) if k_lengths is None else k_lengths
     if s is None:
         return have[:-1] + (2 * (have[-1] - 1),) if real else have
-    s = _ints(s, "s")
+    s = _int_tuple(s, "s")
     if len(s) != len(axes):
         raise ValueError(f"`s` = {s} and `axes` = {axes} must have the same length")
     if any(n < 1 for n in s):

@@ -66,7 +66,7 @@ def _int_tuple(v, argname: str) -> tuple[int, ...]:
             raise TypeError
         return tuple(operator.index(n) for n in values)
     except TypeError:
-        raise TypeError(f"`{argname}` must be a sequence of ints; got {v!r}") from None
+        raise TypeError(f"`{argname}` must be an int or a sequence of ints; got {v!r}") from None
 
 
 def _axes_and_s(shape, s, axes, default_axes, caller: str):
