@@ -70,9 +70,9 @@ def _rebuild_warnings(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "rebuilding it" in line]
 
 
-# Cut inside the ELF header, and far into the library (SIGBUS from 1000 bytes on): the check
-# reads only the size and hash, so two lengths cover it.
-@pytest.mark.parametrize("length", [100, 200000])
+# Cut where dlopen crashed (SIGBUS from 1000 bytes on): the check reads only the size and the
+# hash, the same for any length (100 to 200000 bytes gave the same rebuild).
+@pytest.mark.parametrize("length", [1000])
 def test_a_cached_library_cut_short_is_rebuilt(tiny, length):
     """Cut short as a full disk, a killed build or a copy in progress leave it: dlopen crashed
     the process with SIGBUS (rc 135) from 1000 bytes on, with no message (issue 51); now the

@@ -37,7 +37,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .._decomposition.mesh import has_explicit_axes, is_tracer
-from .numpy_fft import _int_tuple
+from .numpy_fft import int_tuple
 from .partitioned import LinearOp, apply
 
 __all__ = ["dealias_mask", "pad_spectrum", "truncate_spectrum"]
@@ -73,7 +73,7 @@ def _axes(shape, s, axes) -> tuple[int, ...]:
     ndim = len(shape)
     if axes is None:
         axes = tuple(range(ndim - len(s), ndim)) if s is not None else tuple(range(ndim))
-    axes = _int_tuple(axes, "axes")
+    axes = int_tuple(axes, "axes")
     if not axes:
         raise ValueError("`axes` must name at least one axis")
     for ax in axes:
@@ -94,7 +94,7 @@ def _modes(shape, axes, s, real: bool, k_lengths=None) -> tuple[int, ...]:
     have = tuple(shape[i] for i in axes) if k_lengths is None else k_lengths
     if s is None:
         return have[:-1] + (2 * (have[-1] - 1),) if real else have
-    s = _int_tuple(s, "s")
+    s = int_tuple(s, "s")
     if len(s) != len(axes):
         raise ValueError(f"`s` = {s} and `axes` = {axes} must have the same length")
     if any(n < 1 for n in s):

@@ -59,7 +59,7 @@ def _array(a, caller: str):
     return a
 
 
-def _int_tuple(v, argname: str) -> tuple[int, ...]:
+def int_tuple(v, argname: str) -> tuple[int, ...]:
     try:
         values = tuple(v) if np.ndim(v) else (v,)
         if any(isinstance(n, (bool, np.bool_)) for n in values):
@@ -74,13 +74,13 @@ def _axes_and_s(shape, s, axes, default_axes, caller: str):
     else `default_axes` (all axes; the last two for the 2-D forms)."""
     ndim = len(shape)
     if s is not None:
-        s = _int_tuple(s, "s")
+        s = int_tuple(s, "s")
     if axes is None:
         if s is None:
             axes = default_axes(ndim)
         else:
             axes = tuple(range(ndim - len(s), ndim))
-    axes = _int_tuple(axes, "axes")
+    axes = int_tuple(axes, "axes")
     for ax in axes:
         if not -ndim <= ax < ndim:
             raise ValueError(f"`axes` = {axes} names axis {ax}, but `a` has {ndim} dimensions "
