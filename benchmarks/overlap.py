@@ -17,7 +17,10 @@ The child times, interleaved (`harness.median_times`, median of --repeats, --rou
 
 * `today`: pfft3d/pifft3d with `pipeline=False` (chunks "auto", as before issue 66);
 * `chunked`: `pipeline=False, chunks=P` (the same pieces, one at a time);
-* `pipelined`: `pipeline=True, chunks=P` (P: --pieces, default 16, as "auto" takes);
+* `pipelined`: `pipeline=True, chunks=P` (P: --pieces, default what "auto" takes: pieces of
+  about 1 MiB, `plan.pipeline_pieces`);
+* `pipelined, N pieces` for each N of --compare-pieces (default 16), and `pipelined, poll U us`
+  for each U of --compare-polls (the MPI progress thread's interval, `mpi.poll_interval_us`);
 * `mpi4py-fft` (if installed; its own FFTW plans and MPI Alltoallw);
 * `exchange alone`: one exchange of the whole block through pencilfft's MPI custom call (the
   rate it reaches against the link's: no storm of small messages).
@@ -25,13 +28,16 @@ The child times, interleaved (`harness.median_times`, median of --repeats, --rou
 MPI crosses the bridge over TCP (FI_PROVIDER=tcp: libfabric would take shared memory between
 namespaces of one machine; `pencilfft.initialize()` picks MPICH's OFI layer under srun).  The
 table gives, per case and rate, the link floor (bytes received per round trip / rate), each
-row's median, the pipelined time over max(link floor, T0) and over today's and mpi4py-fft's.
-Nothing is asserted: it measures.
+row's median, the pipelined time over max(link floor, T0) and over today's and mpi4py-fft's;
+`table` adds what each program holds per device beside its input and output (XLA's
+`memory_analysis().temp_size_in_bytes`, in MiB and in pieces) and the compared rows.  Nothing
+is asserted: it measures.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import signal
@@ -68,6 +74,8 @@ def child(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[s
 
     import pencilfft
     from benchmarks import mpi as mpi_bench
+    from pencilfft._exchange import mpi
+    from pencilfft._transforms import plan
 
     harness.start(args)
     from mpi4py import MPI
@@ -78,14 +86,34 @@ def child(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[s
     mesh = harness.make_mesh(pdims)
     x = harness.make_input(shape, pencilfft.real_space_sharding(mesh), "complex64", 0)
 
-    def roundtrip(**kw):
+    block = math.prod(shape) * 8 // comm.size  # bytes per device (complex64)
+    pieces = plan.pipeline_pieces(block) if args.pieces == "auto" else int(args.pieces)
+    temps: dict[str, int] = {}
+
+    def roundtrip(row, **kw):
         f = jax.jit(lambda v: pencilfft.pifft3d(pencilfft.pfft3d(v, exchange="mpi", **kw),
                                                 exchange="mpi", **kw))
+        temps[row] = f.lower(x).compile().memory_analysis().temp_size_in_bytes
         return lambda: jax.block_until_ready(f(x))
 
-    calls = {"today": roundtrip(pipeline=False),
-             "chunked": roundtrip(pipeline=False, chunks=args.pieces),
-             "pipelined": roundtrip(pipeline=True, chunks=args.pieces)}
+    def polled(f, us):
+        def call():
+            before = mpi.poll_interval_us(us)
+            try:
+                return f()
+            finally:
+                mpi.poll_interval_us(before)
+        return call
+
+    calls = {"today": roundtrip("today", pipeline=False),
+             "chunked": roundtrip("chunked", pipeline=False, chunks=pieces),
+             "pipelined": roundtrip("pipelined", pipeline=True, chunks=pieces)}
+    for other in args.compare_pieces:  # the same pipeline in other piece counts
+        calls[f"pipelined, {other} pieces"] = roundtrip(f"pipelined, {other} pieces",
+                                                        pipeline=True, chunks=other)
+    for us in args.compare_polls:  # the progress thread's interval (mpi.cc)
+        calls[f"pipelined, poll {us} us"] = polled(
+            roundtrip(f"pipelined, poll {us} us", pipeline=True, chunks=pieces), us)
     local = np.asarray(x.addressable_data(0))
     if mpi_bench.mpi4py_fft_version():
         calls["mpi4py-fft"] = mpi_bench._mpi4py_fft(comm, shape, pdims, local)
@@ -108,7 +136,8 @@ def child(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[s
     exchanged = max(comm.allgather(_link_bytes() - before))
     times = harness.median_times(calls, args.repeats, args.warmup, comm, args.rounds)
     records = [{"row": row, "shape": list(shape), "pdims": list(pdims), "processes": comm.size,
-                "pieces": args.pieces, "rate": args.rate, "median_s": statistics.median(t),
+                "pieces": pieces, "rate": args.rate, "median_s": statistics.median(t),
+                "temp_bytes": temps.get(row), "block_bytes": block,
                 "rounds_s": t, "bytes_per_roundtrip": received, "bytes_per_exchange": exchanged,
                 **harness.stamp(ctx)} for row, t in times.items()]
     if comm.rank == 0:
@@ -165,7 +194,9 @@ def run(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[str
                             harness.fmt_dims(args.shapes[0]), "--pdims-child",
                             harness.fmt_dims(pdims), "--pieces", str(args.pieces),
                             "--repeats", str(args.repeats), "--rounds", str(args.rounds),
-                            "--rate", rate_label]
+                            "--rate", rate_label,
+                            "--compare-pieces", *map(str, args.compare_pieces),
+                            "--compare-polls", *map(str, args.compare_polls)]
                     harness.say(args, f"{nodes} nodes, {harness.fmt_dims(pdims)}, link "
                                       f"{rate_label} ...")
                     done = cluster.job(nodes, argv, args.timeout)
@@ -228,13 +259,56 @@ def table(records: Sequence[dict]) -> str:
                      harness.fmt_ms(piped), f"{piped / bound:.2f}x" if bound else "—",
                      f"{piped / today:.2f}x", harness.fmt_ms(ref),
                      f"{piped / ref:.2f}x" if ref else "—", reached])
-    return harness.md_table(
+    main = harness.md_table(
         ["case", "link", "link floor", "T0 (unlimited, today)", "today", "chunked",
          "pipelined", "pipelined / max(floor, T0)", "pipelined / today", "mpi4py-fft",
          "pipelined / mpi4py-fft", "exchange alone / link"], rows, "ll" + "r" * 10,
         note=f"ms, forward + inverse, complex64, one process per node of namespace "
              f"nodes on one machine (one core a node where there are enough), MPI over TCP; "
              f"load {harness.load_range(records)}.")
+    return "\n\n".join(t for t in (main, _memory_table(cases), _compared_table(cases)) if t)
+
+
+def _memory_table(cases: dict) -> str:
+    """Per case: what today's, the chunked and the pipelined programs hold beside input and
+    output, in MiB and in pieces of the pipelined plan."""
+    rows = []
+    for (nodes, pdims, shape, rate), by in cases.items():
+        if rate != "unlimited" or not all(by.get(r, {}).get("temp_bytes") is not None
+                                          for r in ("today", "chunked", "pipelined")):
+            continue
+        pieces = by["pipelined"]["pieces"]
+        piece = by["pipelined"]["block_bytes"] / pieces
+        mib = {r: by[r]["temp_bytes"] / 2**20 for r in ("today", "chunked", "pipelined")}
+        rows.append([f"{nodes} nodes, {harness.fmt_dims(pdims)}, {shape[0]}^3", str(pieces),
+                     f"{piece / 2**20:.2f}", *(f"{v:.1f}" for v in mib.values()),
+                     f"{(by['pipelined']['temp_bytes'] - by['chunked']['temp_bytes']) / piece:+.1f}"])
+    if not rows:
+        return ""
+    return harness.md_table(
+        ["case", "pieces", "piece (MiB)", "today (MiB)", "chunked (MiB)", "pipelined (MiB)",
+         "pipelined - chunked (pieces)"], rows, "l" + "r" * 6,
+        note="per device, beside the input and the output: XLA's memory_analysis() of the "
+             "compiled round trip (temp_size_in_bytes).")
+
+
+def _compared_table(cases: dict) -> str:
+    """Per case and rate: the pipelined row beside the compared ones (other piece counts, other
+    progress intervals)."""
+    names = list(dict.fromkeys(row for by in cases.values() for row in by
+                               if row.startswith("pipelined, ")))
+    if not names:
+        return ""
+    rows = []
+    for (nodes, pdims, shape, rate), by in cases.items():
+        if "pipelined" not in by:
+            continue
+        rows.append([f"{nodes} nodes, {harness.fmt_dims(pdims)}, {shape[0]}^3", rate,
+                     f"{harness.fmt_ms(by['pipelined']['median_s'])} "
+                     f"({by['pipelined']['pieces']} pieces)",
+                     *(harness.fmt_ms(by[n]["median_s"]) if n in by else "—" for n in names)])
+    return harness.md_table(["case", "link", "pipelined", *names], rows,
+                            "ll" + "r" * (1 + len(names)), note="ms, forward + inverse.")
 
 
 OPTIONS = dict(shapes=["256"], repeats=5, warmup=1, out=None, quiet=False)
@@ -245,8 +319,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="node counts (one cluster each; default 2 4)")
     p.add_argument("--factors", nargs="+", type=float, default=[2.0, 1.0, 0.5],
                    help="link rates as multiples of Rb (default 2 1 0.5)")
-    p.add_argument("--pieces", type=int, default=16,
-                   help="pieces per stage (default 16, what \"auto\" takes)")
+    p.add_argument("--pieces", default="auto",
+                   help="pieces per stage (default: what \"auto\" takes, about 1 MiB each)")
+    p.add_argument("--compare-pieces", nargs="*", type=int, default=[16],
+                   help="other piece counts, pipelined (default 16: issue 66's first choice)")
+    p.add_argument("--compare-polls", nargs="*", type=int, default=[],
+                   help="the MPI progress thread's intervals (us) to time, pipelined")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per job")
     p.add_argument("--pdims-child", type=harness.parse_pxq, help=argparse.SUPPRESS)

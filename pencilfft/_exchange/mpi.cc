@@ -43,7 +43,11 @@
 // messages meanwhile: the overlap does not depend on XLA running thunks concurrently.  Both
 // buffers stay XLA's, alive until the wait (it takes them as operands; its result aliases the
 // received one), and the wait checks that they are where the start left them: a copy by XLA of
-// a buffer in flight would be an error, never wrong data.
+// a buffer in flight would be an error, never wrong data.  The start receives into a buffer the
+// program hands it (aliased), so that a loop of pieces reuses its buffers.  The progress thread
+// tests such an exchange every PENCILFFT_MPI_POLL_US microseconds (200) while the program
+// computes, and spins only once the program waits for it (`Pending::awaited`): on a node of
+// one core a spinning thread would take half of it from the FFT.
 #include <mpi.h>
 
 #include <algorithm>
@@ -51,6 +55,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -137,7 +142,31 @@ struct Pending {
   ffi::Promise promise;
   std::vector<char> scratch;
   std::function<void()> finish;
+  // Whether XLA's thread is waiting on it: from the start for a blocking exchange (XLA awaits
+  // its future at once), only from the wait on for a pipelined one (set by ExchangeWait).
+  std::shared_ptr<std::atomic<bool>> awaited = std::make_shared<std::atomic<bool>>(true);
 };
+
+// How long the progress thread sleeps between two tests of messages nobody waits on yet (a
+// pipelined exchange while the next piece's FFT runs), in microseconds:
+// PENCILFFT_MPI_POLL_US, default 200.  MPI over TCP moves bytes only inside MPI calls, but a
+// test every 200 us keeps the socket buffers (megabytes) full at several Gbit/s; spinning
+// instead takes half of a core the FFT needs where the process has one.  While XLA waits on
+// an exchange the thread spins (yielding): then nothing else needs the core.
+std::atomic<int64_t>& PollMicroseconds() {
+  static std::atomic<int64_t> us{[] {
+    const char* text = std::getenv("PENCILFFT_MPI_POLL_US");
+    char* end = nullptr;
+    long v = text ? std::strtol(text, &end, 10) : 200;
+    if (text && (end == text || *end || v < 0)) v = 200;
+    return static_cast<int64_t>(std::min(v, 100000L));
+  }()};
+  return us;
+}
+
+std::chrono::microseconds PollInterval() {
+  return std::chrono::microseconds(PollMicroseconds().load());
+}
 
 // The progress thread: tests the requests of every exchange in flight and completes their
 // promises.  MPI needs MPI_THREAD_MULTIPLE for this (mpi4py asks for it by default;
@@ -156,13 +185,24 @@ class Progress {
     wake_.notify_one();
   }
 
+  // XLA has started waiting on an exchange in flight: test at once, and spin until it is in.
+  void Hurry() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      hurry_ = true;
+    }
+    wake_.notify_one();
+  }
+
  private:
   void Run() {
     std::vector<Pending*> done;
     for (;;) {
+      bool awaited = false;
       {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [this] { return !ops_.empty(); });
+        hurry_ = false;
         for (auto it = ops_.begin(); it != ops_.end();) {
           int flag = 0;
           MPI_Testall(static_cast<int>((*it)->requests.size()), (*it)->requests.data(), &flag,
@@ -171,6 +211,7 @@ class Progress {
             done.push_back(*it);
             it = ops_.erase(it);
           } else {
+            awaited = awaited || (*it)->awaited->load();
             ++it;
           }
         }
@@ -186,7 +227,14 @@ class Progress {
           delete op;
         }).detach();
       }
-      if (done.empty()) std::this_thread::yield();
+      if (done.empty()) {
+        if (awaited) {
+          std::this_thread::yield();
+        } else {
+          std::unique_lock<std::mutex> lock(mutex_);
+          wake_.wait_for(lock, PollInterval(), [this] { return hurry_; });
+        }
+      }
       done.clear();
     }
   }
@@ -195,6 +243,7 @@ class Progress {
   std::condition_variable wake_;
   std::vector<Pending*> ops_;
   bool started_ = false;
+  bool hurry_ = false;
 };
 
 Progress& progress() {
@@ -444,6 +493,7 @@ struct Flight {
   ffi::Promise promise;
   const void* send = nullptr;  // the buffers the messages use, checked by the wait
   void* recv = nullptr;
+  std::shared_ptr<std::atomic<bool>> awaited;  // its Pending's: set when the wait comes
 };
 
 std::mutex flights_mutex;
@@ -460,10 +510,12 @@ std::shared_ptr<Flight> TakeFlight(int32_t token) {
 }
 
 // x: (n, ...) chunk-major, chunk j for peer j; sending: x itself (aliased), what the wait is
-// given to keep it alive; recv: same shape, chunk j from peer j once the wait has returned;
-// token: what the wait is given.
+// given to keep it alive; into: a block of x's size whose buffer the program hands over (its
+// values are not read); recv: `into`'s buffer (aliased), chunk j from peer j once the wait has
+// returned; token: what the wait is given.  The pipelined stage hands over buffers it has
+// finished with, so that a loop of pieces needs no new buffer and no copy into its carry.
 ffi::Error ExchangeStart(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
-                         ffi::Result<ffi::Buffer<ffi::S32>> token,
+                         ffi::AnyBuffer into, ffi::Result<ffi::Buffer<ffi::S32>> token,
                          ffi::Result<ffi::AnyBuffer> sending, ffi::Result<ffi::AnyBuffer> recv,
                          int64_t n, int64_t key, ffi::Span<const int32_t> ranks) {
   int64_t start = 0, pos = 0, group = 0;
@@ -472,7 +524,8 @@ ffi::Error ExchangeStart(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::
   if (!why.empty()) {
     return ffi::Error(ffi::ErrorCode::kInternal, "pencilfft MPI exchange: " + why);
   }
-  if (token->element_count() != 1 || sending->untyped_data() != x.untyped_data()) {
+  if (token->element_count() != 1 || sending->untyped_data() != x.untyped_data() ||
+      recv->untyped_data() != into.untyped_data()) {
     return ffi::Error(ffi::ErrorCode::kInternal,
                       "pencilfft MPI exchange: start's results (internal error)");
   }
@@ -496,6 +549,8 @@ ffi::Error ExchangeStart(Instance* instance, ffi::AnyBuffer x, ffi::Buffer<ffi::
     return ffi::Error::Success();
   }
   auto* op = new Pending();
+  op->awaited->store(false);
+  flight->awaited = op->awaited;
   op->requests.reserve(2 * (n - 1) * (chunk / kPiece + 1));
   op->finish = [flight] {
     std::lock_guard<std::mutex> lock(flight->mutex);
@@ -538,7 +593,11 @@ ffi::Future ExchangeWait(ffi::Buffer<ffi::S32> token, ffi::AnyBuffer sent, ffi::
   std::lock_guard<std::mutex> lock(flight->mutex);
   if (flight->done) return Done();
   flight->waited = true;
-  return ffi::Future(flight->promise);
+  ffi::Future future(flight->promise);
+  // From now on the progress thread spins on it (nothing else needs the core).
+  if (flight->awaited) flight->awaited->store(true);
+  progress().Hurry();
+  return future;
 }
 
 // `x` itself (the result aliases it), once the other operands exist: an order between work that
@@ -571,6 +630,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiExchangeStart, ExchangeStart,
                                   .Ctx<ffi::State<Instance>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
@@ -628,6 +688,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftMpiAllReduce, AllReduce,
 static void DeleteInstance(void* instance) { delete static_cast<Instance*>(instance); }
 static XLA_FFI_TypeInfo instance_type_info = {XLA_FFI_TypeInfo_STRUCT_SIZE, nullptr,
                                               DeleteInstance};
+// Sets the progress thread's interval (microseconds, 0: spin) and returns the one before; a
+// negative value only reads it (the benchmarks compare intervals in one job).
+extern "C" int64_t pencilfft_mpi_poll_us(int64_t us) {
+  if (us < 0) return PollMicroseconds().load();
+  return PollMicroseconds().exchange(std::min<int64_t>(us, 100000));
+}
+
 extern "C" void* pencilfft_mpi_instance_type_id() { return &Instance::id; }
 extern "C" void* pencilfft_mpi_instance_type_info() { return &instance_type_info; }
 

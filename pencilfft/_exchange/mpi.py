@@ -173,17 +173,18 @@ def exchange(y: jax.Array, axis_name: str, n: int) -> jax.Array:
                            axis_name=axis_name)
 
 
-def exchange_start(y: jax.Array, axis_name: str, n: int) -> tuple[jax.Array, jax.Array,
-                                                                   jax.Array]:
+def exchange_start(y: jax.Array, axis_name: str, n: int, into: jax.Array
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Inside shard_map: `exchange`'s messages posted, not awaited: (a token, the block being
-    sent (`y`'s buffer itself), the block being received into).  Give all three to
-    `exchange_wait`, with the work to overlap between the two calls: both blocks are in MPI's
-    hands until then (the wait holds them alive; nothing else may use them).  Not
+    sent (`y`'s buffer itself), the block being received into (`into`'s buffer itself: a
+    block of y's shape and dtype the caller is done with; its values are not read)).  Give
+    all three to `exchange_wait`, with the work to overlap between the two calls: both blocks
+    are in MPI's hands until then (the wait holds them alive; nothing else may use them).  Not
     differentiable by itself: a pipelined stage differentiates through the plain `exchange`
     (`_transforms.chunks`)."""
     mesh = concrete(traced_mesh())
-    return start_p.bind(y, coordinates(mesh, axis_name), groups=process_groups(mesh, axis_name),
-                        n=n, axis_name=axis_name)
+    return start_p.bind(y, coordinates(mesh, axis_name), into,
+                        groups=process_groups(mesh, axis_name), n=n, axis_name=axis_name)
 
 
 def exchange_wait(token: jax.Array, sent: jax.Array, received: jax.Array) -> jax.Array:
@@ -244,6 +245,18 @@ def instantiated() -> list[tuple[int, int, int]]:
     out = np.zeros(3 * count, np.int64)
     lib.pencilfft_mpi_instances(out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(count))
     return [tuple(int(v) for v in row) for row in out.reshape(-1, 3)]
+
+
+def poll_interval_us(us: int | None = None) -> int:
+    """The MPI progress thread's interval between two tests of a pipelined exchange that
+    nothing waits on yet, in microseconds (PENCILFFT_MPI_POLL_US, default 200; 0 spins); with
+    `us`, set to it (for the benchmarks).  Returns the interval before."""
+    lib = _library()
+    if isinstance(lib, str):
+        raise RuntimeError(f"pencilfft's MPI exchange is not available: {lib}")
+    lib.pencilfft_mpi_poll_us.restype = ctypes.c_int64
+    lib.pencilfft_mpi_poll_us.argtypes = [ctypes.c_int64]
+    return int(lib.pencilfft_mpi_poll_us(-1 if us is None else max(int(us), 0)))
 
 
 def _cpu_lowering(target: str, what: str, attrs=lambda **params: {}):
@@ -360,17 +373,24 @@ start_p.multiple_results = True
 wait_p = Primitive(WAIT_TARGET)
 
 
-def _start_abstract_eval(y, where, **params):
+def _start_abstract_eval(y, where, into, **params):
     del where, params
-    return y.update(shape=(1,), dtype=np.dtype(np.int32)), y, y
+    if (into.shape, into.dtype) != (y.shape, y.dtype):
+        raise ValueError(f"internal: the MPI exchange receives into a {into.str_short()} block "
+                         f"for a {y.str_short()} one")
+    return y.update(shape=(1,), dtype=np.dtype(np.int32)), y, into
 
 
 def _start_batch(args, dims, **params):
-    (y, where), (d, dwhere) = args, dims
+    (y, where, into), (d, dwhere, dinto) = args, dims
     if dwhere is not None:
         raise NotImplementedError("internal: the MPI exchange's coordinates are never batched")
-    outs = start_p.bind(jnp.moveaxis(y, d, 1), where, **params)
-    return outs, (None, 1, 1)
+    y = jnp.moveaxis(y, d, 1)  # (the chunk index stays first: it is what is exchanged)
+    if dinto is None:
+        into = jnp.broadcast_to(into[:, None], y.shape)  # (values not read: any block does)
+    else:
+        into = jnp.moveaxis(into, dinto, 1)
+    return start_p.bind(y, where, into, **params), (None, 1, 1)
 
 
 def _wait_batch(args, dims):
@@ -381,13 +401,14 @@ def _wait_batch(args, dims):
     return wait_p.bind(token, sent, received), 1
 
 
-def _lower_start(ctx, y, where, *, groups, n, axis_name):
+def _lower_start(ctx, y, where, into, *, groups, n, axis_name):
     del axis_name
     why = _load()
     if why is not None:
         raise ValueError(f"a pipelined `exchange`='mpi' cannot run here: {why}")
-    return jax.ffi.ffi_lowering(START_TARGET, has_side_effect=True, operand_output_aliases={0: 1})(
-        ctx, y, where, n=np.int64(n), key=_key(ctx, START_TARGET, groups=groups, n=n),
+    return jax.ffi.ffi_lowering(START_TARGET, has_side_effect=True,
+                                operand_output_aliases={0: 1, 2: 2})(
+        ctx, y, where, into, n=np.int64(n), key=_key(ctx, START_TARGET, groups=groups, n=n),
         ranks=np.asarray(groups, np.int32).reshape(-1))
 
 

@@ -158,7 +158,7 @@ def _need(plan: Any, forward: bool, traced: bool, resident: bool,
 def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> int:
     free = available(local_devices(plan.mesh))
     auto = plan.chunks_asked == "auto"
-    # (pipelined, "auto" starts at the plan's count: `plan.PIPELINE_PIECES`)
+    # (pipelined, "auto" starts at the plan's count: `plan.pipeline_pieces`)
     counts = tuple(c for c in AUTO_CHUNKS if c >= plan.chunks) if auto else (plan.chunks,)
     if free is None:
         return counts[0]

@@ -4,9 +4,9 @@ transformed and packed and the last one unpacked and transformed.
 A chunked stage (`chunks.Chunked`, `chunks.Pieces`) runs its pieces one after the other: the
 link is idle while the cores compute, and the cores wait while the link moves the bytes, so a
 transform across nodes costs communication + computation.  Pipelined, the stage's pieces
-overlap: with piece i's messages in flight, piece i+1 goes through the steps before the
-exchange (its FFT and the pack) and piece i-1 through those after it (the unpack and the next
-FFT).  Its time tends to max(communication, computation), for one more piece in memory.
+overlap: with piece i's messages in flight, piece i-1 goes through the steps after the
+exchange (the unpack and the next FFT) and piece i+1 through those before it (its FFT and the
+pack).  Its time tends to max(communication, computation).
 
 How the exchange is kept in flight depends on how it sends:
 
@@ -14,18 +14,18 @@ How the exchange is kept in flight depends on how it sends:
   `mpi.exchange_wait`, the other pieces' work between the two calls, ordered so by data
   (`mpi.after`: XLA:CPU drops `optimization_barrier`s before it schedules).  MPI's progress
   thread moves the messages meanwhile, so the overlap does not depend on XLA running
-  independent work concurrently (its CPU runtime often runs a loop body's few thunks one after
-  the other).  At most one exchange is in flight: the next
-  start waits for this wait.
+  independent work concurrently.  At most one exchange is in flight, and none crosses a loop
+  iteration.  Three piece buffers turn around (`run_pipelined`'s `step`): each exchange
+  receives into the buffer the exchange before it sent from, and each piece is packed into
+  the buffer the piece before it was received in, so that XLA neither copies a piece into the
+  loop's carry nor allocates one per piece.
 * "xla" (XLA's collectives: GPUs, or gloo): the pieces are written out one after the other
   with each exchange independent of the next piece's FFT, so that XLA's asynchronous
   collectives and its latency-hiding scheduler can overlap them.
 
-The pieces are unrolled (a Python loop, not `fori_loop`): a buffer in MPI's hands must not
-cross a loop iteration, where XLA could copy it.  Reading the pieces from the block and writing
-them back is `chunks._in_pieces`'s rule (in place where a piece keeps its shape and dtype).
-Differentiation goes through the plain chunked stage (`linear`): the pipelined primitives
-have no transpose, and the values are the same.
+Reading the pieces from the block and writing them back is `chunks._in_pieces`'s rule (in place
+where a piece keeps its shape and dtype).  Differentiation goes through the plain chunked stage
+(`linear`): the pipelined primitives have no transpose, and the values are the same.
 """
 from __future__ import annotations
 
@@ -133,46 +133,74 @@ def run_pipelined(steps, at: int, how: str, k: jax.Array, cut: int, cut_out: int
         return packed_exchange(a, exchange.axis_name, exchange.n, exchange.split,
                                exchange.gather, exchange.order)
 
-    # A fori_loop over the pieces, piece i's exchange in flight within its iteration (started
-    # and awaited there: no buffer in MPI's hands crosses an iteration, where XLA may copy
-    # it), the next piece packed and the last one finished between the two.  A loop, not the
-    # pieces written out one by one: XLA writes a loop's pieces in place, but copies a whole
-    # block into a chain of unrolled in-place writes.
     after = _mpi.after  # the order of the steps, by data (see `mpi.after`)
-    last = read(source, count - 1) if n % m and in_place else None
-    packed, unpack = pack(before(p0))
+    prepare = lambda p: pack(before(p))  # noqa: E731
+    slot0, unpack = prepare(p0)
     finish = lambda y: after_steps(unpack(y), p0)  # noqa: E731
-    received = jax.eval_shape(lambda a: a, packed)
 
-    def step(i, carry):
-        buf, packed, prev = carry
-        token, sending, receiving = _mpi.exchange_start(packed, exchange.axis_name, exchange.n)
-        # The next piece (at the last, piece i again: its work is dropped), after the start.
-        j = jnp.minimum(i + 1, count - 1)
-        start = jnp.minimum(j * m, n - m)
-        nxt = jax.lax.dynamic_slice_in_dim(buf if in_place else source, start, m, axis=1)
-        if last is not None:
-            nxt = jnp.where(j == count - 1, last.reshape(nxt.shape), nxt)
-        nxt = after(nxt.reshape(shape), token)
-        packed = pack(before(nxt))[0]
-        # The piece before (at the first: zeros, written where piece 0 was read, which piece 0
-        # overwrites next), after the start, written back after the next one is read.
-        done = after(finish(after(prev, token)), nxt)
-        at = jnp.maximum(i - 1, 0) * m
-        buf = jax.lax.dynamic_update_slice_in_dim(buf, done.reshape(outer_out, m, inner_out),
-                                                  jnp.minimum(at, n - m), axis=1)
-        prev = _mpi.exchange_wait(after(token, packed, done), sending, receiving)
-        # The last piece is finished in the last iteration (a loop's result written outside
-        # it would be copied whole).  The other iterations write zeros where the next piece
-        # was read, which that piece overwrites two iterations later.
-        final = jax.lax.cond(i == count - 1, finish, lambda y: jax.lax.full_like(
-            done, 0), prev)
-        buf = jax.lax.dynamic_update_slice_in_dim(buf, final.reshape(outer_out, m, inner_out),
-                                                  start, axis=1)
-        return buf, after(packed, prev), prev
+    def offset(i):
+        return jnp.minimum(i * m, n - m)
 
-    zeros = jax.lax.full_like(packed, 0, received.dtype, received.shape)
-    buf, _, _ = jax.lax.fori_loop(0, count, step, (buf, packed, zeros))
+    def step(i, role: int, buf, slots, first: bool, last: bool):
+        """Piece i's exchange in flight while piece i-1 is finished and piece i+1 packed.
+
+        Three piece buffers ("slots") turn around: piece i is sent from slots[role], received
+        into slots[role + 2] (sent from in step i-1, so free), and slots[role + 1] holds piece
+        i-1 as received, finished first and then overwritten by piece i+1 packed.  Every value
+        a step leaves in a slot was made after the slot's old one was last used, so XLA writes
+        it there: no copy into the loop's carry, and one piece buffer more than a chunked
+        stage's exchange holds (its piece sent and its piece received)."""
+        send, keep, into = role % 3, (role + 1) % 3, (role + 2) % 3
+        slots = list(slots)
+        token, sending, receiving = _mpi.exchange_start(slots[send], exchange.axis_name,
+                                                        exchange.n, slots[into])
+        ready = [token]
+        if not first:
+            done = finish(after(slots[keep], token))
+            buf = jax.lax.dynamic_update_slice_in_dim(
+                buf, done.reshape(outer_out, m, inner_out), offset(i - 1), axis=1)
+            ready.append(done)  # (not the block: XLA would copy it to keep a reader's view)
+        if not last:
+            # Read after piece i-1 is written (disjoint from piece i+1: read from the written
+            # block, so that XLA writes the block in place), packed into the slot piece i-1
+            # was received in.
+            nxt = jax.lax.dynamic_slice_in_dim(buf if in_place else source, offset(i + 1), m,
+                                               axis=1).reshape(shape)
+            slots[keep] = prepare(after(nxt, *ready))[0]
+            ready.append(slots[keep])
+        received = _mpi.exchange_wait(after(*ready), sending, receiving)
+        if not last:
+            slots[keep] = after(slots[keep], received)  # the next start after this wait
+        slots[send], slots[into] = sending, received
+        return buf, slots, token
+
+    zeros = jax.lax.full_like(slot0, 0)  # piece 0's receiving buffer (the others reuse slots)
+    slots = [slot0, zeros, zeros]
+    buf, slots, token = step(0, 0, buf, slots, True, count == 1)
+    # Steps 1 .. count-2 in a loop of three (a slot's part turns with period 3: each part is
+    # then the same in every iteration), the rest written out, the last one finishing.
+    loops = max(count - 2, 0) // 3
+
+    def body(k, carry):
+        buf, *slots = carry
+        for j in range(3):
+            buf, slots, _ = step(1 + 3 * k + j, 1 + j, buf, slots, False, False)
+        return (buf, *slots)
+
+    if loops:
+        buf, *slots = jax.lax.fori_loop(0, loops, body, (buf, *slots))
+    for i in range(1 + 3 * loops, count):
+        buf, slots, token = step(i, i, buf, slots, False, i == count - 1)
+    done = finish(slots[(count + 1) % 3]).reshape(outer_out, m, inner_out)
+    # The last write in a loop of one iteration that XLA cannot count (its bound comes from
+    # the token, always >= 1): written out here, XLA fuses it with the reshape the next stage
+    # makes, which is then not in place, and copies the whole block before it.
+    once = jnp.minimum(token[0], 1)
+    _, buf = jax.lax.while_loop(
+        lambda c: c[0] < once,
+        lambda c: (c[0] + 1, jax.lax.dynamic_update_slice_in_dim(c[1], done,
+                                                                 offset(count - 1), axis=1)),
+        (jnp.int32(0), buf))
     return buf.reshape(out.shape[:cut_out] + (n,) + out.shape[cut_out + 1:])
 
 

@@ -292,11 +292,26 @@ def check_chunks(chunks) -> int | str:
     return chunks
 
 
-# "auto" pipelines blocks of at least this many bytes per device (complex spectra), in at least
-# this many pieces: below, a piece's fixed costs (its message, its FFT call) outweigh the
-# overlap (benchmarks/RESULTS.md, "The network hidden behind the FFT").
+# "auto" pipelines blocks of at least this many bytes per device (complex spectra): below, a
+# piece's fixed costs (its message, its FFT call) outweigh the overlap.  It cuts them into
+# pieces of about PIPELINE_PIECE_BYTES, PIPELINE_PIECES to PIPELINE_MAX_PIECES of them: a piece
+# that stays in the core's cache through its FFT, pack and unpack costs less than a large one
+# (256^3 on 2 nodes: 64 pieces of 1 MiB took 0.85x the time of 16 pieces with the link
+# unlimited, and less at every rate: benchmarks/RESULTS.md, "The network hidden behind the
+# FFT"), and fewer, longer pieces fill and drain the pipeline for longer.
 PIPELINE_MIN_BYTES = 8 << 20
+PIPELINE_PIECE_BYTES = 1 << 20
 PIPELINE_PIECES = 16
+PIPELINE_MAX_PIECES = 64
+
+
+def pipeline_pieces(block_bytes: int) -> int:
+    """The pieces "auto" cuts a pipelined stage's block of `block_bytes` (per device) into: a
+    power of two, about PIPELINE_PIECE_BYTES each, PIPELINE_PIECES to PIPELINE_MAX_PIECES."""
+    count = PIPELINE_PIECES
+    while count < PIPELINE_MAX_PIECES and block_bytes // (2 * count) >= PIPELINE_PIECE_BYTES:
+        count *= 2
+    return count
 
 
 def check_pipeline(pipeline) -> bool | str:
@@ -434,8 +449,9 @@ def _checked_args(x, argname: str, *, norm, layout, kinds, real, padding, chunks
     chunks = check_chunks(chunks)
     if check_pipeline(pipeline) is True and chunks == 1:
         raise ValueError("`pipeline`=True runs a stage's pieces overlapped, and `chunks`=1 makes "
-                         "one piece: pass `chunks` >= 2 or 'auto' (at least "
-                         f"{PIPELINE_PIECES} pieces then), or `pipeline`=False")
+                         "one piece: pass `chunks` >= 2 or 'auto' "
+                         f"({PIPELINE_PIECES} to {PIPELINE_MAX_PIECES} pieces then), or "
+                         "`pipeline`=False")
     return kinds, padding, chunks, check_array(x, argname)
 
 
@@ -473,11 +489,11 @@ def plan_forward(x, *, norm, layout, mesh, real: bool = False, kinds=None, paddi
 
 def _with_chunks(plan: Plan, chunks: int | str, pipeline: bool | str = False) -> Plan:
     """`plan` cut into `chunks` pieces per stage ("auto": 1 until the memory check says
-    otherwise, `budget.fit_chunks`; at least `PIPELINE_PIECES` pipelined), run pipelined as
+    otherwise, `budget.fit_chunks`; `pipeline_pieces` or more pipelined), run pipelined as
     `pipeline` says (`pipelined`; never with one piece)."""
     block = _block_bytes(plan.batch + plan.real_shape, plan.mesh, plan.k_dtype)
     piped = chunks != 1 and pipelined(pipeline, plan.mesh, plan.axes, plan.exchanges, block)
-    count = chunks if chunks != "auto" else PIPELINE_PIECES if piped else 1
+    count = chunks if chunks != "auto" else pipeline_pieces(block) if piped else 1
     return dataclasses.replace(plan, chunks=count, chunks_asked=chunks, pipeline=piped,
                                pipeline_asked=pipeline)
 

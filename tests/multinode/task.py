@@ -11,7 +11,8 @@ namespace cluster of tests/multinode/cluster.sh).
 
 `checks`: what initialize saw (the process and device counts, MPI's size; its own verbose line
 names the launcher and the coordinator); pfft3d/pifft3d against numpy for each exchange of EX
-on a (2, D/2) and a (D, 1) mesh of the job's D devices; the N-D names on a 2-D brick (both axes
+on a (2, D/2) and a (D, 1) mesh of the job's D devices, and for "mpi" and "mixed" pipelined
+(`pipeline=True`, 4 pieces) against the unpipelined values; the N-D names on a 2-D brick (both axes
 split over the (2, D/2) mesh, across the nodes) and a 4-D batch; scatter, gather, save and load
 (DIR: a shared folder); the MPI exchange's bytes coming in over this node's link.  Each task prints one short line
 `REPORT <json>` (srun cuts long lines of two tasks into each other): its rank, node, what
@@ -93,6 +94,14 @@ def checks(folder: str, exchanges: list[str]) -> dict[str, str]:
         if RANK == 0:
             close(k, want_k, "pfft3d")
             close(back, x, "pifft3d(pfft3d)")
+        if exchange in ("mpi", "mixed"):  # pipelined across the nodes: the same values
+            kw = dict(exchange=exchange, chunks=4, pipeline=True)
+            kp = jax.jit(lambda v: pencilfft.pfft3d(v, **kw))(xs)
+            bp = pencilfft.gather(jax.jit(lambda q: pencilfft.pifft3d(q, **kw))(kp))
+            kp = pencilfft.gather(kp)
+            if RANK == 0:
+                close(kp, k, "pipelined pfft3d against the unpipelined", tol=1e-5)
+                close(bp, x, "pipelined pifft3d(pfft3d)")
 
     for pdims in meshes:
         for exchange in exchanges:
