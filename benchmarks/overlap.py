@@ -18,7 +18,7 @@ The child times, interleaved (`harness.median_times`, median of --repeats, --rou
 * `today`: pfft3d/pifft3d with `pipeline=False` (chunks "auto", as before issue 66);
 * `chunked`: `pipeline=False, chunks=P` (the same pieces, one at a time);
 * `pipelined`: `pipeline=True, chunks=P` (P: --pieces, default what "auto" takes: pieces of
-  about 1 MiB, `plan.pipeline_pieces`);
+  about 512 KiB, `plan.pipeline_pieces`);
 * `pipelined, N pieces` for each N of --compare-pieces (default 16), and `pipelined, poll U us`
   for each U of --compare-polls (the MPI progress thread's interval, `mpi.poll_interval_us`);
 * `mpi4py-fft` (if installed; its own FFTW plans and MPI Alltoallw);
@@ -87,7 +87,8 @@ def child(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[list[dict[s
     x = harness.make_input(shape, pencilfft.real_space_sharding(mesh), "complex64", 0)
 
     block = math.prod(shape) * 8 // comm.size  # bytes per device (complex64)
-    pieces = plan.pipeline_pieces(block) if args.pieces == "auto" else int(args.pieces)
+    pieces = (plan.pipeline_pieces(block, max(pdims)) if args.pieces == "auto"  # as "auto"
+              else int(args.pieces))
     temps: dict[str, int] = {}
 
     def roundtrip(row, **kw):
@@ -320,7 +321,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--factors", nargs="+", type=float, default=[2.0, 1.0, 0.5],
                    help="link rates as multiples of Rb (default 2 1 0.5)")
     p.add_argument("--pieces", default="auto",
-                   help="pieces per stage (default: what \"auto\" takes, about 1 MiB each)")
+                   help="pieces per stage (default: what \"auto\" takes, about 512 KiB each)")
     p.add_argument("--compare-pieces", nargs="*", type=int, default=[16],
                    help="other piece counts, pipelined (default 16: issue 66's first choice)")
     p.add_argument("--compare-polls", nargs="*", type=int, default=[],

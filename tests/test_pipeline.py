@@ -206,12 +206,16 @@ def test_auto_pipelines_across_nodes_on_cpus_with_large_blocks(monkeypatch, proc
     assert _plan.pipelined(False, mesh, ("x", "y"), ("mpi", "mpi"), 1 << 30) is False
 
 
-@pytest.mark.parametrize("block,pieces", [(8 << 20, 16), (32 << 20, 32), (64 << 20, 64),
-                                          (1 << 30, 64)])
-def test_auto_cuts_pieces_of_about_a_mebibyte(block, pieces):
-    """A piece that stays in the cache through its FFT, pack and unpack costs less: "auto"
-    takes pieces of about 1 MiB, 16 to 64 of them (benchmarks/RESULTS.md)."""
-    assert _plan.pipeline_pieces(block) == pieces
+@pytest.mark.parametrize("block,peers,pieces", [
+    (8 << 20, 2, 16), (16 << 20, 2, 32), (32 << 20, 2, 64), (64 << 20, 2, 128),
+    (1 << 30, 2, 128),
+    (32 << 20, 4, 32), (64 << 20, 8, 32), (8 << 20, 8, 16),  # messages of 256 KiB or more
+])
+def test_auto_cuts_pieces_of_half_a_mebibyte(block, peers, pieces):
+    """A piece whose buffers stay in the cache through its FFT, pack and unpack costs less:
+    "auto" takes pieces of about 512 KiB, 16 to 128 of them, with no message under 256 KiB
+    while more than 16 (benchmarks/RESULTS.md)."""
+    assert _plan.pipeline_pieces(block, peers) == pieces
 
 
 @MPIRUN  # the MPI library is loaded only where MPI runs

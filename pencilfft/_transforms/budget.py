@@ -158,8 +158,10 @@ def _need(plan: Any, forward: bool, traced: bool, resident: bool,
 def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> int:
     free = available(local_devices(plan.mesh))
     auto = plan.chunks_asked == "auto"
-    # (pipelined, "auto" starts at the plan's count: `plan.pipeline_pieces`)
-    counts = tuple(c for c in AUTO_CHUNKS if c >= plan.chunks) if auto else (plan.chunks,)
+    # (pipelined, "auto" starts at the plan's count, `plan.pipeline_pieces`, which may pass
+    # the last of AUTO_CHUNKS)
+    counts = (tuple(c for c in AUTO_CHUNKS if c >= plan.chunks) or (plan.chunks,) if auto
+              else (plan.chunks,))
     if free is None:
         return counts[0]
     plans = {c: dataclasses.replace(plan, chunks=c) for c in dict.fromkeys(counts + AUTO_CHUNKS)}

@@ -359,8 +359,8 @@ _CHUNKS_DOC = """chunks: an int >= 1 or "auto" (default): each stage (FFT, excha
         while the next piece's FFT and the last one's unpack run, for a few more pieces in
         memory; the same values.  "auto" takes it on CPU processes that exchange through MPI
         between nodes (`exchange` "mpi", or "mixed" along a mesh axis spanning processes on
-        several hosts) with blocks of at least 8 MiB, in pieces of about 1 MiB (16 to 64 of
-        them; docs/howto/pipelining.md); True also with XLA's collectives (GPUs), where XLA
+        several hosts) with blocks of at least 8 MiB, in pieces of about 512 KiB (16 to 128
+        of them; docs/howto/pipelining.md); True also with XLA's collectives (GPUs), where XLA
         can then overlap them; False: never."""
 
 pfft3d.__doc__ %= (_PADDING_DOC, _CHUNKS_DOC)

@@ -294,22 +294,29 @@ def check_chunks(chunks) -> int | str:
 
 # "auto" pipelines blocks of at least this many bytes per device (complex spectra): below, a
 # piece's fixed costs (its message, its FFT call) outweigh the overlap.  It cuts them into
-# pieces of about PIPELINE_PIECE_BYTES, PIPELINE_PIECES to PIPELINE_MAX_PIECES of them: a piece
-# that stays in the core's cache through its FFT, pack and unpack costs less than a large one
-# (256^3 on 2 nodes: 64 pieces of 1 MiB took 0.85x the time of 16 pieces with the link
-# unlimited, and less at every rate: benchmarks/RESULTS.md, "The network hidden behind the
-# FFT"), and fewer, longer pieces fill and drain the pipeline for longer.
+# pieces of about PIPELINE_PIECE_BYTES, PIPELINE_PIECES to PIPELINE_MAX_PIECES of them: a
+# piece whose few buffers (read, transformed, packed) stay in the core's cache costs less than
+# a large one, and short pieces fill and drain the pipeline quickly (256^3 on 2 nodes, link
+# unlimited: 16 pieces of 4 MiB 246 ms, 128 of 512 KiB 226 ms; at the rate where the link
+# takes as long as the cores 333 and 303 ms).  But no message to a peer under
+# PIPELINE_MESSAGE_BYTES: over TCP smaller ones cost more than they hide (4 slabs on 4 nodes,
+# 64 pieces, messages of 128 KiB: 0.95-1.21x the unpipelined time where the link was limited,
+# in 16 pieces 0.77-0.89x; benchmarks/RESULTS.md, "The network hidden behind the FFT").
 PIPELINE_MIN_BYTES = 8 << 20
-PIPELINE_PIECE_BYTES = 1 << 20
+PIPELINE_PIECE_BYTES = 512 << 10
+PIPELINE_MESSAGE_BYTES = 256 << 10
 PIPELINE_PIECES = 16
-PIPELINE_MAX_PIECES = 64
+PIPELINE_MAX_PIECES = 128
 
 
-def pipeline_pieces(block_bytes: int) -> int:
-    """The pieces "auto" cuts a pipelined stage's block of `block_bytes` (per device) into: a
-    power of two, about PIPELINE_PIECE_BYTES each, PIPELINE_PIECES to PIPELINE_MAX_PIECES."""
+def pipeline_pieces(block_bytes: int, peers: int = 2) -> int:
+    """The pieces "auto" cuts a pipelined stage's block of `block_bytes` (per device) into,
+    exchanged among `peers` devices: a power of two, pieces of about PIPELINE_PIECE_BYTES and
+    messages of at least PIPELINE_MESSAGE_BYTES, PIPELINE_PIECES to PIPELINE_MAX_PIECES of them
+    (a stage's cut axis shorter than that takes one entry a piece: `pipeline.run_pipelined`)."""
     count = PIPELINE_PIECES
-    while count < PIPELINE_MAX_PIECES and block_bytes // (2 * count) >= PIPELINE_PIECE_BYTES:
+    while (count < PIPELINE_MAX_PIECES and block_bytes // (2 * count) >= PIPELINE_PIECE_BYTES
+           and block_bytes // (2 * count * max(peers, 1)) >= PIPELINE_MESSAGE_BYTES):
         count *= 2
     return count
 
@@ -493,7 +500,14 @@ def _with_chunks(plan: Plan, chunks: int | str, pipeline: bool | str = False) ->
     `pipeline` says (`pipelined`; never with one piece)."""
     block = _block_bytes(plan.batch + plan.real_shape, plan.mesh, plan.k_dtype)
     piped = chunks != 1 and pipelined(pipeline, plan.mesh, plan.axes, plan.exchanges, block)
-    count = chunks if chunks != "auto" else pipeline_pieces(block) if piped else 1
+    if chunks != "auto":
+        count = chunks
+    elif piped:  # (the most devices an exchange is among: the smallest messages)
+        peers = max((_exchange.concrete(plan.mesh).shape[a] for a in plan.axes if a is not None),
+                    default=1)
+        count = pipeline_pieces(block, peers)
+    else:
+        count = 1
     return dataclasses.replace(plan, chunks=count, chunks_asked=chunks, pipeline=piped,
                                pipeline_asked=pipeline)
 
