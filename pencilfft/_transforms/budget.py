@@ -160,8 +160,10 @@ def _fit(plan: Any, forward: bool, traced: bool, resident: bool, limit: Any) -> 
     auto = plan.chunks_asked == "auto"
     # (pipelined, "auto" starts at the plan's count, `plan.pipeline_pieces`, which may pass
     # the last of AUTO_CHUNKS)
-    counts = (tuple(c for c in AUTO_CHUNKS if c >= plan.chunks) or (plan.chunks,) if auto
-              else (plan.chunks,))
+    if auto:
+        counts = tuple(c for c in AUTO_CHUNKS if c >= plan.chunks) or (plan.chunks,)
+    else:
+        counts = (plan.chunks,)
     if free is None:
         return counts[0]
     plans = {c: dataclasses.replace(plan, chunks=c) for c in dict.fromkeys(counts + AUTO_CHUNKS)}

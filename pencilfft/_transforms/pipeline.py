@@ -106,15 +106,16 @@ def run_pipelined(steps, at: int, how: str, k: jax.Array, cut: int, cut_out: int
     # The last piece of an uneven count is the last m entries, overlapping the one before it:
     # it is read before that one is written back (each entry is transformed alone, so the
     # overlap gets the same values twice).
-    starts = [min(i * m, n - m) for i in range(count)]
+    def offset(i):  # piece i's first entry (i a Python int or traced in the MPI loop)
+        return min(i * m, n - m) if isinstance(i, int) else jnp.minimum(i * m, n - m)
 
     def read(buf, i):
-        return jax.lax.slice_in_dim(buf if in_place else source, starts[i], starts[i] + m,
+        return jax.lax.slice_in_dim(buf if in_place else source, offset(i), offset(i) + m,
                                     axis=1).reshape(shape)
 
     def write(buf, y, i):
         return jax.lax.dynamic_update_slice_in_dim(buf, y.reshape(outer_out, m, inner_out),
-                                                   starts[i], axis=1)
+                                                   offset(i), axis=1)
 
     p0 = read(buf, 0)  # (the shape every piece has: `leave` needs only that)
     if how == "xla":
@@ -138,9 +139,6 @@ def run_pipelined(steps, at: int, how: str, k: jax.Array, cut: int, cut_out: int
     slot0, unpack = prepare(p0)
     finish = lambda y: after_steps(unpack(y), p0)  # noqa: E731
 
-    def offset(i):
-        return jnp.minimum(i * m, n - m)
-
     def step(i, role: int, buf, slots, first: bool, last: bool):
         """Piece i's exchange in flight while piece i-1 is finished and piece i+1 packed.
 
@@ -157,8 +155,7 @@ def run_pipelined(steps, at: int, how: str, k: jax.Array, cut: int, cut_out: int
         ready = [token]
         if not first:
             done = finish(after(slots[keep], token))
-            buf = jax.lax.dynamic_update_slice_in_dim(
-                buf, done.reshape(outer_out, m, inner_out), offset(i - 1), axis=1)
+            buf = write(buf, done, i - 1)
             ready.append(done)  # (not the block: XLA would copy it to keep a reader's view)
         if not last:
             # Read after piece i-1 is written (disjoint from piece i+1: read from the written
@@ -191,16 +188,14 @@ def run_pipelined(steps, at: int, how: str, k: jax.Array, cut: int, cut_out: int
         buf, *slots = jax.lax.fori_loop(0, loops, body, (buf, *slots))
     for i in range(1 + 3 * loops, count):
         buf, slots, token = step(i, i, buf, slots, False, i == count - 1)
-    done = finish(slots[(count + 1) % 3]).reshape(outer_out, m, inner_out)
+    done = finish(slots[(count + 1) % 3])
     # The last write in a loop of one iteration that XLA cannot count (its bound comes from
     # the token, always >= 1): written out here, XLA fuses it with the reshape the next stage
     # makes, which is then not in place, and copies the whole block before it.
     once = jnp.minimum(token[0], 1)
-    _, buf = jax.lax.while_loop(
-        lambda c: c[0] < once,
-        lambda c: (c[0] + 1, jax.lax.dynamic_update_slice_in_dim(c[1], done,
-                                                                 offset(count - 1), axis=1)),
-        (jnp.int32(0), buf))
+    _, buf = jax.lax.while_loop(lambda c: c[0] < once,
+                                lambda c: (c[0] + 1, write(c[1], done, count - 1)),
+                                (jnp.int32(0), buf))
     return buf.reshape(out.shape[:cut_out] + (n,) + out.shape[cut_out + 1:])
 
 
