@@ -481,3 +481,78 @@ def test_extra_points_normalise_as_one_transform(monkeypatch, fft_type, norm, se
     ct = np.asarray(f(x))
     plain_t = jax.linear_transpose(lambda a: _kernel.fft(a, fft_type, axes, norm, sizes), x)
     assert rel_err(g(ct)[0], np.asarray(plain_t(ct)[0]) * factor) < 1e-12
+
+
+# `window`: a piece of a block, read and written in place at a traced offset (the pipelined
+# stages, pipeline.py `_Windows`).  Block (2, 8, 6) read as (2, 8, 6) or (2, 8, 2, 3); the
+# piece is entries 4..7 of axis 1.
+WINDOW_CASES = {
+    # name: (fft, order, in_dims, out_dims, in_cut, out_cut, into)
+    "fft-in-place": (("fft", "backward", (2,)), None, (2, 8, 6), (2, 8, 6), 1, 1, False),
+    "ifft-ortho-in-place": (("ifft", "ortho", (2,)), None, (2, 8, 6), (2, 8, 6), 1, 1, False),
+    "pack": (None, (2, 0, 3, 1), (2, 8, 2, 3), (2, 2, 3, 4), 1, -1, False),
+    "unpack-into": (None, (1, 0, 3, 2), (4, 2, 3, 2), (2, 8, 2, 3), -1, 1, True),
+}
+
+
+def _window_reference(x, dest, fft, order, in_dims, out_dims, in_cut, out_cut, off, m):
+    """`kernel.window` in numpy (float64)."""
+    piece = x.astype(np.complex128).reshape(in_dims)
+    if in_cut >= 0:
+        piece = np.take(piece, range(off, off + m), axis=in_cut)
+    if fft is not None:
+        fft_type, norm, axes = fft
+        piece = getattr(np.fft, fft_type + "n")(piece, axes=axes, norm=norm)
+    piece = np.transpose(piece, order or range(piece.ndim))
+    if out_cut < 0:
+        return piece
+    out = dest.astype(np.complex128).reshape(out_dims).copy()
+    index = [slice(None)] * out.ndim
+    index[out_cut] = slice(off, off + m)
+    out[tuple(index)] = piece
+    return out.reshape(dest.shape)
+
+
+@pytest.mark.parametrize("kernel", ["fftw", "xla"])
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128], ids=["c64", "c128"])
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_window(monkeypatch, case, dtype, kernel):
+    """`window` against numpy: the piece transformed or copied transposed, every other entry of
+    the block as it was; eagerly, under jit (the offset traced), vmapped, and lowered through
+    XLA's operations where the FFTW kernel is not chosen (the same values)."""
+    if kernel == "fftw" and not HAVE_FFTW:
+        pytest.skip("the fftw extra is not installed")
+    monkeypatch.setenv("PENCILFFT_FFT_KERNEL", kernel)
+    jax.clear_caches()
+    fft, order, in_dims, out_dims, in_cut, out_cut, into = WINDOW_CASES[case]
+    x = _data(np.float64, True, (math.prod(in_dims) // 6, 6), seed=12).astype(dtype)
+    dest = _data(np.float64, True, (16, 6), seed=13).astype(dtype) if into else None
+    m, off = 4, 4
+
+    def call(a, o, d=None):
+        return _kernel.window(a, o, fft=fft, order=order, in_dims=in_dims, out_dims=out_dims,
+                              in_cut=in_cut, out_cut=out_cut, m=m, into=d)
+
+    want = _window_reference(x, dest if into else x, fft, order, in_dims, out_dims, in_cut,
+                             out_cut, off, m)
+    args = (x, np.int32(off)) + ((dest,) if into else ())
+    tol = 1e-5 if dtype == np.complex64 else 1e-13
+    assert rel_err(np.asarray(jax.jit(call)(*args)), want) < tol
+    assert rel_err(np.asarray(call(*args)), want) < tol
+    batched = jax.vmap(call, in_axes=(0, None) + ((0,) if into else ()))(
+        *((np.stack([a, 2 * a]) if i != 1 else a) for i, a in enumerate(args)))
+    assert rel_err(np.asarray(batched[1]), 2 * want) < tol
+    if kernel == "fftw":
+        assert _kernel.WINDOW_TARGET in jax.jit(call).lower(*args).as_text()
+
+
+@needs_fftw
+def test_window_refuses_a_piece_past_the_block():
+    """An offset that puts the piece past the block's end is refused by the kernel, naming
+    the call (never a read or write outside the buffer)."""
+    x = _data(np.float64, True, (2, 8, 6), seed=14).astype(np.complex64)
+    f = jax.jit(lambda a, o: _kernel.window(a, o, fft=("fft", "backward", (2,)), order=None,
+                                            in_dims=(2, 8, 6), out_dims=(2, 8, 6), in_cut=1,
+                                            out_cut=1, m=4))
+    with pytest.raises(Exception, match="pencilfft_fftw_window: bad window"):
+        np.asarray(f(x, np.int32(5)))

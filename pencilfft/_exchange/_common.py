@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +20,24 @@ from jax.interpreters import ad
 
 from .._jax_private import concrete_mesh
 
-__all__ = ["concrete", "coordinates", "def_linear", "in_mesh", "process_groups",
-           "traced_mesh", "within_processes"]
+__all__ = ["check_number_setting", "concrete", "coordinates", "def_linear", "in_mesh",
+           "process_groups", "traced_mesh", "within_processes"]
+
+def check_number_setting(name: str, *, whole: bool, meaning: str) -> None:
+    """Refuses an environment variable the exchanges' C++ reads (when their library loads) that
+    is set but not a number >= 0 (`whole`: a whole one): the C++ would take its default in
+    silence.  `meaning`: what the number is, for the message."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return
+    try:
+        value = int(text) if whole else float(text)
+    except ValueError:
+        value = -1
+    if not value >= 0:
+        raise ValueError(f"environment variable {name} must be {meaning} "
+                         f"({'a whole number' if whole else 'a number'} >= 0); got {text!r}")
+
 
 # The mesh of the per-device body being traced (`in_mesh`).
 _mesh: contextvars.ContextVar = contextvars.ContextVar("pencilfft_exchange_mesh", default=None)

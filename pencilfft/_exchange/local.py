@@ -43,7 +43,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from .._native import build as _native, malloc as _malloc, threads as _threads
-from ._common import coordinates, def_linear, traced_mesh, within_processes
+from ._common import (check_number_setting, coordinates, def_linear, traced_mesh,
+                      within_processes)
 
 __all__ = ["auto", "build_failure", "exchange", "ready_to_lower", "unavailable_reason", "TARGET"]
 
@@ -156,6 +157,8 @@ def ready_to_lower() -> None:
     why = unavailable_reason(None, "cpu")
     if why is not None:
         raise ValueError(f"`exchange`='local' cannot run here: {why}")
+    check_number_setting("PENCILFFT_LOCAL_TIMEOUT", whole=False,
+                         meaning="how many seconds a round of the exchange may wait (0: 600)")
     _library().pencilfft_local_job(jax.process_count())  # fixed once jax's backend is up
     _malloc.configure()  # glibc keeps freed memory: fresh blocks do not fault (`_malloc`)
 

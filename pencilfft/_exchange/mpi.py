@@ -53,7 +53,8 @@ from .._native import build as _native
 from .._processes.launch import running_mpi, srun_mpi_hint
 from .._jax_private import invariant_over
 from .._processes import agree
-from ._common import concrete, coordinates, def_linear, process_groups, traced_mesh
+from ._common import (check_number_setting, concrete, coordinates, def_linear, process_groups,
+                      traced_mesh)
 
 __all__ = ["after", "allreduce", "available", "exchange", "exchange_start", "exchange_wait",
            "shift", "status", "unavailable_reason"]
@@ -94,7 +95,10 @@ def _library():
 
 
 def _load() -> str | None:
-    """None if the handler is built and registered, else why not."""
+    """None if the handler is built and registered, else why not (and a bad setting of its
+    own refused: `_common.check_number_setting`)."""
+    check_number_setting("PENCILFFT_MPI_POLL_US", whole=True,
+                         meaning="the MPI progress thread's interval in microseconds")
     lib = _library()
     return lib if isinstance(lib, str) else None
 

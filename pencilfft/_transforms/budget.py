@@ -21,6 +21,7 @@ import jax
 from .._jax_private import is_traced_argument
 from .._processes.memory import (HOW_TO_SET, MemoryLimitError, available, block_bytes, gib,
                                  grid_text, local_devices, mesh_text, setting)
+from . import kernel as _kernel
 from .chunks import in_place, stages_of
 from .stages import Move
 
@@ -66,7 +67,8 @@ def transform_estimate(plan: Any, forward: bool) -> Estimate:
     2 where every stage writes in place (XLA's analysis: exactly 2 + 2/chunks blocks kept,
     1 + 2/chunks donated), 3 where the first stage cannot (real-to-complex: the real piece, its
     spectrum and its exchanged copy), plus one k-space block where a later stage cannot (its
-    new output beside its input); pipelined (`plan.pipeline`), 4 pieces more.
+    new output beside its input); pipelined (`plan.pipeline`), one piece more where the FFTW
+    kernel reads and writes the pieces in the block (`pipeline._Windows`), else 4.
     """
     devices = plan.mesh.size if plan.mesh is not None else 1  # batch axes split it too
     batch = math.prod(plan.batch)
@@ -77,10 +79,13 @@ def transform_estimate(plan: Any, forward: bool) -> Estimate:
         return Estimate(inp, out, k, 2 if devices > 1 and not _one_pass(plan) else 1)
     stages = in_place(plan)
     first, later = (stages[0], stages[1:]) if forward else (stages[2], stages[:2])
-    # Pipelined, up to 4 pieces more (XLA's analysis: 2-4): the one received, the next one
-    # packed, the one before being finished, and the loop's copy of one of them.
-    return Estimate(inp, out, -(-k // plan.chunks),
-                    (2 if first and all(later) else 3) + (4 if plan.pipeline else 0),
+    # Pipelined, the third slot (XLA's analysis: +1.00-1.03 pieces) where the stages write in
+    # place and the FFTW kernel works in the block; else up to 4 pieces more (XLA's analysis:
+    # 2-4): the FFTs either side of the exchange each write a piece of their own.
+    extra = 0
+    if plan.pipeline:
+        extra = 1 if all(later) and _kernel.windows_usable(plan.k_dtype) else 4
+    return Estimate(inp, out, -(-k // plan.chunks), (2 if first and all(later) else 3) + extra,
                     0 if all(later) else k)
 
 

@@ -356,8 +356,9 @@ _CHUNKS_DOC = """chunks: an int >= 1 or "auto" (default): each stage (FFT, excha
         is not donated); 1 under jax.jit with no mesh in scope.
       pipeline: "auto" (default), True or False: run the pieces of a stage whose exchange
         crosses processes (or, on GPUs, devices) pipelined, one piece's exchange in flight
-        while the next piece's FFT and the last one's unpack run, for a few more pieces in
-        memory; the same values.  "auto" takes it on CPU processes that exchange through MPI
+        while the next piece's FFT and the last one's unpack run, for one more piece in
+        memory than the chunked stage (with the FFTW kernel; 4 with XLA's FFT); the same
+        values.  "auto" takes it on CPU processes that exchange through MPI
         between nodes (`exchange` "mpi", or "mixed" along a mesh axis spanning processes on
         several hosts) with blocks of at least 8 MiB, in pieces of about 512 KiB (16 to 128
         of them; docs/howto/pipelining.md); True also with XLA's collectives (GPUs), where XLA

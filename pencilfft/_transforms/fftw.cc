@@ -1,4 +1,6 @@
-// pencilfft's CPU FFT kernel: one XLA FFI handler running FFTW's guru interface (pencilfft/_kernel.py).
+// pencilfft's CPU FFT kernel: XLA FFI handlers running FFTW's guru interface (pencilfft/_kernel.py):
+// `PencilfftFftw` (a whole buffer) and `PencilfftFftwWindow` (one piece of a block, in place at
+// an offset known when the program runs: the pipelined stages, `ImplWindow`).
 //
 // One call transforms `axes` of a dense row-major (XLA's default layout) buffer; every other
 // axis is a "howmany" dimension of the same plan, so a transform along a non-last axis needs no
@@ -528,11 +530,12 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
                const std::vector<int64_t>& r2r_kinds, double scale, unsigned planner,
                bool complex_data, const std::vector<int64_t>& in_shape,
                const std::vector<int64_t>& out_shape, const std::vector<ptrdiff_t>& out_strides,
-               void* in, void* out, size_t in_bytes, size_t out_bytes, int threads) {
+               void* in, void* out, size_t in_bytes, size_t out_bytes, int threads,
+               const std::vector<ptrdiff_t>& is) {
   // out_shape, out_strides: the output's logical shape (in the input's axis order) and each
   // logical axis's stride in the buffer (row-major, or permuted: `out_order`).
+  // `is`: each logical input axis's stride (row-major, or a window's: `ImplWindow`).
   using A = Api<Real>;
-  const auto is = Strides(in_shape, 1);
   const auto fail = [] { return ffi::Error(ffi::ErrorCode::kInternal, "FFTW returned no plan"); };
   if (kind == kC2C || kind == kR2R) {
     // Out of place, XLA's input must survive (in place: the input was donated to us).
@@ -620,7 +623,172 @@ ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, i
   auto run = dbl ? Run<double> : Run<float>;
   return run(kind, sign, ax, rk, scale, static_cast<unsigned>(planner), cplx, in_shape, out_shape,
              out_strides, x.untyped_data(), y->untyped_data(), x.size_bytes(), y->size_bytes(),
-             std::max(threads, 1));
+             std::max(threads, 1), Strides(in_shape, 1));
+}
+
+// The elements of a strided array (`shape`, `strides` in complex elements) times `scale`.
+template <typename Real>
+void ScaleStrided(Real* x, const std::vector<int64_t>& shape, const std::vector<ptrdiff_t>& strides,
+                  size_t axis, Real scale) {
+  if (axis + 1 == shape.size()) {
+    for (int64_t i = 0; i < shape[axis]; ++i) {
+      x[2 * i * strides[axis]] *= scale;
+      x[2 * i * strides[axis] + 1] *= scale;
+    }
+    return;
+  }
+  for (int64_t i = 0; i < shape[axis]; ++i)
+    ScaleStrided<Real>(x + 2 * i * strides[axis], shape, strides, axis + 1, scale);
+}
+
+// One byte past the last element a strided view reaches, from its first (`unit` bytes each).
+size_t Extent(const std::vector<int64_t>& shape, const std::vector<ptrdiff_t>& strides,
+              size_t unit) {
+  ptrdiff_t last = 0;
+  for (size_t i = 0; i < shape.size(); ++i) last += (shape[i] - 1) * strides[i];
+  return (last + 1) * unit;
+}
+
+// Reads one byte of every cache line of a strided view (`shape`, `strides` in elements of
+// `unit` bytes) before a transform reads it.  A window's rows lie a plane apart in a block far
+// larger than the caches, and FFTW, reading them row by row in place, waited on memory for each:
+// the pipelined round trip took 1.12-1.15x the one whose pieces were copied out of the block
+// first (XLA's copy streams them).  These plain loads (not prefetch hints, which the core
+// drops once its few line-fill buffers are busy) bring the piece into the cache the same way:
+// 1.03-1.04x (issue 66, mpirun -np 2, 256^3 in 128 pieces).
+void Touch(const char* base, const std::vector<int64_t>& shape,
+           const std::vector<ptrdiff_t>& strides, size_t unit, size_t axis = 0) {
+  if (shape.empty()) return;
+  const size_t last = shape.size() - 1;
+  if (axis == last || (axis + 1 == last && strides[last] == 1)) {
+    // the innermost runs (one contiguous run per index of `axis` where the last stride is 1)
+    const int64_t runs = axis == last ? 1 : shape[axis];
+    const size_t bytes = strides[last] == 1 ? shape[last] * unit : unit;
+    for (int64_t r = 0; r < runs; ++r) {
+      const char* row = base + (axis == last ? 0 : r * strides[axis] * unit);
+      for (size_t b = 0; b < bytes; b += 64) (void)*reinterpret_cast<const volatile char*>(row + b);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < shape[axis]; ++i)
+    Touch(base + i * strides[axis] * unit, shape, strides, unit, axis + 1);
+}
+
+// A strided copy of complex elements (`shape`; strides `is`, `os` in complex elements) that
+// transposes the input's contiguous axis with the output's: a tiled transpose (`Transpose`)
+// for every index of the other axes.  A window's pack reads its rows a whole plane apart; FFTW's
+// copy of that geometry read them in its innermost loop (1.3x the piece copied out and packed,
+// issue 66).  Returns false (nothing done) where the geometry is not this one.
+template <typename Real>
+bool CopyTransposed(const Real* in, const std::vector<int64_t>& shape,
+                    const std::vector<ptrdiff_t>& is, Real* out,
+                    const std::vector<ptrdiff_t>& os) {
+  int64_t ci = -1, co = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] > 1 && is[i] == 1) ci = i;
+    if (shape[i] > 1 && os[i] == 1) co = i;
+  }
+  if (ci < 0 || co < 0 || ci == co) return false;
+  std::vector<int64_t> rest;  // the other axes, and an odometer over them
+  int64_t count = 1;
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (static_cast<int64_t>(i) != ci && static_cast<int64_t>(i) != co) {
+      rest.push_back(i);
+      count *= shape[i];
+    }
+  for (int64_t t = 0; t < count; ++t) {
+    ptrdiff_t io = 0, oo = 0;
+    for (size_t k = rest.size(), p = t; k-- > 0;) {
+      const int64_t i = rest[k];
+      io += (p % shape[i]) * is[i];
+      oo += (p % shape[i]) * os[i];
+      p /= shape[i];
+    }
+    Transpose<Real>(in + 2 * io, is[co], shape[co], shape[ci], out + 2 * oo, os[ci], Real(1));
+  }
+  return true;
+}
+
+// A complex FFT (or, with no axes, FFTW's copy) of one piece of a block, for the pipelined
+// stages (pipeline.py): the pieces are read from, and written into, the block itself at an
+// offset known only when the program runs, so that no piece needs a buffer of its own.
+//
+// `in_dims`, `out_dims`: the logical shapes the input and output buffers are read as (row-major,
+// the buffers' own sizes).  `in_cut` >= 0: the input is the `m` entries of in_dims' axis
+// `in_cut` from entry `offset`; `out_cut` >= 0: the output is written there in the output
+// buffer (which XLA aliased to an operand: the block, kept around the piece).  `out_order` as
+// `Impl`'s, over the output window's axes.
+ffi::Error ImplWindow(ffi::AnyBuffer x, ffi::AnyBuffer offset, ffi::RemainingArgs,
+                      ffi::Result<ffi::AnyBuffer> y, int32_t sign, ffi::Span<const int64_t> axes,
+                      double scale, int32_t planner, int32_t threads,
+                      ffi::Span<const int64_t> out_order, ffi::Span<const int64_t> in_dims,
+                      ffi::Span<const int64_t> out_dims, int64_t in_cut, int64_t out_cut,
+                      int64_t m) {
+  auto dt = x.element_type();
+  bool dbl = dt == ffi::DataType::C128;
+  if ((dt != ffi::DataType::C64 && !dbl) || y->element_type() != dt ||
+      offset.element_type() != ffi::DataType::S32)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw_window: bad dtypes");
+  const size_t elem = dbl ? 16 : 8;
+  std::vector<int64_t> in_shape(in_dims.begin(), in_dims.end());
+  std::vector<int64_t> buffer(out_dims.begin(), out_dims.end());
+  auto count = [](const std::vector<int64_t>& v) {
+    int64_t c = 1;
+    for (int64_t d : v) c *= d;
+    return c;
+  };
+  const int64_t off = *static_cast<const int32_t*>(offset.untyped_data());
+  if (count(in_shape) * static_cast<int64_t>(elem) != static_cast<int64_t>(x.size_bytes()) ||
+      count(buffer) * static_cast<int64_t>(elem) != static_cast<int64_t>(y->size_bytes()) ||
+      out_order.size() != buffer.size() || in_cut >= static_cast<int64_t>(in_shape.size()) ||
+      out_cut >= static_cast<int64_t>(buffer.size()) || off < 0 ||
+      (in_cut >= 0 && off + m > in_shape[in_cut]) || (out_cut >= 0 && off + m > buffer[out_cut]))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw_window: bad window");
+  const auto is = Strides(in_shape, 1);
+  char* in = static_cast<char*>(x.untyped_data());
+  if (in_cut >= 0) {
+    in += off * is[in_cut] * elem;
+    in_shape[in_cut] = m;
+  }
+  const auto bs = Strides(buffer, 1);
+  char* out = static_cast<char*>(y->untyped_data());
+  if (out_cut >= 0) {
+    out += off * bs[out_cut] * elem;
+    buffer[out_cut] = m;
+  }
+  std::vector<int64_t> out_shape(buffer.size());
+  std::vector<ptrdiff_t> out_strides(buffer.size());
+  for (size_t k = 0; k < buffer.size(); ++k) {
+    const int64_t a = out_order[k];
+    if (a < 0 || a >= static_cast<int64_t>(buffer.size()))
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw_window: bad out_order");
+    out_shape[a] = buffer[k];
+    out_strides[a] = bs[k];
+  }
+  if (out_shape != in_shape)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw_window: bad shapes");
+  std::vector<int64_t> ax(axes.begin(), axes.end());
+  if (in_cut >= 0) Touch(in, in_shape, is, elem);
+  if (ax.empty() && in != out) {
+    const bool done =
+        dbl ? CopyTransposed<double>(reinterpret_cast<const double*>(in), in_shape, is,
+                                     reinterpret_cast<double*>(out), out_strides)
+            : CopyTransposed<float>(reinterpret_cast<const float*>(in), in_shape, is,
+                                    reinterpret_cast<float*>(out), out_strides);
+    if (done) return ffi::Error::Success();
+  }
+  // Scaled here, over the window only (Run's own scaling is of the whole span it writes).
+  auto run = dbl ? Run<double> : Run<float>;
+  ffi::Error e = run(kC2C, sign, ax, {}, 1.0, static_cast<unsigned>(planner), true, in_shape,
+                     out_shape, out_strides, in, out, Extent(in_shape, is, elem),
+                     Extent(out_shape, out_strides, elem), std::max(threads, 1), is);
+  if (e.failure() || scale == 1.0) return e;
+  if (dbl)
+    ScaleStrided<double>(reinterpret_cast<double*>(out), out_shape, out_strides, 0, scale);
+  else
+    ScaleStrided<float>(reinterpret_cast<float*>(out), out_shape, out_strides, 0,
+                        static_cast<float>(scale));
+  return e;
 }
 
 }  // namespace
@@ -638,6 +806,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftFftw, Impl,
                                   .Attr<bool>("huge_pages")
                                   .Attr<int32_t>("threads")
                                   .Attr<ffi::Span<const int64_t>>("out_order"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PencilfftFftwWindow, ImplWindow,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .RemainingArgs()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("sign")
+                                  .Attr<ffi::Span<const int64_t>>("axes")
+                                  .Attr<double>("scale")
+                                  .Attr<int32_t>("planner")
+                                  .Attr<int32_t>("threads")
+                                  .Attr<ffi::Span<const int64_t>>("out_order")
+                                  .Attr<ffi::Span<const int64_t>>("in_dims")
+                                  .Attr<ffi::Span<const int64_t>>("out_dims")
+                                  .Attr<int64_t>("in_cut")
+                                  .Attr<int64_t>("out_cut")
+                                  .Attr<int64_t>("m"));
 
 // The number of cached plans (for the tests: a repeated shape must not plan again).
 extern "C" int64_t PencilfftFftwPlanCount() {

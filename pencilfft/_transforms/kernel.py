@@ -12,6 +12,12 @@ stages (`stages.Fft`) call on their per-device blocks.  They bind `local_fft_p`
   rules, with the norm carried along), its batching rule adds a leading howmany axis, and its
   abstract value keeps the input's sharding and varying axes (Explicit meshes, shard_map).
 
+`window(x, offset, ...)` (`fftw_window_p`) is the pipelined stages' own: a complex FFT or a
+transposed copy of one piece of a block, read from it and written into it in place at an offset
+the program computes (fftw.cc `ImplWindow`), so that a piece needs no buffer of its own; not
+differentiable (the pipelined stages differentiate as the plain ones), batched with a leading
+axis, and lowered to XLA's slice, FFT and update where the kernel is not chosen.
+
 Configuration, in one place (read at every use, so a test may change it between traces):
 PENCILFFT_FFT_KERNEL = "auto" (default: FFTW where the `fftw` extra is installed, silently XLA
 where it is not), "fftw" (FFTW, and a warning when it cannot be had) or "xla" (the primitive is
@@ -54,6 +60,7 @@ from . import r2r as _r2r, xla_fft
 __all__ = ["fft", "permute", "r2r", "kernel", "describe", "plan_count", "local_fft_p", "TARGET"]
 
 TARGET = "pencilfft_fftw"  # the FFI target name: what a CPU program's custom call names
+WINDOW_TARGET = "pencilfft_fftw_window"  # a piece of a block, in place (`window`)
 KERNELS = ("auto", "fftw", "xla")
 FFTW_DIR = "PENCILFFT_FFTW_DIR"  # a site's FFTW (a folder holding its four shared libraries)
 # FFTW planner flags.  MEASURE is the default: ESTIMATE's plans for a transform along a strided
@@ -212,7 +219,7 @@ def _library(setting: str = ""):
     try:
         folder, libs = fftw_libraries(setting)
         lib = _native.register(_native.load(pathlib.Path(__file__).with_name("fftw.cc"), library_dirs=[folder], link=libs),
-                               {TARGET: "PencilfftFftw"})
+                               {TARGET: "PencilfftFftw", WINDOW_TARGET: "PencilfftFftwWindow"})
     except (_native.BuildError, AttributeError, OSError) as e:
         return str(e)
     return lib
@@ -514,3 +521,111 @@ def _fftw_lowering(ctx, x, *, code, sign, axes, r2r_kinds, scale, sizes, order):
 
 fftw_p.def_abstract_eval(_fftw_abstract_eval)
 mlir.register_lowering(fftw_p, _fftw_lowering, platform="cpu")
+
+
+# A piece of a block, read or written in place at an offset the program computes (fftw.cc
+# `ImplWindow`): the pipelined stages' pieces without a buffer of their own (pipeline.py).
+fftw_window_p = Primitive("pencilfft_fftw_window")
+
+
+def windows_usable(dtype) -> bool:
+    """Whether `window` runs here: the FFTW kernel in use (CPUs), complex data."""
+    return np.dtype(dtype) in (np.complex64, np.complex128) and kernel() == "fftw"
+
+
+def window(x: jax.Array, offset: jax.Array, *, fft: tuple[str, str, tuple[int, ...]] | None,
+           order: tuple[int, ...] | None, in_dims: tuple[int, ...], out_dims: tuple[int, ...],
+           in_cut: int, out_cut: int, m: int, into: jax.Array | None = None) -> jax.Array:
+    """A complex FFT of one piece (`fft`: its type, "fft" or "ifft", norm and axes; None:
+    a copy), or its copy transposed (`order`, jnp.transpose's).  Shapes per device.
+
+    x is read as `in_dims` (its own size); `in_cut` >= 0: the piece is the `m` entries of that
+    axis from `offset` (an int32 scalar), else x whole.  The result is laid out as `out_dims`;
+    `out_cut` >= 0: written at the same entries of that axis of `into` (or of x, in place) and
+    returned as that buffer, with every other entry as it was; else a new array of `out_dims`.
+    CPUs with the FFTW kernel only (`windows_usable`); not differentiable (the pipelined
+    stages differentiate as the plain ones)."""
+    if fft is None:
+        sign, scale, axes = 1, 1.0, ()
+    else:
+        fft_type, norm, axes = fft
+        n = math.prod(in_dims[a] for a in axes)
+        sign, scale = (-1 if fft_type == "fft" else 1), _scale(norm, n, fft_type == "fft")
+    rank = len(out_dims)
+    order = tuple(range(rank)) if order is None else tuple(order)
+    operands = (x, offset) if into is None else (x, offset, into)
+    return fftw_window_p.bind(*operands, sign=sign, axes=tuple(axes), scale=float(scale),
+                              order=order, in_dims=tuple(in_dims), out_dims=tuple(out_dims),
+                              in_cut=in_cut, out_cut=out_cut, m=m)
+
+
+def _window_abstract_eval(x, offset, *into, out_dims, out_cut, **params):
+    if out_cut >= 0:
+        return (into[0] if into else x).update(weak_type=False)
+    return x.update(shape=tuple(out_dims), weak_type=False)
+
+
+def _window_xla(x, offset, *into, sign, axes, scale, order, in_dims, out_dims, in_cut,
+                out_cut, m):
+    """`window` in XLA's operations: the piece sliced out, transformed and written back (the
+    program traced while the FFTW kernel was chosen, lowered once it no longer is)."""
+    piece = x.reshape(in_dims)
+    if in_cut >= 0:
+        piece = jax.lax.dynamic_slice_in_dim(piece, offset, m, axis=in_cut)
+    if axes:
+        piece = (jnp.fft.fftn(piece, axes=axes) if sign < 0
+                 else jnp.fft.ifftn(piece, axes=axes, norm="forward"))
+        piece = piece * jnp.asarray(scale, piece.real.dtype)
+    piece = jnp.transpose(piece, order).astype(x.dtype)
+    if out_cut < 0:
+        return piece
+    dest = into[0] if into else x
+    out = jax.lax.dynamic_update_slice_in_dim(dest.reshape(out_dims), piece, offset, axis=out_cut)
+    return out.reshape(dest.shape)
+
+
+def _window_lowering(ctx, x, offset, *into, sign, axes, scale, order, in_dims, out_dims,
+                     in_cut, out_cut, m):
+    params = dict(sign=sign, axes=axes, scale=scale, order=order, in_dims=in_dims,
+                  out_dims=out_dims, in_cut=in_cut, out_cut=out_cut, m=m)
+    if not windows_usable(ctx.avals_in[0].dtype):
+        return mlir.lower_fun(functools.partial(_window_xla, **params),
+                              multiple_results=False)(ctx, x, offset, *into)
+    _malloc.configure()
+    aliases = None if out_cut < 0 else {2 if into else 0: 0}
+    return jax.ffi.ffi_lowering(WINDOW_TARGET, operand_output_aliases=aliases)(
+        ctx, x, offset, *into, sign=np.int32(sign), axes=np.asarray(axes, np.int64),
+        scale=np.float64(scale), planner=np.int32(PLANNERS[planner()]),
+        threads=np.int32(_threads.threads_per_device()), out_order=np.asarray(order, np.int64),
+        in_dims=np.asarray(in_dims, np.int64), out_dims=np.asarray(out_dims, np.int64),
+        in_cut=np.int64(in_cut), out_cut=np.int64(out_cut), m=np.int64(m))
+
+
+def _window_batch(args, dims, *, sign, axes, scale, order, in_dims, out_dims, in_cut,
+                  out_cut, m):
+    """A batch axis leads every view (the offset is the same for every member: the pipeline's
+    own counter, never batched)."""
+    x, offset, *into = args
+    dx, doff, *dinto = dims
+    if doff is not None:
+        raise NotImplementedError("internal: a batched offset of pencilfft_fftw_window")
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    x = batching.bdim_at_front(x, dx, size)
+    into = [batching.bdim_at_front(v, d, size) for v, d in zip(into, dinto)]
+    shift = lambda c: c + 1 if c >= 0 else c  # noqa: E731
+    y = fftw_window_p.bind(x, offset, *into, sign=sign, axes=tuple(a + 1 for a in axes),
+                           scale=scale, order=(0, *(o + 1 for o in order)),
+                           in_dims=(size, *in_dims), out_dims=(size, *out_dims),
+                           in_cut=shift(in_cut), out_cut=shift(out_cut), m=m)
+    return y, 0
+
+
+def _window_impl(*args, **params):
+    # Reached eagerly (outside jit): run the one-primitive program.
+    return jax.jit(functools.partial(fftw_window_p.bind, **params))(*args)
+
+
+fftw_window_p.def_abstract_eval(_window_abstract_eval)
+fftw_window_p.def_impl(_window_impl)
+batching.primitive_batchers[fftw_window_p] = _window_batch
+mlir.register_lowering(fftw_window_p, _window_lowering, platform="cpu")

@@ -18,7 +18,10 @@ How the exchange is kept in flight depends on how it sends:
   iteration.  Three piece buffers turn around (`run_pipelined`'s `step`): each exchange
   receives into the buffer the exchange before it sent from, and each piece is packed into
   the buffer the piece before it was received in, so that XLA neither copies a piece into the
-  loop's carry nor allocates one per piece.
+  loop's carry nor allocates one per piece.  With the FFTW kernel the pieces never leave the
+  block otherwise (`_Windows`): the FFTs run in it in place, the pack reads from it and the
+  unpack writes into it, at an offset the loop computes (`kernel.window`), so that the three
+  slots are all a pipelined stage holds: one piece more than the chunked stage's exchange.
 * "xla" (XLA's collectives: GPUs, or gloo): the pieces are written out one after the other
   with each exchange independent of the next piece's FFT, so that XLA's asynchronous
   collectives and its latency-hiding scheduler can overlap them.
@@ -36,7 +39,8 @@ import jax
 import jax.numpy as jnp
 
 from .._exchange import in_mesh, mpi as _mpi, traced_mesh
-from .stages import Exchange
+from . import kernel as _kernel
+from .stages import Exchange, Fft
 from .transpose import crossing, packed_exchange
 
 __all__ = ["Back", "crossing_at", "linear", "run_pipelined", "steps_of"]
@@ -138,6 +142,25 @@ def run_pipelined(steps, at: int, how: str, k: jax.Array, cut: int, cut_out: int
     prepare = lambda p: pack(before(p))  # noqa: E731
     slot0, unpack = prepare(p0)
     finish = lambda y: after_steps(unpack(y), p0)  # noqa: E731
+    # Pieces read and written in the block itself where the kernel can (`_Windows`): no piece
+    # buffer beside the three slots.
+    windows = _Windows.of(steps, at, k, cut, cut_out, m, out.shape) \
+        if in_place and count * m == n else None
+    at_ = lambda i: jnp.asarray(offset(i), jnp.int32)  # noqa: E731
+    if windows:
+        # Piece 0's FFT in a loop of one iteration that XLA cannot count (its bound comes from
+        # the device's index): the block comes in through a reshape, and XLA copies the whole
+        # block before an in-place call on a reshape (its layout assignment).
+        once = jnp.minimum(jax.lax.axis_index(exchange.axis_name), 0) + 1
+        _, buf = jax.lax.while_loop(lambda c: c[0] < once,
+                                    lambda c: (c[0] + 1, windows.enter(c[1], at_(0))),
+                                    (jnp.int32(0), buf))
+        slot0 = windows.pack(buf, at_(0))
+    # Piece 0's receiving buffer (the others reuse slots), its values never read: made from an
+    # entry of the first piece, so that XLA makes it once that piece is there (made from
+    # nothing, it was made first and held through the stage before: one piece more).
+    entry = slot0.reshape(-1)[0]
+    zeros = jax.lax.broadcast(entry, slot0.shape)
 
     def step(i, role: int, buf, slots, first: bool, last: bool):
         """Piece i's exchange in flight while piece i-1 is finished and piece i+1 packed.
@@ -154,10 +177,17 @@ def run_pipelined(steps, at: int, how: str, k: jax.Array, cut: int, cut_out: int
                                                         exchange.n, slots[into])
         ready = [token]
         if not first:
-            done = finish(after(slots[keep], token))
-            buf = write(buf, done, i - 1)
-            ready.append(done)  # (not the block: XLA would copy it to keep a reader's view)
-        if not last:
+            if windows:
+                buf = windows.finish(after(slots[keep], token), buf, at_(i - 1))
+                ready.append(buf.reshape(-1)[:1])  # (an entry: the block would be copied)
+            else:
+                done = finish(after(slots[keep], token))
+                buf = write(buf, done, i - 1)
+                ready.append(done)  # (not the block: XLA would copy it to keep a reader's view)
+        if not last and windows:
+            buf, slots[keep] = windows.prepare(after(buf, *ready), at_(i + 1))
+            ready.append(slots[keep])
+        elif not last:
             # Read after piece i-1 is written (disjoint from piece i+1: read from the written
             # block, so that XLA writes the block in place), packed into the slot piece i-1
             # was received in.
@@ -171,7 +201,6 @@ def run_pipelined(steps, at: int, how: str, k: jax.Array, cut: int, cut_out: int
         slots[send], slots[into] = sending, received
         return buf, slots, token
 
-    zeros = jax.lax.full_like(slot0, 0)  # piece 0's receiving buffer (the others reuse slots)
     slots = [slot0, zeros, zeros]
     buf, slots, token = step(0, 0, buf, slots, True, count == 1)
     # Steps 1 .. count-2 in a loop of three (a slot's part turns with period 3: each part is
@@ -188,6 +217,9 @@ def run_pipelined(steps, at: int, how: str, k: jax.Array, cut: int, cut_out: int
         buf, *slots = jax.lax.fori_loop(0, loops, body, (buf, *slots))
     for i in range(1 + 3 * loops, count):
         buf, slots, token = step(i, i, buf, slots, False, i == count - 1)
+    if windows:
+        buf = windows.finish(slots[(count + 1) % 3], buf, at_(count - 1))
+        return buf.reshape(out.shape[:cut_out] + (n,) + out.shape[cut_out + 1:])
     done = finish(slots[(count + 1) % 3])
     # The last write in a loop of one iteration that XLA cannot count (its bound comes from
     # the token, always >= 1): written out here, XLA fuses it with the reshape the next stage
@@ -197,6 +229,94 @@ def run_pipelined(steps, at: int, how: str, k: jax.Array, cut: int, cut_out: int
                                 lambda c: (c[0] + 1, write(c[1], done, count - 1)),
                                 (jnp.int32(0), buf))
     return buf.reshape(out.shape[:cut_out] + (n,) + out.shape[cut_out + 1:])
+
+
+class _Windows:
+    """A pipelined MPI stage's steps on pieces read from and written into the block in place
+    (`kernel.window`: FFTW at an offset the loop computes), where they are what the 3-D stages
+    make: at most a complex FFT along one axis before the exchange and one after it.  Then the
+    slab or pencil stage holds the three slots and nothing else: the FFT before the exchange
+    runs in the block, the pack reads it from there into a slot, the unpack writes the
+    received slot into the block, and the FFT after it runs there (the block is the stage's
+    output as well as its input: `chunks._in_pieces`'s rule).  Elsewhere (`of` returns None)
+    the pieces are copied out of the block and back."""
+
+    def __init__(self, before, after, exchange, dims, cut, out_dims, cut_out, m):
+        self.before, self.after, self.exchange = before, after, exchange
+        self.dims, self.cut, self.out_dims, self.cut_out, self.m = dims, cut, out_dims, cut_out, m
+
+    @classmethod
+    def of(cls, steps, at, k, cut, cut_out, m, piece_out):
+        if not _kernel.windows_usable(k.dtype) or k.ndim != 4 or len(piece_out) != 4:
+            return None  # (4-D: the 3-D stages' batched blocks, which `enter` leaves alone)
+        before, after = steps[:at], steps[at + 1:]
+        if len(before) > 1 or len(after) > 1:
+            return None
+        ffts = [_fft_of(s) for s in before + after]
+        if any(f is None for f in ffts):
+            return None
+        exchange = steps[at]
+        out_dims = tuple(piece_out[:cut_out]) + (k.shape[cut],) + tuple(piece_out[cut_out + 1:])
+        # (the split axis is the input's, the gathered one sits at its place in `order`)
+        if (exchange.split == cut or exchange.order.index(exchange.gather) == cut_out
+                or k.shape[exchange.split] % exchange.n):
+            return None
+        return cls(ffts[0] if before else None, ffts[-1] if after else None, exchange,
+                   tuple(k.shape), cut, out_dims, cut_out, m)
+
+    def prepare(self, buf, offset):
+        """The FFT before the exchange on the piece at `offset`, in the block, and the piece
+        packed for the exchange (a new slot).  Returns (block, packed)."""
+        buf = self.enter(buf, offset)
+        return buf, self.pack(buf, offset)
+
+    def enter(self, buf, offset):
+        """The block with the FFT before the exchange run on the piece at `offset` (the
+        block as it is, through an in-place call, where there is none)."""
+        if self.before is None:
+            return _mpi.after(buf)
+        return _kernel.window(buf, offset, fft=self.before, order=None, in_dims=self.dims,
+                              out_dims=self.dims, in_cut=self.cut, out_cut=self.cut, m=self.m)
+
+    def pack(self, buf, offset):
+        """The piece at `offset` packed for the exchange, read from the block (a new slot):
+        `transpose._chunk_major`'s copy, the split axis cut in two."""
+        dims, cut, m, n = self.dims, self.cut, self.m, self.exchange.n
+        split = self.exchange.split
+        dims5 = dims[:split] + (n, dims[split] // n) + dims[split + 1:]
+        pos = {ax: (ax if ax < split else ax + 1) for ax in range(len(dims))}
+        order = (split, *(pos[ax] for ax in self.exchange.order))
+        piece5 = list(dims5)
+        piece5[pos[cut]] = m
+        return _kernel.window(buf, offset, fft=None, order=order, in_dims=dims5,
+                              out_dims=tuple(piece5[a] for a in order), in_cut=pos[cut],
+                              out_cut=-1, m=m)
+
+    def finish(self, y, buf, offset):
+        """The received piece y unpacked into the block at `offset`, and the FFT after the
+        exchange on it there.  Returns the block."""
+        out_dims, cut_out, m, n = self.out_dims, self.cut_out, self.m, self.exchange.n
+        # `transpose._interleave`'s copy, written into the block: the gathered axis in two.
+        g = self.exchange.order.index(self.exchange.gather)
+        rest = list(range(1, y.ndim))
+        order = (*rest[:g], 0, *rest[g:])
+        dims5 = out_dims[:g] + (n, out_dims[g] // n) + out_dims[g + 1:]
+        cut5 = cut_out if cut_out < g else cut_out + 1
+        buf = _kernel.window(y, offset, fft=None, order=order, in_dims=y.shape, out_dims=dims5,
+                             in_cut=-1, out_cut=cut5, m=m, into=buf)
+        if self.after is not None:
+            buf = _kernel.window(buf, offset, fft=self.after, order=None, in_dims=out_dims,
+                                 out_dims=out_dims, in_cut=cut_out, out_cut=cut_out, m=m)
+        return buf
+
+
+def _fft_of(step) -> tuple[str, str, tuple[int, ...]] | None:
+    """(type, norm, axes) of a step that is one complex FFT along one axis (a 3-D stage's
+    `Fft`, forward or run backward), else None."""
+    stage, backward = (step.stage, True) if isinstance(step, Back) else (step, False)
+    if not isinstance(stage, Fft) or stage.order is not None or stage.kinds != ("fft",):
+        return None
+    return ("ifft" if backward else "fft"), stage.norm, stage.axes
 
 
 def _run(steps, k: jax.Array) -> jax.Array:

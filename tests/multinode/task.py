@@ -12,7 +12,8 @@ namespace cluster of tests/multinode/cluster.sh).
 `checks`: what initialize saw (the process and device counts, MPI's size; its own verbose line
 names the launcher and the coordinator); pfft3d/pifft3d against numpy for each exchange of EX
 on a (2, D/2) and a (D, 1) mesh of the job's D devices, and for "mpi" and "mixed" pipelined
-(`pipeline=True`, 4 pieces) against the unpipelined values; the N-D names on a 2-D brick (both axes
+(`pipeline=True`, 4 pieces) against the unpipelined values, and for "mpi" one piece of memory
+more than the chunked round trip (XLA's memory analysis); the N-D names on a 2-D brick (both axes
 split over the (2, D/2) mesh, across the nodes) and a 4-D batch; scatter, gather, save and load
 (DIR: a shared folder); the MPI exchange's bytes coming in over this node's link.  Each task prints one short line
 `REPORT <json>` (srun cuts long lines of two tasks into each other): its rank, node, what
@@ -102,6 +103,19 @@ def checks(folder: str, exchanges: list[str]) -> dict[str, str]:
             if RANK == 0:
                 close(kp, k, "pipelined pfft3d against the unpipelined", tol=1e-5)
                 close(bp, x, "pipelined pifft3d(pfft3d)")
+            if exchange == "mpi":  # one piece of memory more than the chunked round trip
+                big = jax.ShapeDtypeStruct((64, 64, 64), np.complex64,  # (pieces of 32 KiB)
+                                           sharding=pencilfft.real_space_sharding(m))
+
+                def pieces(pipeline):
+                    c = jax.jit(lambda v: pencilfft.pifft3d(pencilfft.pfft3d(
+                        v, exchange=exchange, chunks=4, pipeline=pipeline), exchange=exchange,
+                        chunks=4, pipeline=pipeline)).lower(big).compile().memory_analysis()
+                    return c.temp_size_in_bytes / (c.output_size_in_bytes / 4)
+                plain, piped = pieces(False), pieces(True)
+                if not piped <= plain + 1.1:
+                    raise AssertionError(f"pipelined round trip holds {piped:.2f} pieces, the "
+                                         f"chunked one {plain:.2f}: more than one piece more")
 
     for pdims in meshes:
         for exchange in exchanges:
