@@ -70,6 +70,10 @@ def test_pipelined_gives_the_unpipelined_values(asked, layout, chunks, real):
         assert "all_to_all" in text and "pencilfft_mpi_exchange_start" not in text
     else:  # posted and awaited around the next piece's work (the loop holds one of each)
         assert "pencilfft_mpi_exchange_start" in text and "pencilfft_mpi_exchange_wait" in text
+        if exchange == "mpi" and (layout, chunks, real) == ("transposed", 4, False):
+            # with the FFTW kernel the pieces are read and written in the block (`_Windows`)
+            windows = _kernel.WINDOW_TARGET in f.lower(x).compile().as_text()
+            assert windows == (_kernel.kernel() == "fftw")
 
 
 @MPIRUN  # grad and vmap through the MPI exchange in two parts
