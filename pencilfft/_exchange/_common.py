@@ -23,6 +23,7 @@ from .._jax_private import concrete_mesh
 __all__ = ["check_number_setting", "concrete", "coordinates", "def_linear", "in_mesh",
            "process_groups", "traced_mesh", "within_processes"]
 
+
 def check_number_setting(name: str, *, whole: bool, meaning: str) -> None:
     """Refuses an environment variable the exchanges' C++ reads (when their library loads) that
     is set but not a number >= 0 (`whole`: a whole one): the C++ would take its default in

@@ -585,6 +585,24 @@ ffi::Error Run(int32_t kind, int32_t sign, const std::vector<int64_t>& axes,
   return ffi::Error::Success();
 }
 
+// The output's logical shape and each logical axis's stride, from the buffer's shape and
+// strides and `out_order` (buffer axis k is logical axis out_order[k]); false where out_order is
+// not a permutation of the buffer's axes' count.
+bool Ordered(const std::vector<int64_t>& buffer, const std::vector<ptrdiff_t>& strides,
+             ffi::Span<const int64_t> out_order, std::vector<int64_t>& shape,
+             std::vector<ptrdiff_t>& logical) {
+  if (out_order.size() != buffer.size()) return false;
+  shape.assign(buffer.size(), 0);
+  logical.assign(buffer.size(), 0);
+  for (size_t k = 0; k < buffer.size(); ++k) {
+    const int64_t a = out_order[k];
+    if (a < 0 || a >= static_cast<int64_t>(buffer.size())) return false;
+    shape[a] = buffer[k];
+    logical[a] = strides[k];
+  }
+  return true;
+}
+
 ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, int32_t sign,
                 ffi::Span<const int64_t> axes, ffi::Span<const int64_t> r2r_kinds, double scale,
                 int32_t planner, bool huge_pages, int32_t threads,
@@ -605,18 +623,10 @@ ffi::Error Impl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y, int32_t kind, i
   std::vector<int64_t> y_shape(y->dimensions().begin(), y->dimensions().end());
   // The output buffer holds the logical result transposed: buffer axis k is logical axis
   // out_order[k] (identity: written as computed).  FFTW writes it there through its strides.
-  if (out_order.size() != y_shape.size())
+  std::vector<int64_t> out_shape;
+  std::vector<ptrdiff_t> out_strides;
+  if (!Ordered(y_shape, Strides(y_shape, 1), out_order, out_shape, out_strides))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw: bad out_order");
-  std::vector<int64_t> out_shape(y_shape.size());
-  std::vector<ptrdiff_t> out_strides(y_shape.size());
-  const auto buffer_strides = Strides(y_shape, 1);
-  for (size_t k = 0; k < y_shape.size(); ++k) {
-    const int64_t a = out_order[k];
-    if (a < 0 || a >= static_cast<int64_t>(y_shape.size()))
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw: bad out_order");
-    out_shape[a] = y_shape[k];
-    out_strides[a] = buffer_strides[k];
-  }
   std::vector<int64_t> ax(axes.begin(), axes.end()), rk(r2r_kinds.begin(), r2r_kinds.end());
   if (kind != kR2R) rk.clear();
   if (huge_pages) HugePages(y->untyped_data(), y->size_bytes());
@@ -740,7 +750,7 @@ ffi::Error ImplWindow(ffi::AnyBuffer x, ffi::AnyBuffer offset, ffi::RemainingArg
   const int64_t off = *static_cast<const int32_t*>(offset.untyped_data());
   if (count(in_shape) * static_cast<int64_t>(elem) != static_cast<int64_t>(x.size_bytes()) ||
       count(buffer) * static_cast<int64_t>(elem) != static_cast<int64_t>(y->size_bytes()) ||
-      out_order.size() != buffer.size() || in_cut >= static_cast<int64_t>(in_shape.size()) ||
+      in_cut >= static_cast<int64_t>(in_shape.size()) ||
       out_cut >= static_cast<int64_t>(buffer.size()) || off < 0 ||
       (in_cut >= 0 && off + m > in_shape[in_cut]) || (out_cut >= 0 && off + m > buffer[out_cut]))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw_window: bad window");
@@ -756,15 +766,10 @@ ffi::Error ImplWindow(ffi::AnyBuffer x, ffi::AnyBuffer offset, ffi::RemainingArg
     out += off * bs[out_cut] * elem;
     buffer[out_cut] = m;
   }
-  std::vector<int64_t> out_shape(buffer.size());
-  std::vector<ptrdiff_t> out_strides(buffer.size());
-  for (size_t k = 0; k < buffer.size(); ++k) {
-    const int64_t a = out_order[k];
-    if (a < 0 || a >= static_cast<int64_t>(buffer.size()))
-      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw_window: bad out_order");
-    out_shape[a] = buffer[k];
-    out_strides[a] = bs[k];
-  }
+  std::vector<int64_t> out_shape;
+  std::vector<ptrdiff_t> out_strides;
+  if (!Ordered(buffer, bs, out_order, out_shape, out_strides))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw_window: bad out_order");
   if (out_shape != in_shape)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "pencilfft_fftw_window: bad shapes");
   std::vector<int64_t> ax(axes.begin(), axes.end());

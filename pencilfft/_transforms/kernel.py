@@ -384,9 +384,12 @@ def _abstract_eval(x, *, fft_type, axes, norm, sizes, kind, order, extra):
     return x.update(shape=shape, dtype=dtype, weak_type=False)
 
 
-def _impl(x, **params):
-    # Reached eagerly (outside jit): run the one-primitive program.
-    return jax.jit(functools.partial(local_fft_p.bind, **params))(x)
+def _eager(primitive: Primitive):
+    """The impl rule of a primitive reached eagerly (outside jit): run the one-primitive
+    program."""
+    def impl(*args, **params):
+        return jax.jit(functools.partial(primitive.bind, **params))(*args)
+    return impl
 
 
 def _mask(t, axis: int, n: int, dtype):
@@ -486,7 +489,7 @@ def _fftw(x, *, fft_type, axes, norm, sizes, kind, order, extra):
 
 
 local_fft_p.def_abstract_eval(_abstract_eval)
-local_fft_p.def_impl(_impl)
+local_fft_p.def_impl(_eager(local_fft_p))
 ad.deflinear2(local_fft_p, _transpose)
 batching.primitive_batchers[local_fft_p] = _batch
 mlir.register_lowering(local_fft_p, _default_lowering)
@@ -620,12 +623,7 @@ def _window_batch(args, dims, *, sign, axes, scale, order, in_dims, out_dims, in
     return y, 0
 
 
-def _window_impl(*args, **params):
-    # Reached eagerly (outside jit): run the one-primitive program.
-    return jax.jit(functools.partial(fftw_window_p.bind, **params))(*args)
-
-
 fftw_window_p.def_abstract_eval(_window_abstract_eval)
-fftw_window_p.def_impl(_window_impl)
+fftw_window_p.def_impl(_eager(fftw_window_p))
 batching.primitive_batchers[fftw_window_p] = _window_batch
 mlir.register_lowering(fftw_window_p, _window_lowering, platform="cpu")

@@ -139,15 +139,16 @@ def run_pipelined(steps, at: int, how: str, k: jax.Array, cut: int, cut_out: int
                                exchange.gather, exchange.order)
 
     after = _mpi.after  # the order of the steps, by data (see `mpi.after`)
-    prepare = lambda p: pack(before(p))  # noqa: E731
-    slot0, unpack = prepare(p0)
-    finish = lambda y: after_steps(unpack(y), p0)  # noqa: E731
     # Pieces read and written in the block itself where the kernel can (`_Windows`): no piece
-    # buffer beside the three slots.
+    # buffer beside the three slots; else copied out of the block and back.
     windows = _Windows.of(steps, at, k, cut, cut_out, m, out.shape) \
         if in_place and count * m == n else None
     at_ = lambda i: jnp.asarray(offset(i), jnp.int32)  # noqa: E731
-    if windows:
+    if not windows:
+        prepare = lambda p: pack(before(p))  # noqa: E731
+        slot0, unpack = prepare(p0)
+        finish = lambda y: after_steps(unpack(y), p0)  # noqa: E731
+    else:
         # Piece 0's FFT in a loop of one iteration that XLA cannot count (its bound comes from
         # the device's index): the block comes in through a reshape, and XLA copies the whole
         # block before an in-place call on a reshape (its layout assignment).
